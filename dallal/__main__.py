@@ -1,0 +1,3 @@
+from dallal.cli import main
+
+main()

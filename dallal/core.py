@@ -1,0 +1,258 @@
+"""
+The broker core: who is subscribed to what, and who gets each message.
+
+It is transport-independent: clients reach it as L{ISubscriber} providers
+(a TCP connection, a UDP address), it hands them L{Message}s, and it knows
+nothing of sockets, frames or ports.  Time comes from an injected
+C{IReactorTime}, so tests drive it with C{task.Clock}.
+"""
+
+from collections import Counter
+from dataclasses import dataclass
+
+from twisted.logger import LogLevel
+
+from dallal.errors import BAD_TOPIC, PAYLOAD_TOO_LARGE, RequestError
+from dallal.events import EventLog
+from dallal.topics import MAX_TOPIC_LENGTH, TopicError, checkTopic
+
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """
+    The limits and switches of one broker.
+    """
+
+    maxPayload: int = DEFAULT_MAX_PAYLOAD
+    maxTopicLength: int = MAX_TOPIC_LENGTH
+    maxControlLine: int = 4096
+    messageEvents: bool = True
+
+
+class Message:
+    """
+    One published message, shared by every delivery of it.
+
+    @ivar mid: the broker's id for it, unique for the broker's lifetime.
+    @ivar wireTopic: the topic encoded as UTF-8, computed once for every
+        frame that carries it.
+    """
+
+    __slots__ = ("mid", "topic", "wireTopic", "payload", "publisher", "published")
+
+    def __init__(self, mid, topic, payload, publisher, published):
+        self.mid = mid
+        self.topic = topic
+        self.wireTopic = topic.encode("utf-8")
+        self.payload = payload
+        self.publisher = publisher
+        self.published = published
+
+
+class _Session:
+    """
+    What the broker knows about one attached client.
+    """
+
+    __slots__ = ("sid", "subscriber", "topics")
+
+    def __init__(self, sid, subscriber):
+        self.sid = sid
+        self.subscriber = subscriber
+        self.topics = set()
+
+
+class Broker:
+    """
+    Routes published messages to the subscribers of their topic.
+
+    @ivar counters: running totals (see docs/EVENTS.md for their meaning).
+    """
+
+    def __init__(self, clock, config=BrokerConfig(), events=None):
+        self.clock = clock
+        self.config = config
+        self.events = events if events is not None else EventLog(
+            clock, messageEvents=config.messageEvents
+        )
+        self._sessions = {}
+        self._subscribers = {}
+        self._nextSid = 1
+        self._nextMid = 1
+        self.counters = Counter(
+            connections=0,
+            connections_total=0,
+            subscriptions=0,
+            published=0,
+            delivered=0,
+            bytes_in=0,
+            bytes_out=0,
+        )
+
+    # Sessions
+
+    def attach(self, subscriber):
+        """
+        A client has arrived.  Nothing is sent to it before it subscribes.
+        """
+        session = _Session(self._nextSid, subscriber)
+        self._nextSid += 1
+        self._sessions[subscriber] = session
+        self.counters["connections"] += 1
+        self.counters["connections_total"] += 1
+        self.events.emit(
+            "connect",
+            session=session.sid,
+            client=subscriber.peer,
+            transport=subscriber.transportName,
+        )
+
+    def detach(self, subscriber, reason):
+        """
+        A client has gone; its subscriptions go with it.
+
+        @param reason: a one-word reason for the log (C{closed},
+            C{missed_pings}, C{protocol_error}, ...).
+        """
+        session = self._sessions.pop(subscriber, None)
+        if session is None:
+            return
+        for topic in session.topics:
+            subscribers = self._subscribers[topic]
+            del subscribers[subscriber]
+            if not subscribers:
+                del self._subscribers[topic]
+        self.counters["subscriptions"] -= len(session.topics)
+        self.counters["connections"] -= 1
+        self.events.emit(
+            "disconnect",
+            session=session.sid,
+            client=subscriber.peer,
+            transport=subscriber.transportName,
+            reason=reason,
+            subscriptions=len(session.topics),
+        )
+
+    def sessionId(self, subscriber):
+        return self._sessions[subscriber].sid
+
+    # Requests
+
+    def checkTopic(self, topic, requestId):
+        try:
+            checkTopic(topic, self.config.maxTopicLength)
+        except TopicError as e:
+            raise RequestError(BAD_TOPIC, str(e), requestId)
+
+    def checkPayloadSize(self, size, requestId):
+        """
+        Refuse a payload larger than the broker accepts, before it is read.
+        """
+        if size > self.config.maxPayload:
+            raise RequestError(
+                PAYLOAD_TOO_LARGE,
+                f"payload of {size} bytes is larger than the maximum of "
+                f"{self.config.maxPayload}",
+                requestId,
+            )
+
+    def subscribe(self, subscriber, topic, requestId):
+        """
+        Subscribe a client to a topic.  Subscribing twice is harmless: the
+        client still gets one copy of each message.
+
+        @raise RequestError: the topic is refused.
+        """
+        self.checkTopic(topic, requestId)
+        session = self._sessions[subscriber]
+        if topic not in session.topics:
+            session.topics.add(topic)
+            self._subscribers.setdefault(topic, {})[subscriber] = session
+            self.counters["subscriptions"] += 1
+        self.events.emit(
+            "subscribe",
+            session=session.sid,
+            client=subscriber.peer,
+            topic=topic,
+        )
+
+    def publish(self, subscriber, topic, payload, requestId):
+        """
+        Publish a message and hand it to every subscriber of its topic.
+
+        @return: the L{Message}.
+        @raise RequestError: the topic or the payload is refused.
+        """
+        self.checkTopic(topic, requestId)
+        self.checkPayloadSize(len(payload), requestId)
+        message = Message(
+            self._nextMid, topic, payload, subscriber.peer, self.clock.seconds()
+        )
+        self._nextMid += 1
+        counters = self.counters
+        counters["published"] += 1
+        counters["bytes_in"] += len(payload)
+        receivers = self._subscribers.get(topic, ())
+        events = self.events
+        if events.messageEvents:
+            events.emit(
+                "publish",
+                mid=message.mid,
+                topic=topic,
+                bytes=len(payload),
+                client=subscriber.peer,
+                subscribers=len(receivers),
+            )
+        for receiver, session in list(receivers.items()) if receivers else ():
+            receiver.sendMessage(message)
+            if events.messageEvents:
+                events.emit(
+                    "deliver",
+                    mid=message.mid,
+                    topic=topic,
+                    session=session.sid,
+                    client=receiver.peer,
+                )
+        counters["delivered"] += len(receivers)
+        counters["bytes_out"] += len(receivers) * len(payload)
+        return message
+
+    # Health
+
+    def pingMissed(self, subscriber, missed):
+        self.events.emit(
+            "ping_missed",
+            LogLevel.warn,
+            session=self.sessionId(subscriber),
+            client=subscriber.peer,
+            missed=missed,
+        )
+
+    def clientDropped(self, subscriber, missed):
+        """
+        Record that a client is being dropped for not answering pings.
+        """
+        self.events.emit(
+            "client_dropped",
+            LogLevel.warn,
+            session=self.sessionId(subscriber),
+            client=subscriber.peer,
+            missed=missed,
+        )
+
+    def protocolError(self, subscriber, code, fatal):
+        """
+        Record that a client sent something the broker refused.
+        """
+        self.counters["errors"] += 1
+        session = self._sessions.get(subscriber)
+        self.events.emit(
+            "protocol_error",
+            LogLevel.warn,
+            session=session.sid if session else 0,
+            client=subscriber.peer,
+            code=code,
+            fatal=fatal,
+        )

@@ -1,0 +1,36 @@
+"""
+Why a request was refused: the error codes of the protocol.
+
+Both the wire codec (malformed frames) and the broker core (requests it will
+not carry out) raise L{RequestError}; a transport turns it into an C{ERR}
+frame or datagram.  PROTOCOL.md lists the codes and which of them close the
+connection.
+"""
+
+BAD_COMMAND = "BAD_COMMAND"
+BAD_ARGUMENTS = "BAD_ARGUMENTS"
+BAD_ID = "BAD_ID"
+BAD_TOPIC = "BAD_TOPIC"
+PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
+LINE_TOO_LONG = "LINE_TOO_LONG"
+BAD_FRAMING = "BAD_FRAMING"
+
+NO_ID = "-"
+
+
+class RequestError(Exception):
+    """
+    A request that cannot be carried out, with the code and reason sent back.
+
+    @ivar requestId: the id of the failed request, or C{"-"} when it had none
+        (or none could be read).
+    """
+
+    def __init__(self, code, reason, requestId=NO_ID):
+        Exception.__init__(self, code, reason, requestId)
+        self.code = code
+        self.reason = reason
+        self.requestId = requestId
+
+    def __str__(self):
+        return f"{self.code}: {self.reason}"

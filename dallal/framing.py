@@ -1,0 +1,168 @@
+"""
+Stream framing: control lines, each optionally followed by a counted payload.
+
+L{FrameReceiver} keeps L{LineReceiver}'s interface (C{lineReceived},
+C{sendLine}, C{MAX_LENGTH}, C{lineLengthExceeded}, raw mode, pause and
+resume) but replaces its C{dataReceived}: Twisted's copies the whole
+remaining buffer for every line it splits off (twisted/twisted#6357), which
+is quadratic when one read carries thousands of small pipelined frames.
+This one walks the buffer with an offset and copies each line once.
+
+It adds the one thing the Dallal wire format needs on top of lines: after a
+control line announcing C{N} bytes, L{FrameReceiver.expectPayload} makes the
+next C{N} bytes (whatever they contain, newlines included) and the line end
+after them a single payload, handed to C{payloadReceived}.
+"""
+
+from twisted.protocols.basic import LineReceiver
+
+_LF = 0x0A
+_CR = 0x0D
+
+
+class FrameReceiver(LineReceiver):
+    """
+    A L{LineReceiver} that also reads counted, binary-safe payloads.
+
+    Lines may end with CRLF or a bare LF (so people can type frames into
+    C{nc}); C{sendLine} always writes CRLF.
+
+    @ivar MAX_LENGTH: the longest control line accepted, without its line end.
+    """
+
+    delimiter = b"\r\n"
+    MAX_LENGTH = 4096
+
+    # Payload state: bytes still wanted, whether they are kept or thrown away,
+    # and the pieces kept so far (a payload may span many reads).
+    _payloadWanted = 0
+    _payloadSize = 0
+    _payloadDiscard = False
+    _payloadParts = None
+    _awaitingTerminator = False
+
+    def expectPayload(self, size, discard=False):
+        """
+        Read the next C{size} bytes and their line end as one payload.
+
+        Call this from C{lineReceived}.  When the payload is complete,
+        C{payloadReceived(payload)} is called, or C{payloadDiscarded(size)} if
+        C{discard} is true (the bytes are counted, never stored: this is how a
+        too-large payload is skipped without losing the stream's framing).
+        """
+        self._payloadWanted = size
+        self._payloadSize = size
+        self._payloadDiscard = discard
+        self._payloadParts = []
+        self._awaitingTerminator = True
+
+    def payloadReceived(self, payload):
+        """
+        Override this to handle a payload announced with L{expectPayload}.
+        """
+        raise NotImplementedError
+
+    def payloadDiscarded(self, size):
+        """
+        Called when a payload read with C{discard=True} has been skipped.
+        """
+
+    def payloadTerminatorMissing(self):
+        """
+        Called when the bytes after a payload are not a line end: the peer
+        sent a different number of bytes than it announced, so framing is
+        lost.  The default closes the connection.
+        """
+        self.transport.loseConnection()
+
+    def dataReceived(self, data):
+        if self._busyReceiving:
+            # Re-entered from a callback (for example setLineMode(extra)):
+            # the outer call picks this up when its callback returns.
+            self._buffer += data
+            return
+        self._busyReceiving = True
+        try:
+            while True:
+                buffer = self._buffer + data if self._buffer else data
+                self._buffer = b""
+                data = b""
+                consumed, why = self._consume(buffer)
+                if consumed is None:
+                    return why
+                pending = self._buffer
+                self._buffer = buffer[consumed:]
+                if not pending or self.paused:
+                    self._buffer += pending
+                    return why
+                data = pending
+        finally:
+            self._busyReceiving = False
+
+    def _consume(self, buffer):
+        """
+        Deliver every complete line and payload at the front of C{buffer}.
+
+        @return: C{(offset, why)}: how many bytes were used and what a
+            callback asked to return; C{(None, why)} when the connection is
+            being closed and the rest of the buffer no longer matters.
+        """
+        end = len(buffer)
+        position = 0
+        while position < end and not self.paused:
+            if self._awaitingTerminator:
+                if self._payloadWanted:
+                    take = min(self._payloadWanted, end - position)
+                    if not self._payloadDiscard:
+                        self._payloadParts.append(buffer[position : position + take])
+                    position += take
+                    self._payloadWanted -= take
+                    continue
+                first = buffer[position]
+                if first == _LF:
+                    position += 1
+                elif first == _CR:
+                    if position + 1 == end:
+                        break
+                    if buffer[position + 1] != _LF:
+                        self._awaitingTerminator = False
+                        return None, self.payloadTerminatorMissing()
+                    position += 2
+                else:
+                    self._awaitingTerminator = False
+                    return None, self.payloadTerminatorMissing()
+                self._awaitingTerminator = False
+                parts, self._payloadParts = self._payloadParts, None
+                if self._payloadDiscard:
+                    why = self.payloadDiscarded(self._payloadSize)
+                else:
+                    payload = parts[0] if len(parts) == 1 else b"".join(parts)
+                    why = self.payloadReceived(payload)
+                if why or self._closing():
+                    return None, why
+            elif self.line_mode:
+                lineEnd = buffer.find(b"\n", position)
+                if lineEnd < 0:
+                    # Allow for the CR of a CRLF still to come.
+                    if end - position > self.MAX_LENGTH + 1:
+                        return None, self.lineLengthExceeded(buffer[position:])
+                    break
+                line = buffer[position:lineEnd]
+                if line[-1:] == b"\r":
+                    line = line[:-1]
+                position = lineEnd + 1
+                if len(line) > self.MAX_LENGTH:
+                    return None, self.lineLengthExceeded(line)
+                why = self.lineReceived(line)
+                if why or self._closing():
+                    return None, why
+            else:
+                chunk = buffer[position:] if position else buffer
+                position = end
+                why = self.rawDataReceived(chunk)
+                if why:
+                    return None, why
+        return position, None
+
+    def _closing(self):
+        return self.transport is not None and self.transport.disconnecting

@@ -1,0 +1,110 @@
+"""
+C{twistd dallal}: command-line options and the service they build.
+"""
+
+from twisted.python import usage
+
+from dallal.core import DEFAULT_MAX_PAYLOAD, BrokerConfig
+from dallal.keepalive import DEFAULT_INTERVAL
+from dallal.service import DallalService
+
+DEFAULT_TCP_PORT = 1373
+DEFAULT_INTERFACE = "127.0.0.1"
+
+
+def _positive(kind):
+    def convert(text):
+        value = kind(text)
+        if value <= 0:
+            raise ValueError(f"must be positive, got {text}")
+        return value
+
+    convert.coerceDoc = "Must be positive."
+    return convert
+
+
+class Options(usage.Options):
+    synopsis = "[options]"
+    longdesc = (
+        "Dallal, a publish/subscribe message broker. With no options it "
+        f"serves TCP clients on {DEFAULT_INTERFACE}:{DEFAULT_TCP_PORT}."
+    )
+
+    optParameters = [
+        [
+            "interface",
+            None,
+            DEFAULT_INTERFACE,
+            "Address that bare port numbers listen on "
+            "(0.0.0.0 or :: to accept clients from other machines).",
+        ],
+        [
+            "ping-interval",
+            None,
+            DEFAULT_INTERVAL,
+            "Seconds between the server's pings; a client that misses 3 "
+            "in a row is dropped.",
+            _positive(float),
+        ],
+        [
+            "max-payload",
+            None,
+            DEFAULT_MAX_PAYLOAD,
+            "Largest payload accepted, in bytes.",
+            _positive(int),
+        ],
+    ]
+
+    optFlags = [
+        [
+            "no-message-events",
+            None,
+            "Do not log an event per message published and delivered "
+            "(connections, subscriptions and errors are still logged).",
+        ],
+    ]
+
+    def __init__(self):
+        usage.Options.__init__(self)
+        self["tcp"] = []
+
+    def opt_tcp(self, value):
+        """
+        Where to serve TCP clients: a port number (on --interface) or a Twisted endpoint description such as tcp:1373:interface=0.0.0.0 or ssl:8883:privateKey=key.pem:certKey=cert.pem. Repeat it to listen on several. [default: 1373]
+        """
+        self["tcp"].append(value)
+
+    def postOptions(self):
+        if not self["tcp"]:
+            self["tcp"] = [str(DEFAULT_TCP_PORT)]
+        self["tcp"] = [self._endpoint(value) for value in self["tcp"]]
+
+    def _endpoint(self, value):
+        if value.isdigit():
+            port = int(value)
+            if not 0 <= port <= 65535:
+                raise usage.UsageError(f"--tcp: port {port} is not in 0-65535")
+            interface = self["interface"].replace(":", "\\:")
+            return f"tcp:{port}:interface={interface}"
+        if ":" not in value:
+            raise usage.UsageError(
+                f"--tcp: {value!r} is neither a port number nor an endpoint "
+                "description such as tcp:1373:interface=0.0.0.0"
+            )
+        return value
+
+
+def makeService(options, reactor=None):
+    """
+    Build the broker service from parsed L{Options}.
+    """
+    if reactor is None:
+        from twisted.internet import reactor
+    config = BrokerConfig(
+        maxPayload=options["max-payload"],
+        messageEvents=not options["no-message-events"],
+    )
+    service = DallalService(reactor, config, pingInterval=options["ping-interval"])
+    for description in options["tcp"]:
+        service.listenTCP(description)
+    return service

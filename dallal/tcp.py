@@ -1,0 +1,190 @@
+"""
+The broker over TCP: one L{BrokerProtocol} per connection.
+
+The protocol parses and frames; the L{Broker} core decides.  It never writes
+to a connection that is closed or closing, and answers every bad request
+with an C{ERR} frame; PROTOCOL.md says which errors also close it.
+"""
+
+from twisted.internet.protocol import ServerFactory
+from zope.interface import implementer
+
+from dallal import wire
+from dallal.errors import BAD_FRAMING, LINE_TOO_LONG, NO_ID, RequestError
+from dallal.framing import FrameReceiver
+from dallal.interfaces import ISubscriber
+from dallal.keepalive import IPingable
+
+
+def formatAddress(address):
+    """
+    C{host:port} for an IPv4 address, C{[host]:port} for IPv6, the type name
+    for anything else (a UNIX socket has no port to report).
+    """
+    host = getattr(address, "host", None)
+    port = getattr(address, "port", None)
+    if host is None or port is None:
+        return type(address).__name__
+    if ":" in host:
+        return f"[{host}]:{port}"
+    return f"{host}:{port}"
+
+
+@implementer(ISubscriber, IPingable)
+class BrokerProtocol(FrameReceiver):
+    """
+    One TCP client of the broker.
+    """
+
+    transportName = "tcp"
+    peer = "?"
+
+    def __init__(self, broker, sweep):
+        self.broker = broker
+        self.sweep = sweep
+        self.MAX_LENGTH = broker.config.maxControlLine
+        self._attached = False
+        self._publishing = None
+        self._closeReason = "closed"
+
+    def connectionMade(self):
+        self.peer = formatAddress(self.transport.getPeer())
+        self._attached = True
+        self.broker.attach(self)
+        self.sweep.add(self)
+
+    def connectionLost(self, reason):
+        if self._attached:
+            self._attached = False
+            self.sweep.remove(self)
+            self.broker.detach(self, self._closeReason)
+
+    def _write(self, data):
+        if self._attached and not self.transport.disconnecting:
+            self.transport.write(data)
+
+    def _refuse(self, error, fatal=False):
+        self._write(wire.encodeError(error.requestId, error.code, error.reason))
+        self.broker.protocolError(self, error.code, fatal)
+        if fatal:
+            self._closeReason = "protocol_error"
+            self.transport.loseConnection()
+
+    # Incoming frames
+
+    def lineReceived(self, line):
+        try:
+            request = wire.parseRequest(line)
+        except RequestError as error:
+            self._refuse(error)
+            return
+        if request is None:
+            return
+        handler = self._handlers.get(type(request))
+        handler(self, request)
+
+    def _handlePublish(self, request):
+        try:
+            self.broker.checkPayloadSize(request.size, request.id)
+        except RequestError as error:
+            # Skip the payload without storing it, so the stream stays framed.
+            self._refuse(error)
+            self.expectPayload(request.size, discard=True)
+            return
+        self._publishing = request
+        self.expectPayload(request.size)
+
+    def payloadReceived(self, payload):
+        request, self._publishing = self._publishing, None
+        try:
+            self.broker.publish(self, request.topic, payload, request.id)
+        except RequestError as error:
+            self._refuse(error)
+            return
+        self._write(wire.encodePubAck(request.id))
+
+    def payloadTerminatorMissing(self):
+        self._refuse(
+            RequestError(
+                BAD_FRAMING,
+                "payload not followed by a line end: its size was wrong",
+                self._publishing.id if self._publishing else NO_ID,
+            ),
+            fatal=True,
+        )
+
+    def lineLengthExceeded(self, line):
+        self._refuse(
+            RequestError(
+                LINE_TOO_LONG,
+                f"control line longer than {self.MAX_LENGTH} bytes",
+            ),
+            fatal=True,
+        )
+
+    def _handleSubscribe(self, request):
+        try:
+            self.broker.subscribe(self, request.topic, request.id)
+        except RequestError as error:
+            self._refuse(error)
+            return
+        self._write(wire.encodeSubAck(request.id))
+
+    def _handlePing(self, request):
+        self._write(wire.PONG_FRAME)
+
+    def _handlePong(self, request):
+        self.sweep.pongReceived(self)
+
+    _handlers = {
+        wire.Publish: _handlePublish,
+        wire.Subscribe: _handleSubscribe,
+        wire.Ping: _handlePing,
+        wire.Pong: _handlePong,
+    }
+
+    # ISubscriber
+
+    def sendMessage(self, message):
+        if self._attached and not self.transport.disconnecting:
+            payload = message.payload
+            self.transport.writeSequence(
+                (
+                    wire.encodeMessageHeader(message.wireTopic, len(payload)),
+                    payload,
+                    wire.CRLF,
+                )
+            )
+
+    # IPingable
+
+    def sendPing(self):
+        self._write(wire.PING_FRAME)
+
+    def pingMissed(self, missed):
+        self.broker.pingMissed(self, missed)
+
+    def keepaliveExpired(self, missed):
+        self.broker.clientDropped(self, missed)
+        self._closeReason = "missed_pings"
+        # The peer is not answering, so it may not be reading either: do not
+        # wait for the write buffer to drain.
+        self.transport.abortConnection()
+
+
+class BrokerFactory(ServerFactory):
+    """
+    Builds a L{BrokerProtocol} for each connection to one broker.
+    """
+
+    # The broker logs its own listening event; Twisted's would be noise.
+    noisy = False
+
+    def __init__(self, broker, sweep):
+        self.broker = broker
+        self.sweep = sweep
+
+    def buildProtocol(self, addr):
+        protocol = BrokerProtocol(self.broker, self.sweep)
+        protocol.factory = self
+        return protocol

@@ -1,0 +1,307 @@
+"""
+The Dallal wire format: parsing client requests and encoding server frames.
+
+A frame is one control line -- a verb, positional arguments, then optional
+C{key=value} options, separated by spaces -- and, for C{PUB} and C{MSG}, a
+payload of exactly the announced number of bytes followed by a line end.
+PROTOCOL.md is the reference; this module is its code.  Nothing here knows
+about sockets: the TCP and UDP transports both call it.
+"""
+
+from dataclasses import dataclass
+
+from dallal.errors import (
+    BAD_ARGUMENTS,
+    BAD_COMMAND,
+    BAD_ID,
+    NO_ID,
+    RequestError,
+)
+
+CRLF = b"\r\n"
+
+# Limits of the grammar itself (the broker's own limits live in its config).
+MAX_ID_LENGTH = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    id: str
+    topic: str
+    size: int
+    options: dict
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe:
+    id: str
+    topic: str
+    options: dict
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    pass
+
+
+_PING = Ping()
+_PONG = Pong()
+
+
+def _text(token, what, requestId):
+    try:
+        return token.decode("utf-8")
+    except UnicodeDecodeError:
+        raise RequestError(BAD_ARGUMENTS, f"{what} is not valid UTF-8", requestId)
+
+
+def _requestId(token):
+    if len(token) > MAX_ID_LENGTH:
+        raise RequestError(BAD_ID, f"request id longer than {MAX_ID_LENGTH} bytes")
+    try:
+        requestId = token.decode("ascii")
+    except UnicodeDecodeError:
+        raise RequestError(BAD_ID, "request id must be printable ASCII")
+    if not requestId.isprintable():
+        raise RequestError(BAD_ID, "request id must be printable ASCII")
+    return requestId
+
+
+def _options(tokens, requestId):
+    options = {}
+    for token in tokens:
+        key, equals, value = token.partition(b"=")
+        if not equals or not key:
+            raise RequestError(
+                BAD_ARGUMENTS, f"expected key=value, got {token!r}", requestId
+            )
+        options[_text(key, "option name", requestId)] = _text(
+            value, "option value", requestId
+        )
+    return options
+
+
+def _size(token, requestId):
+    if not token.isdigit() or len(token) > 12:
+        raise RequestError(
+            BAD_ARGUMENTS, f"payload size must be a byte count, got {token!r}", requestId
+        )
+    return int(token)
+
+
+def _parsePub(tokens):
+    if len(tokens) < 4:
+        raise RequestError(
+            BAD_ARGUMENTS,
+            "usage: PUB <id> <topic> <size> [key=value ...]",
+            _requestId(tokens[1]) if len(tokens) > 1 else NO_ID,
+        )
+    requestId = _requestId(tokens[1])
+    return Publish(
+        requestId,
+        _text(tokens[2], "topic", requestId),
+        _size(tokens[3], requestId),
+        _options(tokens[4:], requestId) if len(tokens) > 4 else {},
+    )
+
+
+def _parseSub(tokens):
+    if len(tokens) < 3:
+        raise RequestError(
+            BAD_ARGUMENTS,
+            "usage: SUB <id> <topic> [key=value ...]",
+            _requestId(tokens[1]) if len(tokens) > 1 else NO_ID,
+        )
+    requestId = _requestId(tokens[1])
+    return Subscribe(
+        requestId,
+        _text(tokens[2], "topic", requestId),
+        _options(tokens[3:], requestId) if len(tokens) > 3 else {},
+    )
+
+
+def _parsePing(tokens):
+    return _PING
+
+
+def _parsePong(tokens):
+    return _PONG
+
+
+_PARSERS = {
+    b"PUB": _parsePub,
+    b"SUB": _parseSub,
+    b"PING": _parsePing,
+    b"PONG": _parsePong,
+}
+
+
+def parseRequest(line):
+    """
+    Parse one control line from a client.
+
+    @param line: the line without its line end.
+    @return: a L{Publish}, L{Subscribe}, L{Ping} or L{Pong}; C{None} for a
+        blank line (ignored, so that a person typing into C{nc} may press
+        enter twice).
+    @raise RequestError: the line is not a valid request.
+    """
+    tokens = line.split()
+    if not tokens:
+        return None
+    verb = tokens[0]
+    parser = _PARSERS.get(verb) or _PARSERS.get(verb.upper())
+    if parser is None:
+        shown = verb[:32].decode("ascii", "replace")
+        raise RequestError(BAD_COMMAND, f"unknown command {shown!r}")
+    return parser(tokens)
+
+
+# Server to client.
+
+PING_FRAME = b"PING\r\n"
+PONG_FRAME = b"PONG\r\n"
+
+
+def encodeMessageHeader(topic, size, options=b""):
+    """
+    The control line of a C{MSG} frame; the payload and a CRLF follow it.
+
+    @param topic: the topic, already encoded as UTF-8.
+    @param options: pre-encoded C{" key=value"} options, or C{b""}.
+    """
+    return b"MSG %s %d%s\r\n" % (topic, size, options)
+
+
+def encodePubAck(requestId):
+    return b"PUBACK %s\r\n" % (requestId.encode("ascii"),)
+
+
+def encodeSubAck(requestId):
+    return b"SUBACK %s\r\n" % (requestId.encode("ascii"),)
+
+
+def encodeError(requestId, code, reason):
+    """
+    An C{ERR} frame.  The reason is free text for people; line ends in it
+    are flattened so that it cannot break framing.
+    """
+    reason = " ".join(reason.split())
+    return b"ERR %s %s %s\r\n" % (
+        requestId.encode("ascii"),
+        code.encode("ascii"),
+        reason.encode("utf-8", "replace"),
+    )
+
+
+# Parsing what the server sends, for clients.
+
+
+@dataclass(frozen=True, slots=True)
+class MessageHeader:
+    topic: str
+    size: int
+    options: dict
+
+
+@dataclass(frozen=True, slots=True)
+class PubAck:
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SubAck:
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    id: str
+    code: str
+    reason: str
+
+
+def _parseMsg(tokens):
+    if len(tokens) < 3:
+        raise RequestError(BAD_ARGUMENTS, "usage: MSG <topic> <size> [key=value ...]")
+    return MessageHeader(
+        _text(tokens[1], "topic", NO_ID),
+        _size(tokens[2], NO_ID),
+        _options(tokens[3:], NO_ID) if len(tokens) > 3 else {},
+    )
+
+
+def _parseAck(kind):
+    def parse(tokens):
+        if len(tokens) != 2:
+            raise RequestError(BAD_ARGUMENTS, f"usage: {kind.__name__.upper()} <id>")
+        return kind(_requestId(tokens[1]))
+
+    return parse
+
+
+def _parseErr(line):
+    tokens = line.split(None, 3)
+    if len(tokens) < 3:
+        raise RequestError(BAD_ARGUMENTS, "usage: ERR <id> <code> <reason>")
+    reason = tokens[3].decode("utf-8", "replace") if len(tokens) == 4 else ""
+    return Error(
+        tokens[1].decode("ascii", "replace"), tokens[2].decode("ascii", "replace"), reason
+    )
+
+
+_REPLY_PARSERS = {
+    b"MSG": _parseMsg,
+    b"PUBACK": _parseAck(PubAck),
+    b"SUBACK": _parseAck(SubAck),
+    b"PING": _parsePing,
+    b"PONG": _parsePong,
+}
+
+
+def parseReply(line):
+    """
+    Parse one control line from the server.
+
+    @return: a L{MessageHeader} (its payload follows), L{PubAck}, L{SubAck},
+        L{Error}, L{Ping} or L{Pong}; C{None} for a blank line.
+    @raise RequestError: the line is not a frame this client understands.
+    """
+    tokens = line.split()
+    if not tokens:
+        return None
+    if tokens[0] == b"ERR":
+        return _parseErr(line)
+    parser = _REPLY_PARSERS.get(tokens[0])
+    if parser is None:
+        shown = tokens[0][:32].decode("ascii", "replace")
+        raise RequestError(BAD_COMMAND, f"unknown frame {shown!r} from the server")
+    return parser(tokens)
+
+
+def encodePublish(requestId, topic, payload, options=b""):
+    """
+    A C{PUB} frame, as a sequence of byte strings to write.
+    """
+    return (
+        b"PUB %s %s %d%s\r\n"
+        % (requestId.encode("ascii"), topic.encode("utf-8"), len(payload), options),
+        payload,
+        CRLF,
+    )
+
+
+def encodeSubscribe(requestId, topic, options=b""):
+    return b"SUB %s %s%s\r\n" % (requestId.encode("ascii"), topic.encode("utf-8"), options)
+
+
+def encodeOptions(options):
+    """
+    C{" key=value"} tokens for a frame's control line, in the given order.
+    """
+    return b"".join(b" %s=%s" % (key.encode(), str(value).encode()) for key, value in options.items())
