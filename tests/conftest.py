@@ -1,0 +1,24 @@
+import pytest
+
+from helpers import BrokerHarness, BrokerProcess
+
+
+@pytest.fixture
+def harness():
+    """
+    A broker core and its TCP protocol on a fake clock, in memory.
+    """
+    return BrokerHarness()
+
+
+@pytest.fixture
+def broker(tmp_path):
+    """
+    A real C{twistd -n dallal} on an ephemeral port, run from C{tmp_path}; it
+    must stop on SIGTERM, cleanly and without a traceback in its log.
+    """
+    process = BrokerProcess.plugin(tmp_path)
+    try:
+        yield process
+    finally:
+        process.stop()

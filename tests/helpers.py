@@ -1,0 +1,297 @@
+"""
+What the tests share: the broker core wired to in-memory transports and a
+fake clock, and real C{twistd dallal} / C{dallal} processes with bounded
+waits on their output.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from twisted.internet.address import IPv4Address
+from twisted.internet.error import ConnectionDone
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.logger import Logger, formatEvent
+from twisted.python.failure import Failure
+
+from dallal.core import Broker, BrokerConfig
+from dallal.events import NAMESPACE, EventLog
+from dallal.keepalive import PingSweep
+from dallal.tcp import BrokerFactory
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+TWISTD = BIN / "twistd"
+DALLAL = BIN / "dallal"
+
+# The broker's own address on the loopback, with an ephemeral port.
+LOOPBACK_ANY_PORT = "tcp:0:interface=127.0.0.1"
+LISTENING = re.compile(rb"event=listening transport=tcp address=127\.0\.0\.1:(\d+)")
+
+# Generous bounds: the machine is small and shared, and a bound only has to
+# turn a hang into a failure.
+START_TIMEOUT = 30.0
+STOP_TIMEOUT = 15.0
+COMMAND_TIMEOUT = 30.0
+
+PING_INTERVAL = 10.0
+
+
+# In memory: a broker core, its TCP protocol and its ping sweep on a Clock.
+
+
+class BrokerHarness:
+    """
+    A real L{Broker}, L{PingSweep} and L{BrokerFactory} driven by a
+    L{Clock}, with connections over L{StringTransport}s and the broker's log
+    events collected in C{events}.
+    """
+
+    def __init__(self, config=BrokerConfig()):
+        self.clock = Clock()
+        self.events = []
+        logger = Logger(namespace=NAMESPACE, observer=self.events.append)
+        self.broker = Broker(self.clock, config, EventLog(self.clock, logger=logger))
+        self.sweep = PingSweep(self.clock, PING_INTERVAL)
+        self.sweep.start()
+        self.factory = BrokerFactory(self.broker, self.sweep)
+        self._nextPort = 40001
+
+    def connect(self):
+        """
+        A new client connection, each from its own port on 127.0.0.1.
+
+        @return: C{(protocol, transport)}
+        """
+        address = IPv4Address("TCP", "127.0.0.1", self._nextPort)
+        self._nextPort += 1
+        protocol = self.factory.buildProtocol(address)
+        transport = StringTransport(peerAddress=address)
+        protocol.makeConnection(transport)
+        return protocol, transport
+
+    def lose(self, protocol):
+        """
+        What the reactor does once a connection is closed, by either side.
+        """
+        protocol.connectionLost(Failure(ConnectionDone()))
+
+    def logLines(self, name=None):
+        """
+        The broker's events as twistd writes them (C{event=... t=...}),
+        optionally only those named C{name}.
+        """
+        return [
+            formatEvent(event)
+            for event in self.events
+            if name is None or event.get("dallal_event") == name
+        ]
+
+    def fields(self, name):
+        """
+        The fields of each event named C{name}, without the time.
+        """
+        return [
+            {
+                key: value
+                for key, value in event.items()
+                if not key.startswith("log_") and key not in ("dallal_event", "t")
+            }
+            for event in self.events
+            if event.get("dallal_event") == name
+        ]
+
+
+def take(transport):
+    """
+    What was written to C{transport} since the last call, then forget it.
+    """
+    written = transport.value()
+    transport.clear()
+    return written
+
+
+def splitAt(data, positions):
+    """
+    C{data} cut at each of the sorted C{positions}.
+    """
+    bounds = [0, *positions, len(data)]
+    return [data[start:end] for start, end in zip(bounds, bounds[1:])]
+
+
+# Real processes.
+
+
+class OutputCollector:
+    """
+    A child process whose standard output (and error, merged into it) a
+    thread collects, so that tests can wait for what it prints without ever
+    blocking longer than they said.
+    """
+
+    def __init__(self, argv, cwd, env=None):
+        self.argv = [str(arg) for arg in argv]
+        self.process = subprocess.Popen(
+            self.argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        self._output = bytearray()
+        self._changed = threading.Condition()
+        self._eof = False
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        stream = self.process.stdout
+        while chunk := stream.read1(65536):
+            with self._changed:
+                self._output += chunk
+                self._changed.notify_all()
+        with self._changed:
+            self._eof = True
+            self._changed.notify_all()
+
+    @property
+    def output(self):
+        with self._changed:
+            return bytes(self._output)
+
+    def waitUntil(self, predicate, timeout, what):
+        """
+        Wait until C{predicate(output)} returns something true, and return it.
+
+        @raise AssertionError: it did not within C{timeout} seconds, or the
+            process closed its output first.
+        """
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                result = predicate(bytes(self._output))
+                if result:
+                    return result
+                remaining = deadline - time.monotonic()
+                if self._eof or remaining <= 0:
+                    raise AssertionError(
+                        f"{' '.join(self.argv)}: no {what} within {timeout} s; "
+                        f"exit status {self.process.poll()}, output:\n"
+                        f"{bytes(self._output[-4000:]).decode('utf-8', 'replace')}"
+                    )
+                self._changed.wait(remaining)
+
+    def waitFor(self, pattern, timeout=START_TIMEOUT):
+        """
+        Wait until the output matches the regular expression C{pattern}.
+
+        @return: the match.
+        """
+        return self.waitUntil(
+            lambda output: re.search(pattern, output), timeout, repr(pattern)
+        )
+
+    def terminate(self, timeout=STOP_TIMEOUT):
+        """
+        Send SIGTERM and wait for the process to exit.
+
+        @return: its exit status.
+        @raise AssertionError: it did not exit in time (it is then killed).
+        """
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            status = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"{self.argv} still running {timeout} s after SIGTERM")
+        self._reader.join(timeout)
+        return status
+
+    def kill(self):
+        """
+        Make sure the process is gone, whatever state it is in.
+        """
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(STOP_TIMEOUT)
+        self._reader.join(STOP_TIMEOUT)
+
+
+class BrokerProcess(OutputCollector):
+    """
+    A broker run by C{twistd -n}, which logs to standard output.
+
+    @ivar port: the TCP port it listens on, read from its C{listening} event.
+    """
+
+    def __init__(self, argv, cwd, env=None):
+        OutputCollector.__init__(self, argv, cwd, env)
+        try:
+            self.port = int(self.waitFor(LISTENING).group(1))
+        except BaseException:
+            self.kill()
+            raise
+
+    @classmethod
+    def plugin(cls, cwd, *options, twistd=TWISTD, env=None):
+        """
+        C{twistd -n --pidfile= dallal} listening on an ephemeral loopback port.
+        """
+        return cls(
+            [twistd, "-n", "--pidfile=", "dallal", "--tcp", LOOPBACK_ANY_PORT, *options],
+            cwd,
+            env,
+        )
+
+    def stop(self):
+        """
+        Stop the broker with SIGTERM, and check that it exited cleanly and
+        never logged a traceback.
+        """
+        status = self.terminate()
+        output = self.output.decode("utf-8", "replace")
+        assert "Traceback" not in output, output
+        assert "Unhandled" not in output, output
+        assert status == 0, output
+
+
+def dallal(*arguments, timeout=COMMAND_TIMEOUT):
+    """
+    Run the C{dallal} command to completion.
+
+    @return: its L{subprocess.CompletedProcess}, output as bytes.
+    """
+    return subprocess.run(
+        [str(DALLAL), *map(str, arguments)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=timeout,
+    )
+
+
+def subscriber(port, *topics):
+    """
+    Start C{dallal subscribe} and wait until it says it is subscribed.
+    """
+    process = OutputCollector([DALLAL, "127.0.0.1", port, "subscribe", *topics], None)
+    try:
+        process.waitFor(re.escape(b"subscribing on " + " ".join(topics).encode() + b"\n"))
+    except BaseException:
+        process.kill()
+        raise
+    return process
+
+
+def environmentWithout(*names):
+    """
+    This process's environment without the variables C{names}.
+    """
+    return {key: value for key, value in os.environ.items() if key not in names}
