@@ -1,0 +1,201 @@
+"""
+L{dallal.wire}: the frame codec, checked against PROTOCOL.md.
+"""
+
+import pytest
+from hypothesis import given, settings, strategies
+
+from dallal import wire
+from dallal.errors import BAD_ARGUMENTS, BAD_COMMAND, BAD_ID, NO_ID, RequestError
+
+
+# Client to broker.
+
+
+def test_publish():
+    assert wire.parseRequest(b"PUB 7 news 11") == wire.Publish("7", "news", 11, {})
+
+
+def test_subscribe():
+    assert wire.parseRequest(b"SUB 1 news") == wire.Subscribe("1", "news", {})
+
+
+@pytest.mark.parametrize("verb", [b"PING", b"ping", b"Ping"])
+def test_ping(verb):
+    assert wire.parseRequest(verb) == wire.Ping()
+
+
+def test_pong():
+    assert wire.parseRequest(b"pong") == wire.Pong()
+
+
+def test_verbsAreCaseInsensitive():
+    assert wire.parseRequest(b"pub 7 news 11") == wire.Publish("7", "news", 11, {})
+    assert wire.parseRequest(b"sUb 1 news") == wire.Subscribe("1", "news", {})
+
+
+def test_options():
+    """
+    C{key=value} options after the arguments are kept as text; a value may
+    be empty or contain C{=}.
+    """
+    request = wire.parseRequest(b"SUB 1 news mode=all x= a=b=c")
+    assert request.options == {"mode": "all", "x": "", "a": "b=c"}
+
+
+def test_utf8Topic():
+    request = wire.parseRequest("PUB 1 café/☕ 0".encode())
+    assert request.topic == "café/☕"
+
+
+def test_blankLineIsIgnored():
+    assert wire.parseRequest(b"") is None
+    assert wire.parseRequest(b"   ") is None
+
+
+def refusal(line):
+    """
+    The L{RequestError} that parsing C{line} raises.
+    """
+    with pytest.raises(RequestError) as caught:
+        wire.parseRequest(line)
+    return caught.value
+
+
+def test_unknownVerb():
+    error = refusal(b"FROB 1 x")
+    assert (error.code, error.requestId) == (BAD_COMMAND, NO_ID)
+    assert "FROB" in error.reason
+
+
+@pytest.mark.parametrize(
+    "line, requestId",
+    [
+        (b"PUB", NO_ID),
+        (b"PUB 1", "1"),
+        (b"PUB 1 news", "1"),
+        (b"PUB 1 news eleven", "1"),
+        (b"PUB 1 news -1", "1"),
+        (b"PUB 1 news 1e3", "1"),
+        (b"SUB", NO_ID),
+        (b"SUB 2", "2"),
+        (b"SUB 2 news novalue", "2"),
+        (b"SUB 2 news =value", "2"),
+        (b"SUB 2 \xffnews", "2"),
+        (b"PUB 3 news 1 \xff=1", "3"),
+    ],
+)
+def test_badArguments(line, requestId):
+    """
+    Missing or malformed arguments are refused with the request's id when
+    it could be read.
+    """
+    error = refusal(line)
+    assert (error.code, error.requestId) == (BAD_ARGUMENTS, requestId)
+    assert error.reason
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b"SUB " + b"i" * 65 + b" news", b"PUB \x01 news 1", b"SUB caf\xc3\xa9 news"],
+    ids=["too long", "control character", "not ASCII"],
+)
+def test_badId(line):
+    """
+    An id that cannot be echoed back is refused, with C{-} as the id.
+    """
+    error = refusal(line)
+    assert (error.code, error.requestId) == (BAD_ID, NO_ID)
+
+
+def test_longestId():
+    requestId = "i" * 64
+    assert wire.parseRequest(b"SUB %s news" % requestId.encode()).id == requestId
+
+
+# Broker to client.
+
+
+def test_encodeAcks():
+    assert wire.encodePubAck("7") == b"PUBACK 7\r\n"
+    assert wire.encodeSubAck("1") == b"SUBACK 1\r\n"
+
+
+def test_encodeError():
+    assert (
+        wire.encodeError("8", "BAD_TOPIC", "'+' and '#' are reserved")
+        == b"ERR 8 BAD_TOPIC '+' and '#' are reserved\r\n"
+    )
+
+
+def test_encodeErrorKeepsOneLine():
+    """
+    A reason with line ends in it cannot break the frame into two.
+    """
+    frame = wire.encodeError("-", "BAD_COMMAND", "unknown\r\ncommand 'PUBACK 1'\n")
+    assert frame.count(b"\n") == 1
+    assert frame.endswith(b"\r\n")
+
+
+def test_pingAndPongFrames():
+    assert wire.PING_FRAME == b"PING\r\n"
+    assert wire.PONG_FRAME == b"PONG\r\n"
+
+
+# The client's side: encoding requests, parsing the broker's frames.
+
+
+def test_encodePublish():
+    frame = b"".join(wire.encodePublish("7", "news", b"hello world"))
+    assert frame == b"PUB 7 news 11\r\nhello world\r\n"
+
+
+def test_encodeSubscribe():
+    assert wire.encodeSubscribe("1", "news") == b"SUB 1 news\r\n"
+
+
+@pytest.mark.parametrize(
+    "line, reply",
+    [
+        (b"MSG news 11", wire.MessageHeader("news", 11, {})),
+        (b"MSG news 0 seq=4", wire.MessageHeader("news", 0, {"seq": "4"})),
+        (b"PUBACK 7", wire.PubAck("7")),
+        (b"SUBACK 1", wire.SubAck("1")),
+        (b"PING", wire.Ping()),
+        (b"PONG", wire.Pong()),
+        (b"ERR 8 BAD_TOPIC no such  topic", wire.Error("8", "BAD_TOPIC", "no such  topic")),
+        (b"ERR - BAD_COMMAND", wire.Error("-", "BAD_COMMAND", "")),
+        (b"", None),
+    ],
+)
+def test_parseReply(line, reply):
+    assert wire.parseReply(line) == reply
+
+
+@pytest.mark.parametrize("line", [b"HELLO", b"MSG news", b"PUBACK", b"ERR 1"])
+def test_unexpectedReply(line):
+    with pytest.raises(RequestError):
+        wire.parseReply(line)
+
+
+@settings(derandomize=True, max_examples=200, deadline=None)
+@given(
+    requestId=strategies.text(
+        strategies.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=64
+    ),
+    topic=strategies.text(
+        strategies.characters(categories=["L", "N", "P", "S"], exclude_characters="+#"),
+        min_size=1,
+        max_size=64,
+    ).filter(lambda topic: not topic.startswith("$")),
+    payload=strategies.binary(max_size=64),
+)
+def test_publishRoundTrip(requestId, topic, payload):
+    """
+    What the client encodes, the broker parses back: the control line gives
+    the id, the topic and exactly the payload's size.
+    """
+    header, body, end = wire.encodePublish(requestId, topic, payload)
+    assert header.endswith(b"\r\n")
+    assert wire.parseRequest(header[:-2]) == wire.Publish(requestId, topic, len(payload), {})
+    assert (body, end) == (payload, b"\r\n")
