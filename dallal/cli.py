@@ -11,12 +11,15 @@ import argparse
 import os
 import sys
 
+import json
+
 from twisted.internet import defer, error as netError
 from twisted.internet.endpoints import HostnameEndpoint
-from twisted.internet.task import react
+from twisted.internet.task import deferLater, react
 
 from dallal import __version__
 from dallal.client import ServerError, connect
+from dallal.delivery import MODES
 
 DEFAULT_TIMEOUT = 10.0
 
@@ -75,6 +78,22 @@ def buildParser():
         "acknowledges it.",
     )
     addTimeout(publish)
+    publish.add_argument(
+        "--count",
+        type=_positiveInt,
+        default=1,
+        metavar="N",
+        help="publish the message N times; the success line is printed once "
+        "all N are acknowledged (default 1)",
+    )
+    publish.add_argument(
+        "--every",
+        type=_nonNegative,
+        default=0.0,
+        metavar="SECONDS",
+        help="wait this long between publishes; 0 (the default) sends them "
+        "all at once, pipelined",
+    )
     publish.add_argument("topic")
     publish.add_argument("message")
 
@@ -85,8 +104,44 @@ def buildParser():
         "'<topic>: <message>' until interrupted.",
     )
     addTimeout(subscribe)
+    subscribe.add_argument(
+        "--mode",
+        choices=MODES,
+        default=None,
+        help="latest (the default): each message is acked, and a newer one "
+        "replaces an older one not yet sent; all: every message is kept "
+        "until acked; fire: no acks, fastest, may lose messages",
+    )
     subscribe.add_argument("topics", nargs="+", metavar="topic")
+
+    stats = commands.add_parser(
+        "stats",
+        help="print the broker's counters",
+        description="Print the broker's counters as a table (see docs/EVENTS.md).",
+    )
+    addTimeout(stats)
+    stats.add_argument("--json", action="store_true", help="print them as JSON")
     return parser
+
+
+def _positiveInt(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _nonNegative(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
+    return value
 
 
 class Deadline:
@@ -109,6 +164,8 @@ def describe(failure, args):
     One line saying why a command failed, for standard error.
     """
     where = f"{args.host}:{args.port}"
+    if isinstance(failure, defer.FirstError):
+        failure = failure.subFailure.value
     if isinstance(failure, defer.TimeoutError):
         return f"no answer from the broker at {where} within {args.timeout:g} seconds"
     if isinstance(failure, netError.ConnectionRefusedError):
@@ -138,10 +195,17 @@ def _connect(reactor, args, deadline):
 async def publishCommand(reactor, args):
     # fsencode gives back the exact bytes the shell passed.
     payload = os.fsencode(args.message)
-    deadline = Deadline(reactor, args.timeout)
     try:
-        client = await _connect(reactor, args, deadline)
-        await deadline.wait(client.publish(args.topic, payload))
+        client = await _connect(reactor, args, Deadline(reactor, args.timeout))
+        acks = []
+        for number in range(args.count):
+            if number and args.every:
+                await deferLater(reactor, args.every)
+            acks.append(client.publish(args.topic, payload))
+        # The time limit runs from the last publish sent.
+        await Deadline(reactor, args.timeout).wait(
+            defer.gatherResults(acks, consumeErrors=True)
+        )
     except Exception as error:
         _fail(PUBLISH_FAILED, error, args)
     print(PUBLISHED, flush=True)
@@ -153,6 +217,9 @@ class MessagePrinter:
     Prints C{<topic>: <message>} lines, holding back those that arrive
     before every subscription is acknowledged so that the
     C{subscribing on ...} line always comes first.
+
+    A message is acked once its line is flushed: a held one when it is
+    released.
     """
 
     def __init__(self, output):
@@ -160,10 +227,12 @@ class MessagePrinter:
         self.held = []
 
     def __call__(self, message):
-        if self.held is not None:
-            self.held.append(message)
-        else:
+        if self.held is None:
             self.write(message)
+            return None
+        printed = defer.Deferred()
+        self.held.append((message, printed))
+        return printed
 
     def write(self, message):
         self.output.write(message.topic.encode("utf-8") + b": " + message.payload + b"\n")
@@ -171,8 +240,18 @@ class MessagePrinter:
 
     def release(self):
         held, self.held = self.held, None
-        for message in held:
+        for message, printed in held:
             self.write(message)
+            printed.callback(None)
+
+
+def reportGap(topic, missed):
+    print(
+        f"dallal: {topic}: {missed} message(s) not received "
+        "(replaced by newer ones or dropped by the broker)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 async def subscribeCommand(reactor, args):
@@ -184,7 +263,9 @@ async def subscribeCommand(reactor, args):
     printer = MessagePrinter(sys.stdout.buffer)
     try:
         client = await _connect(reactor, args, deadline)
-        await deadline.wait(client.subscribe(args.topics, printer))
+        await deadline.wait(
+            client.subscribe(args.topics, printer, mode=args.mode, onGap=reportGap)
+        )
     except Exception as error:
         _fail(SUBSCRIBE_FAILED, error, args)
     print("subscribing on " + " ".join(args.topics), flush=True)
@@ -197,9 +278,28 @@ async def subscribeCommand(reactor, args):
     raise SystemExit(1)
 
 
+async def statsCommand(reactor, args):
+    deadline = Deadline(reactor, args.timeout)
+    try:
+        client = await _connect(reactor, args, deadline)
+        stats = await deadline.wait(client.stats())
+    except Exception as error:
+        print(f"dallal: {describe(error, args)}", file=sys.stderr, flush=True)
+        raise SystemExit(1)
+    if args.json:
+        print(json.dumps(stats, sort_keys=True, indent=2), flush=True)
+    else:
+        width = max(map(len, stats))
+        for name in sorted(stats):
+            print(f"{name:<{width}}  {stats[name]}")
+        sys.stdout.flush()
+    await client.close()
+
+
 COMMANDS = {
     "publish": publishCommand,
     "subscribe": subscribeCommand,
+    "stats": statsCommand,
 }
 
 

@@ -13,13 +13,15 @@ Requests are pipelined: each carries an id and the Deferred it returned
 fires when the matching acknowledgement arrives (or fails with
 L{ServerError} when the broker refuses it, or with the connection-lost
 reason when the connection goes first).  The client answers the broker's
-pings by itself.
+pings by itself, and acks each message once its handler is done with it.
 """
 
 import itertools
+import json
 from dataclasses import dataclass
 
-from twisted.internet.defer import Deferred, gatherResults, succeed
+from twisted.internet.defer import Deferred, fail, gatherResults, maybeDeferred, succeed
+from twisted.internet.error import ConnectionDone
 from twisted.internet.endpoints import clientFromString, connectProtocol
 from twisted.logger import Logger
 
@@ -53,12 +55,30 @@ class ReceivedMessage:
     """
     A message delivered by the broker.
 
-    @ivar options: the frame's C{key=value} options, as text.
+    @ivar seq: its sequence number in its subscription.
+    @ivar redelivered: whether the broker sent it before (it was not acked
+        in time); the client never hands the same message to its handler
+        twice.
+    @ivar options: all the frame's C{key=value} options, as text.
     """
 
     topic: str
     payload: bytes
+    seq: int
+    redelivered: bool
     options: dict
+
+
+class _SubscriptionState:
+    """
+    What the client tracks per subscription: where it is in the sequence.
+    """
+
+    __slots__ = ("topic", "lastSeq")
+
+    def __init__(self, topic):
+        self.topic = topic
+        self.lastSeq = 0
 
 
 def checkToken(value, what):
@@ -87,6 +107,11 @@ class DallalClientProtocol(FrameReceiver):
         self._pingWaiters = []
         self._closeWaiters = []
         self._onMessage = None
+        self._onGap = None
+        self._subscriptions = {}
+        # Deliveries whose handler has not finished: a redelivery of one of
+        # them is not handled again, and is acked when the handler is done.
+        self._handling = set()
         self._receiving = None
         self.serverErrors = []
         self.connected = False
@@ -111,6 +136,8 @@ class DallalClientProtocol(FrameReceiver):
     # Requests
 
     def _request(self, frame, requestId):
+        if not self.connected:
+            return fail(self.lostReason or ConnectionDone("not connected"))
         deferred = Deferred(lambda d: self._pending.pop(requestId, None))
         self._pending[requestId] = deferred
         self.transport.writeSequence(frame if isinstance(frame, tuple) else (frame,))
@@ -129,12 +156,19 @@ class DallalClientProtocol(FrameReceiver):
         requestId = self._nextId()
         return self._request(wire.encodePublish(requestId, topic, payload), requestId)
 
-    def subscribe(self, topics, onMessage):
+    def subscribe(self, topics, onMessage, mode=None, onGap=None):
         """
         Subscribe to each of C{topics}; C{onMessage(message)} is then called
         with a L{ReceivedMessage} for every message delivered on this
-        connection.
+        connection.  The message is acked when C{onMessage} returns or, if
+        it returns a Deferred, when that fires: a slow handler slows the
+        broker's deliveries down.
 
+        @param mode: the delivery mode, C{"latest"} (the broker's default),
+            C{"all"} or C{"fire"}.
+        @param onGap: called as C{onGap(topic, missed)} when a subscription's
+            sequence skips C{missed} messages (replaced by newer ones in
+            C{latest} mode, or dropped by the broker).
         @return: a Deferred that fires when every SubAck has arrived, or
             fails with the first refusal.
         """
@@ -142,13 +176,26 @@ class DallalClientProtocol(FrameReceiver):
         for topic in topics:
             checkToken(topic, "topic")
         self._onMessage = onMessage
+        self._onGap = onGap
         acks = []
         for topic in topics:
             requestId = self._nextId()
-            acks.append(self._request(wire.encodeSubscribe(requestId, topic), requestId))
+            self._subscriptions[requestId] = _SubscriptionState(topic)
+            acks.append(
+                self._request(wire.encodeSubscribe(requestId, topic, mode), requestId)
+            )
         return gatherResults(acks, consumeErrors=True).addCallbacks(
             lambda _: None, lambda failure: failure.value.subFailure
         )
+
+    def stats(self):
+        """
+        Ask the broker for its counters.
+
+        @return: a Deferred that fires with a dict of them.
+        """
+        requestId = self._nextId()
+        return self._request(wire.encodeStatsRequest(requestId), requestId)
 
     def ping(self):
         """
@@ -204,8 +251,66 @@ class DallalClientProtocol(FrameReceiver):
 
     def payloadReceived(self, payload):
         header, self._receiving = self._receiving, None
-        if self._onMessage is not None:
-            self._onMessage(ReceivedMessage(header.topic, payload, header.options))
+        if type(header) is wire.StatsHeader:
+            self._statsReceived(header, payload)
+            return
+        options = header.options
+        deliveryId = options.get("id")
+        subscription = self._subscriptions.get(options.get("sub"))
+        try:
+            seq = int(options.get("seq", "0"))
+        except ValueError:
+            seq = 0
+        if subscription is not None and seq:
+            if seq <= subscription.lastSeq:
+                # Seen before: the broker resent it because our ack was
+                # late.  Ack again unless the handler is still busy with it.
+                if deliveryId is not None and deliveryId not in self._handling:
+                    self._write(wire.encodeAck(deliveryId))
+                return
+            missed = seq - subscription.lastSeq - 1
+            subscription.lastSeq = seq
+            if missed and self._onGap is not None:
+                self._onGap(subscription.topic, missed)
+        message = ReceivedMessage(
+            header.topic, payload, seq, options.get("redelivered") == "1", options
+        )
+        handled = maybeDeferred(self._onMessage, message)
+        if deliveryId is not None:
+            self._handling.add(deliveryId)
+            handled.addCallbacks(
+                self._handled,
+                self._handlerFailed,
+                callbackArgs=(deliveryId,),
+                errbackArgs=(deliveryId,),
+            )
+        else:
+            handled.addErrback(self._handlerFailed, None)
+
+    def _handled(self, result, deliveryId):
+        self._handling.discard(deliveryId)
+        self._write(wire.encodeAck(deliveryId))
+
+    def _handlerFailed(self, failure, deliveryId):
+        # Not acked: the broker will send the message again.
+        if deliveryId is not None:
+            self._handling.discard(deliveryId)
+        self._log.failure("message handler failed", failure)
+
+    def _statsReceived(self, header, payload):
+        deferred = self._pending.pop(header.id, None)
+        if deferred is None:
+            return
+        try:
+            stats = json.loads(payload)
+        except ValueError as e:
+            deferred.errback(ClientProtocolError(f"unreadable STATS payload: {e}"))
+        else:
+            deferred.callback(stats)
+
+    def _write(self, data):
+        if self.connected and not self.transport.disconnecting:
+            self.transport.write(data)
 
     def _handleAck(self, ack):
         # A late ack (its request timed out and was cancelled) finds nothing.
@@ -223,7 +328,7 @@ class DallalClientProtocol(FrameReceiver):
             self._log.warn("broker error: {error}", error=failure)
 
     def _handlePing(self, ping):
-        self.transport.write(wire.PONG_FRAME)
+        self._write(wire.PONG_FRAME)
 
     def _handlePong(self, pong):
         if self._pingWaiters:
@@ -231,6 +336,7 @@ class DallalClientProtocol(FrameReceiver):
 
     _handlers = {
         wire.MessageHeader: _handleMessage,
+        wire.StatsHeader: _handleMessage,
         wire.PubAck: _handleAck,
         wire.SubAck: _handleAck,
         wire.Error: _handleError,

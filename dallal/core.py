@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from twisted.logger import LogLevel
 
-from dallal.errors import BAD_TOPIC, PAYLOAD_TOO_LARGE, RequestError
+from dallal.delivery import LATEST, MODES, DeliveryConfig, Ledger, Outbox, Subscription
+from dallal.errors import BAD_ARGUMENTS, BAD_TOPIC, PAYLOAD_TOO_LARGE, RequestError
 from dallal.events import EventLog
 from dallal.topics import MAX_TOPIC_LENGTH, TopicError, checkTopic
 
@@ -29,6 +30,7 @@ class BrokerConfig:
     maxTopicLength: int = MAX_TOPIC_LENGTH
     maxControlLine: int = 4096
     messageEvents: bool = True
+    delivery: DeliveryConfig = DeliveryConfig()
 
 
 class Message:
@@ -54,14 +56,17 @@ class Message:
 class _Session:
     """
     What the broker knows about one attached client.
+
+    @ivar subscriptions: topic -> L{Subscription}.
     """
 
-    __slots__ = ("sid", "subscriber", "topics")
+    __slots__ = ("sid", "subscriber", "subscriptions", "outbox")
 
-    def __init__(self, sid, subscriber):
+    def __init__(self, sid, subscriber, outbox):
         self.sid = sid
         self.subscriber = subscriber
-        self.topics = set()
+        self.subscriptions = {}
+        self.outbox = outbox
 
 
 class Broker:
@@ -81,15 +86,19 @@ class Broker:
         self._subscribers = {}
         self._nextSid = 1
         self._nextMid = 1
+        self.started = clock.seconds()
         self.counters = Counter(
             connections=0,
             connections_total=0,
             subscriptions=0,
             published=0,
-            delivered=0,
             bytes_in=0,
             bytes_out=0,
+            errors=0,
+            pings_missed=0,
+            clients_dropped=0,
         )
+        self.ledger = Ledger(self.counters, self.events)
 
     # Sessions
 
@@ -97,8 +106,10 @@ class Broker:
         """
         A client has arrived.  Nothing is sent to it before it subscribes.
         """
-        session = _Session(self._nextSid, subscriber)
+        sid = self._nextSid
         self._nextSid += 1
+        outbox = Outbox(subscriber, sid, self.config.delivery, self.clock, self.ledger)
+        session = _Session(sid, subscriber, outbox)
         self._sessions[subscriber] = session
         self.counters["connections"] += 1
         self.counters["connections_total"] += 1
@@ -111,7 +122,8 @@ class Broker:
 
     def detach(self, subscriber, reason):
         """
-        A client has gone; its subscriptions go with it.
+        A client has gone; its subscriptions and everything queued for it go
+        with it.
 
         @param reason: a one-word reason for the log (C{closed},
             C{missed_pings}, C{protocol_error}, ...).
@@ -119,12 +131,13 @@ class Broker:
         session = self._sessions.pop(subscriber, None)
         if session is None:
             return
-        for topic in session.topics:
+        for topic in session.subscriptions:
             subscribers = self._subscribers[topic]
             del subscribers[subscriber]
             if not subscribers:
                 del self._subscribers[topic]
-        self.counters["subscriptions"] -= len(session.topics)
+        session.outbox.close(session.subscriptions.values())
+        self.counters["subscriptions"] -= len(session.subscriptions)
         self.counters["connections"] -= 1
         self.events.emit(
             "disconnect",
@@ -132,11 +145,47 @@ class Broker:
             client=subscriber.peer,
             transport=subscriber.transportName,
             reason=reason,
-            subscriptions=len(session.topics),
+            subscriptions=len(session.subscriptions),
         )
 
     def sessionId(self, subscriber):
         return self._sessions[subscriber].sid
+
+    def acknowledge(self, subscriber, deliveryId):
+        """
+        The client acked a delivery; late and unknown acks are ignored.
+        """
+        self._sessions[subscriber].outbox.acknowledge(deliveryId)
+
+    def pauseDelivery(self, subscriber):
+        """
+        The client's transport is full: hold its messages in the broker.
+        """
+        self._sessions[subscriber].outbox.pause()
+
+    def resumeDelivery(self, subscriber):
+        self._sessions[subscriber].outbox.resume()
+
+    def shutdown(self):
+        """
+        Close every session, accounting for what they still held, and log
+        the final counters.
+        """
+        for session in list(self._sessions.values()):
+            self.detach(session.subscriber, "shutdown")
+            session.subscriber.disconnect("shutdown")
+        self.logStats()
+
+    def stats(self):
+        """
+        The counters of docs/EVENTS.md, and the broker's uptime in seconds.
+        """
+        stats = dict(self.counters)
+        stats["uptime"] = round(self.clock.seconds() - self.started, 3)
+        return stats
+
+    def logStats(self):
+        self.events.emit("stats", **self.counters)
 
     # Requests
 
@@ -158,24 +207,36 @@ class Broker:
                 requestId,
             )
 
-    def subscribe(self, subscriber, topic, requestId):
+    def subscribe(self, subscriber, topic, requestId, mode=LATEST):
         """
-        Subscribe a client to a topic.  Subscribing twice is harmless: the
-        client still gets one copy of each message.
+        Subscribe a client to a topic.  Subscribing again to the same topic
+        changes the subscription's id and mode; the client still gets one
+        copy of each message.
 
-        @raise RequestError: the topic is refused.
+        @param mode: C{latest}, C{all} or C{fire} (see L{dallal.delivery}).
+        @raise RequestError: the topic or the mode is refused.
         """
         self.checkTopic(topic, requestId)
+        if mode not in MODES:
+            raise RequestError(
+                BAD_ARGUMENTS, f"mode must be one of {', '.join(MODES)}, not {mode!r}", requestId
+            )
         session = self._sessions[subscriber]
-        if topic not in session.topics:
-            session.topics.add(topic)
-            self._subscribers.setdefault(topic, {})[subscriber] = session
+        subscription = session.subscriptions.get(topic)
+        if subscription is None:
+            subscription = Subscription(requestId, topic, mode, session.outbox)
+            session.subscriptions[topic] = subscription
+            self._subscribers.setdefault(topic, {})[subscriber] = subscription
             self.counters["subscriptions"] += 1
+        else:
+            subscription.id = requestId
+            subscription.mode = mode
         self.events.emit(
             "subscribe",
             session=session.sid,
             client=subscriber.peer,
             topic=topic,
+            mode=mode,
         )
 
     def publish(self, subscriber, topic, payload, requestId):
@@ -194,7 +255,7 @@ class Broker:
         counters = self.counters
         counters["published"] += 1
         counters["bytes_in"] += len(payload)
-        receivers = self._subscribers.get(topic, ())
+        receivers = self._subscribers.get(topic)
         events = self.events
         if events.messageEvents:
             events.emit(
@@ -202,26 +263,21 @@ class Broker:
                 mid=message.mid,
                 topic=topic,
                 bytes=len(payload),
+                session=self._sessions[subscriber].sid,
                 client=subscriber.peer,
-                subscribers=len(receivers),
+                transport=subscriber.transportName,
+                subscribers=len(receivers) if receivers else 0,
             )
-        for receiver, session in list(receivers.items()) if receivers else ():
-            receiver.sendMessage(message)
-            if events.messageEvents:
-                events.emit(
-                    "deliver",
-                    mid=message.mid,
-                    topic=topic,
-                    session=session.sid,
-                    client=receiver.peer,
-                )
-        counters["delivered"] += len(receivers)
-        counters["bytes_out"] += len(receivers) * len(payload)
+        if receivers:
+            # A delivery may disconnect a slow consumer, changing the dict.
+            for subscription in list(receivers.values()):
+                subscription.outbox.offer(subscription, message)
         return message
 
     # Health
 
     def pingMissed(self, subscriber, missed):
+        self.counters["pings_missed"] += 1
         self.events.emit(
             "ping_missed",
             LogLevel.warn,
@@ -234,6 +290,7 @@ class Broker:
         """
         Record that a client is being dropped for not answering pings.
         """
+        self.counters["clients_dropped"] += 1
         self.events.emit(
             "client_dropped",
             LogLevel.warn,

@@ -17,9 +17,22 @@ class ISubscriber(Interface):
     peer = Attribute("The client's address as 'host:port', for the log.")
     transportName = Attribute("'tcp' or 'udp', for the log and statistics.")
 
-    def sendMessage(message):
+    def sendMessage(message, subscriptionId, seq, deliveryId, redelivered):
         """
         Send a L{dallal.core.Message} to this client.
 
         Only called while the subscriber is attached to the broker.
+
+        @param subscriptionId: the client's id of the subscription it matched.
+        @param seq: that subscription's sequence number for it.
+        @param deliveryId: the id the client acks it with, or C{None} when it
+            needs no ack (C{fire} mode).
+        @param redelivered: whether this is a resend.
+        """
+
+    def disconnect(reason):
+        """
+        Close the session; C{reason} is C{slow_consumer} (it fell too far
+        behind, under the C{disconnect} policy) or C{shutdown} (the broker
+        is stopping: flush what was written, then close).
         """

@@ -96,4 +96,6 @@ class DallalService(MultiService):
 
     def stopService(self):
         self.sweep.stop()
-        return MultiService.stopService(self)
+        stopped = MultiService.stopService(self)
+        self.broker.shutdown()
+        return stopped

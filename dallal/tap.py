@@ -5,6 +5,7 @@ C{twistd dallal}: command-line options and the service they build.
 from twisted.python import usage
 
 from dallal.core import DEFAULT_MAX_PAYLOAD, BrokerConfig
+from dallal.delivery import SLOW_CONSUMER_POLICIES, DeliveryConfig
 from dallal.keepalive import DEFAULT_INTERVAL
 from dallal.service import DallalService
 
@@ -55,6 +56,53 @@ class Options(usage.Options):
         ],
     ]
 
+    _delivery = DeliveryConfig()
+    optParameters += [
+        [
+            "max-inflight",
+            None,
+            _delivery.maxInflight,
+            "Unacked messages in flight per client, in 'all' mode.",
+            _positive(int),
+        ],
+        [
+            "max-queued",
+            None,
+            _delivery.maxQueued,
+            "Messages queued per client behind those in flight.",
+            _positive(int),
+        ],
+        [
+            "max-queued-bytes",
+            None,
+            _delivery.maxQueuedBytes,
+            "Payload bytes queued per client behind those in flight.",
+            _positive(int),
+        ],
+        [
+            "slow-consumer",
+            None,
+            _delivery.slowConsumer,
+            "What a full client queue costs: drop-oldest drops its oldest "
+            "queued message, disconnect drops the client.",
+        ],
+        [
+            "ack-timeout",
+            None,
+            _delivery.ackTimeout,
+            "Seconds to wait for an ack before sending a message again.",
+            _positive(float),
+        ],
+        [
+            "max-attempts",
+            None,
+            _delivery.maxAttempts,
+            "Sends of one message to one client before it is dropped unacked.",
+            _positive(int),
+        ],
+    ]
+    del _delivery
+
     optFlags = [
         [
             "no-message-events",
@@ -75,6 +123,10 @@ class Options(usage.Options):
         self["tcp"].append(value)
 
     def postOptions(self):
+        if self["slow-consumer"] not in SLOW_CONSUMER_POLICIES:
+            raise usage.UsageError(
+                f"--slow-consumer must be one of {', '.join(SLOW_CONSUMER_POLICIES)}"
+            )
         if not self["tcp"]:
             self["tcp"] = [str(DEFAULT_TCP_PORT)]
         self["tcp"] = [self._endpoint(value) for value in self["tcp"]]
@@ -103,6 +155,14 @@ def makeService(options, reactor=None):
     config = BrokerConfig(
         maxPayload=options["max-payload"],
         messageEvents=not options["no-message-events"],
+        delivery=DeliveryConfig(
+            maxInflight=options["max-inflight"],
+            maxQueued=options["max-queued"],
+            maxQueuedBytes=options["max-queued-bytes"],
+            slowConsumer=options["slow-consumer"],
+            ackTimeout=options["ack-timeout"],
+            maxAttempts=options["max-attempts"],
+        ),
     )
     service = DallalService(reactor, config, pingInterval=options["ping-interval"])
     for description in options["tcp"]:

@@ -6,10 +6,14 @@ to a connection that is closed or closing, and answers every bad request
 with an C{ERR} frame; PROTOCOL.md says which errors also close it.
 """
 
+import json
+
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import ServerFactory
 from zope.interface import implementer
 
 from dallal import wire
+from dallal.delivery import LATEST
 from dallal.errors import BAD_FRAMING, LINE_TOO_LONG, NO_ID, RequestError
 from dallal.framing import FrameReceiver
 from dallal.interfaces import ISubscriber
@@ -28,6 +32,33 @@ def formatAddress(address):
     if ":" in host:
         return f"[{host}]:{port}"
     return f"{host}:{port}"
+
+
+@implementer(IPushProducer)
+class _DeliveryValve:
+    """
+    Registered with the transport so that the broker stops writing to a
+    client whose write buffer is full, and holds what waits in its own
+    bounded queues instead (L{dallal.delivery.Outbox}).
+
+    The protocol itself cannot be the producer: as a L{LineReceiver} its
+    C{pauseProducing} pauses I{reading} from the client.
+    """
+
+    def __init__(self, protocol):
+        self.protocol = protocol
+
+    def pauseProducing(self):
+        if self.protocol._attached:
+            self.protocol.broker.pauseDelivery(self.protocol)
+
+    def resumeProducing(self):
+        if self.protocol._attached:
+            self.protocol.broker.resumeDelivery(self.protocol)
+
+    def stopProducing(self):
+        # The connection is closing; connectionLost detaches the session.
+        pass
 
 
 @implementer(ISubscriber, IPingable)
@@ -52,6 +83,7 @@ class BrokerProtocol(FrameReceiver):
         self._attached = True
         self.broker.attach(self)
         self.sweep.add(self)
+        self.transport.registerProducer(_DeliveryValve(self), True)
 
     def connectionLost(self, reason):
         if self._attached:
@@ -124,11 +156,21 @@ class BrokerProtocol(FrameReceiver):
 
     def _handleSubscribe(self, request):
         try:
-            self.broker.subscribe(self, request.topic, request.id)
+            self.broker.subscribe(
+                self, request.topic, request.id, request.options.get("mode", LATEST)
+            )
         except RequestError as error:
             self._refuse(error)
             return
         self._write(wire.encodeSubAck(request.id))
+
+    def _handleAck(self, request):
+        self.broker.acknowledge(self, request.deliveryId)
+
+    def _handleStats(self, request):
+        payload = json.dumps(self.broker.stats(), sort_keys=True).encode("ascii")
+        if self._attached and not self.transport.disconnecting:
+            self.transport.writeSequence(wire.encodeStats(request.id, payload))
 
     def _handlePing(self, request):
         self._write(wire.PONG_FRAME)
@@ -139,22 +181,39 @@ class BrokerProtocol(FrameReceiver):
     _handlers = {
         wire.Publish: _handlePublish,
         wire.Subscribe: _handleSubscribe,
+        wire.Ack: _handleAck,
+        wire.Stats: _handleStats,
         wire.Ping: _handlePing,
         wire.Pong: _handlePong,
     }
 
     # ISubscriber
 
-    def sendMessage(self, message):
+    def sendMessage(self, message, subscriptionId, seq, deliveryId, redelivered):
         if self._attached and not self.transport.disconnecting:
             payload = message.payload
             self.transport.writeSequence(
                 (
-                    wire.encodeMessageHeader(message.wireTopic, len(payload)),
+                    wire.encodeMessageHeader(
+                        message.wireTopic,
+                        len(payload),
+                        subscriptionId,
+                        seq,
+                        deliveryId,
+                        redelivered,
+                    ),
                     payload,
                     wire.CRLF,
                 )
             )
+
+    def disconnect(self, reason):
+        self._closeReason = reason
+        if reason == "shutdown":
+            self.transport.loseConnection()
+        else:
+            # A slow consumer's buffer may never drain: don't wait for it.
+            self.transport.abortConnection()
 
     # IPingable
 

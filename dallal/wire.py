@@ -40,6 +40,16 @@ class Subscribe:
 
 
 @dataclass(frozen=True, slots=True)
+class Ack:
+    deliveryId: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
 class Ping:
     pass
 
@@ -125,6 +135,22 @@ def _parseSub(tokens):
     )
 
 
+def _parseAckRequest(tokens):
+    if len(tokens) != 2:
+        raise RequestError(BAD_ARGUMENTS, "usage: ACK <delivery-id>")
+    return Ack(_requestId(tokens[1]))
+
+
+def _parseStats(tokens):
+    if len(tokens) != 2:
+        raise RequestError(
+            BAD_ARGUMENTS,
+            "usage: STATS <id>",
+            _requestId(tokens[1]) if len(tokens) > 1 else NO_ID,
+        )
+    return Stats(_requestId(tokens[1]))
+
+
 def _parsePing(tokens):
     return _PING
 
@@ -136,6 +162,8 @@ def _parsePong(tokens):
 _PARSERS = {
     b"PUB": _parsePub,
     b"SUB": _parseSub,
+    b"ACK": _parseAckRequest,
+    b"STATS": _parseStats,
     b"PING": _parsePing,
     b"PONG": _parsePong,
 }
@@ -146,7 +174,8 @@ def parseRequest(line):
     Parse one control line from a client.
 
     @param line: the line without its line end.
-    @return: a L{Publish}, L{Subscribe}, L{Ping} or L{Pong}; C{None} for a
+    @return: a L{Publish}, L{Subscribe}, L{Ack}, L{Stats}, L{Ping} or
+        L{Pong}; C{None} for a
         blank line (ignored, so that a person typing into C{nc} may press
         enter twice).
     @raise RequestError: the line is not a valid request.
@@ -168,14 +197,26 @@ PING_FRAME = b"PING\r\n"
 PONG_FRAME = b"PONG\r\n"
 
 
-def encodeMessageHeader(topic, size, options=b""):
+def encodeMessageHeader(topic, size, subscriptionId, seq, deliveryId, redelivered):
     """
     The control line of a C{MSG} frame; the payload and a CRLF follow it.
 
     @param topic: the topic, already encoded as UTF-8.
-    @param options: pre-encoded C{" key=value"} options, or C{b""}.
+    @param deliveryId: the id the client acks, or C{None} in C{fire} mode.
     """
-    return b"MSG %s %d%s\r\n" % (topic, size, options)
+    line = b"MSG %s %d sub=%s seq=%d" % (topic, size, subscriptionId.encode("ascii"), seq)
+    if deliveryId is not None:
+        line += b" id=" + deliveryId.encode("ascii")
+    if redelivered:
+        line += b" redelivered=1"
+    return line + CRLF
+
+
+def encodeStats(requestId, payload):
+    """
+    The answer to C{STATS}: a JSON payload of the broker's counters.
+    """
+    return (b"STATS %s %d\r\n" % (requestId.encode("ascii"), len(payload)), payload, CRLF)
 
 
 def encodePubAck(requestId):
@@ -210,6 +251,12 @@ class MessageHeader:
 
 
 @dataclass(frozen=True, slots=True)
+class StatsHeader:
+    id: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
 class PubAck:
     id: str
 
@@ -236,6 +283,12 @@ def _parseMsg(tokens):
     )
 
 
+def _parseStatsReply(tokens):
+    if len(tokens) != 3:
+        raise RequestError(BAD_ARGUMENTS, "usage: STATS <id> <size>")
+    return StatsHeader(_requestId(tokens[1]), _size(tokens[2], NO_ID))
+
+
 def _parseAck(kind):
     def parse(tokens):
         if len(tokens) != 2:
@@ -259,6 +312,7 @@ _REPLY_PARSERS = {
     b"MSG": _parseMsg,
     b"PUBACK": _parseAck(PubAck),
     b"SUBACK": _parseAck(SubAck),
+    b"STATS": _parseStatsReply,
     b"PING": _parsePing,
     b"PONG": _parsePong,
 }
@@ -268,8 +322,9 @@ def parseReply(line):
     """
     Parse one control line from the server.
 
-    @return: a L{MessageHeader} (its payload follows), L{PubAck}, L{SubAck},
-        L{Error}, L{Ping} or L{Pong}; C{None} for a blank line.
+    @return: a L{MessageHeader} or L{StatsHeader} (a payload follows),
+        L{PubAck}, L{SubAck}, L{Error}, L{Ping} or L{Pong}; C{None} for a
+        blank line.
     @raise RequestError: the line is not a frame this client understands.
     """
     tokens = line.split()
@@ -284,24 +339,27 @@ def parseReply(line):
     return parser(tokens)
 
 
-def encodePublish(requestId, topic, payload, options=b""):
+def encodePublish(requestId, topic, payload):
     """
     A C{PUB} frame, as a sequence of byte strings to write.
     """
     return (
-        b"PUB %s %s %d%s\r\n"
-        % (requestId.encode("ascii"), topic.encode("utf-8"), len(payload), options),
+        b"PUB %s %s %d\r\n" % (requestId.encode("ascii"), topic.encode("utf-8"), len(payload)),
         payload,
         CRLF,
     )
 
 
-def encodeSubscribe(requestId, topic, options=b""):
-    return b"SUB %s %s%s\r\n" % (requestId.encode("ascii"), topic.encode("utf-8"), options)
+def encodeSubscribe(requestId, topic, mode=None):
+    line = b"SUB %s %s" % (requestId.encode("ascii"), topic.encode("utf-8"))
+    if mode is not None:
+        line += b" mode=" + mode.encode("ascii")
+    return line + CRLF
 
 
-def encodeOptions(options):
-    """
-    C{" key=value"} tokens for a frame's control line, in the given order.
-    """
-    return b"".join(b" %s=%s" % (key.encode(), str(value).encode()) for key, value in options.items())
+def encodeAck(deliveryId):
+    return b"ACK %s\r\n" % (deliveryId.encode("ascii"),)
+
+
+def encodeStatsRequest(requestId):
+    return b"STATS %s\r\n" % (requestId.encode("ascii"),)

@@ -1,0 +1,452 @@
+"""
+Delivery queues: what each subscriber has been sent, what waits, what is acked.
+
+Every session has one L{Outbox}.  A subscription names its delivery mode:
+
+ - C{latest} (the default): one message per subscription in flight until it
+   is acked; a newer message waits, and a still newer one replaces the
+   waiting one.
+ - C{all}: every message is kept until acked, with at most C{maxInflight}
+   unacked messages in flight per session and a bounded queue behind them.
+ - C{fire}: sent once, never acked.
+
+Whatever the mode, a session whose transport stops draining (the peer stops
+reading) is paused: nothing more is written to it, and what arrives waits
+here, within bounds.  When a bound is hit the slow-consumer policy decides:
+C{drop-oldest} drops queued messages, C{disconnect} drops the session.
+
+Each message offered to a subscription gets its next sequence number, so a
+subscriber sees a gap where a message was replaced or dropped.  Every
+message offered ends in exactly one of: acked, fired (sent in C{fire}
+mode), replaced, dropped (with a reason), or still in flight; the counters
+and events record which (docs/EVENTS.md).
+"""
+
+from collections import deque
+
+from twisted.logger import LogLevel
+
+LATEST = "latest"
+ALL = "all"
+FIRE = "fire"
+MODES = (LATEST, ALL, FIRE)
+
+DROP_OLDEST = "drop-oldest"
+DISCONNECT = "disconnect"
+SLOW_CONSUMER_POLICIES = (DROP_OLDEST, DISCONNECT)
+
+# Why a message is dropped, as counted (dropped_<reason>) and logged.
+QUEUE_FULL = "queue_full"
+SLOW_CONSUMER = "slow_consumer"
+DISCONNECTED = "disconnected"
+REDELIVERY_LIMIT = "redelivery_limit"
+SUPERSEDED = "superseded"
+DROP_REASONS = (QUEUE_FULL, SLOW_CONSUMER, DISCONNECTED, REDELIVERY_LIMIT, SUPERSEDED)
+
+
+class Subscription:
+    """
+    One session's subscription to one topic.
+
+    @ivar id: the client's id for it (its C{SUB} request id), sent back as
+        C{sub=} on every message so the client knows which subscription and
+        sequence a message belongs to.
+    @ivar waiting: in C{latest} mode, the message waiting for the one in
+        flight to be acked, as C{(message, seq)}, or C{None}.
+    """
+
+    __slots__ = ("id", "topic", "mode", "outbox", "lastSeq", "inflight", "waiting")
+
+    def __init__(self, subscriptionId, topic, mode, outbox):
+        self.id = subscriptionId
+        self.topic = topic
+        self.mode = mode
+        self.outbox = outbox
+        self.lastSeq = 0
+        self.inflight = None
+        self.waiting = None
+
+
+class _Delivery:
+    """
+    A message sent to a subscriber and not yet acked.
+    """
+
+    __slots__ = (
+        "deliveryId",
+        "subscription",
+        "message",
+        "seq",
+        "attempt",
+        "timer",
+        "windowed",
+    )
+
+    def __init__(self, deliveryId, subscription, message, seq):
+        self.deliveryId = deliveryId
+        self.subscription = subscription
+        self.message = message
+        self.seq = seq
+        self.attempt = 1
+        self.timer = None
+        # Whether it holds one of the session's `all`-mode window slots (the
+        # subscription's mode may change while it is in flight).
+        self.windowed = subscription.mode == ALL
+
+
+class DeliveryConfig:
+    """
+    The delivery limits of a broker, shared by every outbox.
+    """
+
+    __slots__ = (
+        "maxInflight",
+        "maxQueued",
+        "maxQueuedBytes",
+        "slowConsumer",
+        "ackTimeout",
+        "maxAttempts",
+    )
+
+    def __init__(
+        self,
+        maxInflight=100,
+        maxQueued=1000,
+        maxQueuedBytes=8 * 1024 * 1024,
+        slowConsumer=DROP_OLDEST,
+        ackTimeout=10.0,
+        maxAttempts=5,
+    ):
+        if slowConsumer not in SLOW_CONSUMER_POLICIES:
+            raise ValueError(f"slow-consumer policy must be one of {SLOW_CONSUMER_POLICIES}")
+        self.maxInflight = maxInflight
+        self.maxQueued = maxQueued
+        self.maxQueuedBytes = maxQueuedBytes
+        self.slowConsumer = slowConsumer
+        self.ackTimeout = ackTimeout
+        self.maxAttempts = maxAttempts
+
+
+class Outbox:
+    """
+    The delivery state of one session.
+
+    @param subscriber: the L{ISubscriber} that writes messages out.
+    @param sid: the session's id, for events.
+    @param ledger: the broker's L{Ledger}, which counts and logs.
+    """
+
+    def __init__(self, subscriber, sid, config, clock, ledger):
+        self.subscriber = subscriber
+        self.sid = sid
+        self.config = config
+        self.clock = clock
+        self.ledger = ledger
+        self.paused = False
+        self.closed = False
+        self._disconnecting = False
+        self._nextDeliveryId = 1
+        self._inflight = {}
+        self._windowUsed = 0
+        self._queue = deque()
+        self._queuedBytes = 0
+        # latest-mode subscriptions with a waiting message and nothing in
+        # flight: what a resume must send.
+        self._latestReady = []
+
+    # From the broker
+
+    def offer(self, subscription, message):
+        """
+        Deliver, queue or replace according to the subscription's mode.
+        """
+        subscription.lastSeq += 1
+        seq = subscription.lastSeq
+        self.ledger.matched(message)
+        if self._disconnecting:
+            self.ledger.dropped(self.sid, subscription, message, SLOW_CONSUMER)
+            return
+        mode = subscription.mode
+        if mode == LATEST:
+            self._offerLatest(subscription, message, seq)
+        elif not self.paused and not self._queue and (
+            mode == FIRE or self._windowUsed < self.config.maxInflight
+        ):
+            self._send(subscription, message, seq)
+        else:
+            self._enqueue(subscription, message, seq)
+
+    def _offerLatest(self, subscription, message, seq):
+        if subscription.inflight is None and not self.paused:
+            self._send(subscription, message, seq)
+            return
+        if subscription.waiting is not None:
+            replaced, _ = subscription.waiting
+            self.ledger.replaced(self.sid, replaced, message)
+        elif subscription.inflight is None:
+            self._latestReady.append(subscription)
+        subscription.waiting = (message, seq)
+
+    def _enqueue(self, subscription, message, seq):
+        size = len(message.payload)
+        config = self.config
+        while self._queue and (
+            len(self._queue) >= config.maxQueued
+            or self._queuedBytes + size > config.maxQueuedBytes
+        ):
+            if config.slowConsumer == DISCONNECT:
+                self._disconnectSlowConsumer(subscription, message)
+                return
+            oldSubscription, oldMessage, _ = self._queue.popleft()
+            self._queuedBytes -= len(oldMessage.payload)
+            self.ledger.dropped(self.sid, oldSubscription, oldMessage, QUEUE_FULL)
+        if size > config.maxQueuedBytes:
+            if config.slowConsumer == DISCONNECT:
+                self._disconnectSlowConsumer(subscription, message)
+            else:
+                self.ledger.dropped(self.sid, subscription, message, QUEUE_FULL)
+            return
+        self._queue.append((subscription, message, seq))
+        self._queuedBytes += size
+
+    def _disconnectSlowConsumer(self, subscription, message):
+        self.ledger.dropped(self.sid, subscription, message, SLOW_CONSUMER)
+        # The transport closes asynchronously; until it has, whatever else
+        # arrives for this session is dropped for the same reason.
+        self._disconnecting = True
+        self.subscriber.disconnect(SLOW_CONSUMER)
+
+    def acknowledge(self, deliveryId):
+        """
+        The subscriber acked a delivery.  Unknown ids -- late, duplicate or
+        made up -- are ignored.
+        """
+        delivery = self._inflight.pop(deliveryId, None)
+        if delivery is None:
+            return
+        delivery.timer.cancel()
+        self.ledger.acked(self.sid, delivery.subscription, delivery.message)
+        self._settled(delivery)
+
+    def pause(self):
+        """
+        The transport's buffer is full: write nothing more until L{resume}.
+        """
+        self.paused = True
+
+    def resume(self):
+        self.paused = False
+        self._flush()
+
+    def close(self, subscriptions):
+        """
+        The session ended: everything not yet acked is dropped.
+
+        @param subscriptions: the session's subscriptions, whose waiting
+            messages go too.
+        """
+        self.closed = True
+        for subscription in subscriptions:
+            self.unsubscribe(subscription)
+        for delivery in self._inflight.values():
+            delivery.timer.cancel()
+            self.ledger.dropped(
+                self.sid, delivery.subscription, delivery.message, DISCONNECTED
+            )
+        self._inflight.clear()
+        for subscription, message, _ in self._queue:
+            self.ledger.dropped(self.sid, subscription, message, DISCONNECTED)
+        self._queue.clear()
+        self._queuedBytes = 0
+        self._latestReady = []
+
+    def unsubscribe(self, subscription):
+        """
+        Drop what waits for C{subscription} in C{latest} mode: it will never
+        be sent.  What is in flight may still be acked.
+        """
+        if subscription.waiting is not None:
+            message, _ = subscription.waiting
+            subscription.waiting = None
+            self.ledger.dropped(self.sid, subscription, message, DISCONNECTED)
+
+    # Sending
+
+    def _send(self, subscription, message, seq):
+        if subscription.mode == FIRE:
+            self.ledger.fired(self.sid, subscription, message, seq)
+            self.subscriber.sendMessage(message, subscription.id, seq, None, False)
+            return
+        deliveryId = str(self._nextDeliveryId)
+        self._nextDeliveryId += 1
+        delivery = _Delivery(deliveryId, subscription, message, seq)
+        self._inflight[deliveryId] = delivery
+        if delivery.windowed:
+            self._windowUsed += 1
+        else:
+            subscription.inflight = delivery
+        self.ledger.sent(self.sid, subscription, message, seq, 1)
+        self.subscriber.sendMessage(message, subscription.id, seq, deliveryId, False)
+        delivery.timer = self.clock.callLater(
+            self.config.ackTimeout, self._ackTimedOut, delivery
+        )
+
+    def _settled(self, delivery):
+        """
+        A delivery left the in-flight table: free its slot and send what it
+        was holding back.
+        """
+        if delivery.windowed:
+            self._windowUsed -= 1
+        else:
+            subscription = delivery.subscription
+            subscription.inflight = None
+            if subscription.waiting is not None:
+                self._latestReady.append(subscription)
+        self._flush()
+
+    def _flush(self):
+        """
+        Send what waits, as far as the transport and the window allow.
+        """
+        if self.closed:
+            return
+        ready, self._latestReady = self._latestReady, []
+        for subscription in ready:
+            if self.paused or subscription.inflight is not None:
+                self._latestReady.append(subscription)
+            elif subscription.waiting is not None:
+                message, seq = subscription.waiting
+                subscription.waiting = None
+                self._send(subscription, message, seq)
+        queue = self._queue
+        while queue and not self.paused:
+            subscription, message, seq = queue[0]
+            if subscription.mode == ALL and self._windowUsed >= self.config.maxInflight:
+                break
+            queue.popleft()
+            self._queuedBytes -= len(message.payload)
+            self._send(subscription, message, seq)
+
+    def _ackTimedOut(self, delivery):
+        subscription = delivery.subscription
+        if subscription.mode == LATEST and subscription.waiting is not None:
+            # A newer message supersedes the unacked one instead of a resend.
+            del self._inflight[delivery.deliveryId]
+            self.ledger.dropped(self.sid, subscription, delivery.message, SUPERSEDED)
+            self._settled(delivery)
+            return
+        if self.paused:
+            # The peer is not reading: resending would only pile bytes onto
+            # the same stalled connection.  Try again later, same attempt.
+            delivery.timer = self.clock.callLater(
+                self.config.ackTimeout, self._ackTimedOut, delivery
+            )
+            return
+        if delivery.attempt >= self.config.maxAttempts:
+            del self._inflight[delivery.deliveryId]
+            self.ledger.dropped(self.sid, subscription, delivery.message, REDELIVERY_LIMIT)
+            self._settled(delivery)
+            return
+        delivery.attempt += 1
+        self.ledger.sent(self.sid, subscription, delivery.message, delivery.seq, delivery.attempt)
+        self.subscriber.sendMessage(
+            delivery.message, subscription.id, delivery.seq, delivery.deliveryId, True
+        )
+        delivery.timer = self.clock.callLater(
+            self.config.ackTimeout, self._ackTimedOut, delivery
+        )
+
+
+class Ledger:
+    """
+    The broker's accounting of deliveries: counters and per-message events.
+
+    Every message offered to a subscription is counted as C{matched} and
+    C{inflight}; it leaves C{inflight} exactly once, as acked, fired,
+    replaced or dropped.
+    """
+
+    def __init__(self, counters, events):
+        self.counters = counters
+        self.events = events
+        for name in (
+            "matched",
+            "delivered",
+            "fired",
+            "redelivered",
+            "acked",
+            "replaced",
+            "dropped",
+            "inflight",
+        ):
+            counters[name] = 0
+        for reason in DROP_REASONS:
+            counters["dropped_" + reason] = 0
+
+    def matched(self, message):
+        self.counters["matched"] += 1
+        self.counters["inflight"] += 1
+
+    def sent(self, sid, subscription, message, seq, attempt):
+        counters = self.counters
+        counters["bytes_out"] += len(message.payload)
+        if attempt == 1:
+            counters["delivered"] += 1
+        else:
+            counters["redelivered"] += 1
+        events = self.events
+        if events.messageEvents:
+            events.emit(
+                "deliver",
+                mid=message.mid,
+                topic=message.topic,
+                session=sid,
+                client=subscription.outbox.subscriber.peer,
+                mode=subscription.mode,
+                seq=seq,
+                attempt=attempt,
+            )
+
+    def fired(self, sid, subscription, message, seq):
+        self.sent(sid, subscription, message, seq, 1)
+        self.counters["fired"] += 1
+        self.counters["inflight"] -= 1
+
+    def acked(self, sid, subscription, message):
+        self.counters["acked"] += 1
+        self.counters["inflight"] -= 1
+        events = self.events
+        if events.messageEvents:
+            events.emit(
+                "ack",
+                mid=message.mid,
+                topic=message.topic,
+                session=sid,
+                latency=round(subscription.outbox.clock.seconds() - message.published, 6),
+            )
+
+    def replaced(self, sid, message, newer):
+        self.counters["replaced"] += 1
+        self.counters["inflight"] -= 1
+        events = self.events
+        if events.messageEvents:
+            events.emit(
+                "replace", mid=message.mid, topic=message.topic, session=sid, by=newer.mid
+            )
+
+    def dropped(self, sid, subscription, message, reason):
+        counters = self.counters
+        counters["dropped"] += 1
+        counters["dropped_" + reason] += 1
+        counters["inflight"] -= 1
+        events = self.events
+        if events.messageEvents:
+            events.emit(
+                "drop",
+                LogLevel.warn,
+                mid=message.mid,
+                topic=message.topic,
+                session=sid,
+                reason=reason,
+            )

@@ -1,0 +1,359 @@
+"""
+Hierarchical topics: subscription filters with wildcards, and the two trees
+that match them.
+
+A topic is made of C{/}-separated levels.  A subscription filter may use
+C{+} for exactly one level (possibly empty: C{a/+} matches C{a/}) and C{#},
+as its last level, for every remaining level including none (C{a/#} matches
+C{a}, C{a/b} and C{a/b/c}).  As in MQTT, a filter whose first level is a
+wildcard does not match a topic whose first level starts with C{$}, which
+leaves room for the broker's own C{$SYS/...} topics: C{#} does not match
+C{$SYS/load}, but C{$SYS/#} does.
+
+Two trees, keyed by level, answer the two questions a broker asks:
+
+  - L{SubscriptionTree}: which subscribers want a message published on this
+    topic?  (filters in the tree, a topic as the question)
+  - L{TopicMap}: which existing topics, such as those holding a retained
+    message, does this filter match?  (topics in the tree, a filter as the
+    question)
+
+Both walk only the branches that can match, so a lookup costs about what its
+matches cost, however many entries the tree holds.
+"""
+
+from collections.abc import MutableMapping
+
+from dallal.topics import MAX_TOPIC_LENGTH, WILDCARDS, TopicError
+
+SEPARATOR = "/"
+SINGLE_LEVEL = "+"
+MULTI_LEVEL = "#"
+RESERVED_PREFIX = "$"
+
+
+def checkFilter(topicFilter, maxLength=MAX_TOPIC_LENGTH):
+    """
+    Check a subscription filter.
+
+    @raise TopicError: with a reason a person can act on.
+    """
+    if not topicFilter:
+        raise TopicError("filter is empty")
+    size = len(topicFilter.encode("utf-8"))
+    if size > maxLength:
+        raise TopicError(f"filter is {size} bytes, longer than {maxLength}")
+    # isprintable() lets the ASCII space through, and only that space.
+    if not topicFilter.isprintable() or " " in topicFilter:
+        raise TopicError("filter contains a control or whitespace character")
+    if not WILDCARDS.intersection(topicFilter):
+        return
+    levels = topicFilter.split(SEPARATOR)
+    for index, level in enumerate(levels):
+        if MULTI_LEVEL in level:
+            if level != MULTI_LEVEL:
+                raise TopicError(
+                    f"'#' must be alone in its level, not in {level!r}"
+                )
+            if index != len(levels) - 1:
+                raise TopicError("'#' must be the last level of a filter")
+        elif SINGLE_LEVEL in level and level != SINGLE_LEVEL:
+            raise TopicError(f"'+' must be alone in its level, not in {level!r}")
+
+
+def filterMatches(topicFilter, topic):
+    """
+    Whether one valid filter matches one topic, comparing level by level.
+
+    This is what a broker without a tree does for every filter on every
+    publish; the trees below give the same answers without looking at the
+    filters or topics that cannot match.
+    """
+    if topic.startswith(RESERVED_PREFIX) and topicFilter[0] in WILDCARDS:
+        return False
+    topicLevels = topic.split(SEPARATOR)
+    filterLevels = topicFilter.split(SEPARATOR)
+    for index, level in enumerate(filterLevels):
+        if level == MULTI_LEVEL:
+            return True
+        if index == len(topicLevels):
+            return False
+        if level != SINGLE_LEVEL and level != topicLevels[index]:
+            return False
+    return len(filterLevels) == len(topicLevels)
+
+
+class _Node:
+    """
+    One level of a tree.
+
+    @ivar children: the next levels, by name.
+    @ivar entry: what the tree keeps at the name that ends here, or C{None}
+        when no name ends here.
+    """
+
+    __slots__ = ("children", "entry")
+
+    def __init__(self):
+        self.children = {}
+        self.entry = None
+
+
+class _LevelTree:
+    """
+    What both trees share: nodes by level, created on the way down and pruned
+    on the way back up so that memory follows what the tree holds, not what
+    it once held.
+
+    @ivar nodeCount: the nodes below the root; 0 when the tree is empty.
+    """
+
+    def __init__(self):
+        self._root = _Node()
+        self.nodeCount = 0
+
+    def _nodeFor(self, name):
+        """
+        The node where C{name} ends, created with its missing ancestors.
+        """
+        node = self._root
+        for level in name.split(SEPARATOR):
+            child = node.children.get(level)
+            if child is None:
+                child = node.children[level] = _Node()
+                self.nodeCount += 1
+            node = child
+        return node
+
+    def _pathTo(self, name):
+        """
+        The (parent, level, node) steps from the root to where C{name} ends,
+        or C{None} if the tree has no such node.
+        """
+        path = []
+        node = self._root
+        for level in name.split(SEPARATOR):
+            child = node.children.get(level)
+            if child is None:
+                return None
+            path.append((node, level, child))
+            node = child
+        return path
+
+    def _prune(self, path):
+        """
+        Remove the nodes of C{path} left with neither entry nor children,
+        deepest first.
+        """
+        for parent, level, node in reversed(path):
+            if node.entry is not None or node.children:
+                return
+            del parent.children[level]
+            self.nodeCount -= 1
+
+
+class SubscriptionTree(_LevelTree):
+    """
+    Subscriptions by filter: which subscribers want a topic.
+
+    Each (filter, subscriber) pair holds one value, such as the options of
+    that subscription.  Filters must have passed L{checkFilter}.
+
+    The tree does not list a subscriber's filters: the broker keeps them with
+    the subscriber's session anyway, to remove them when it leaves, and an
+    index here would cost memory on every subscription for no new answer.
+    """
+
+    def __init__(self):
+        _LevelTree.__init__(self)
+        self._count = 0
+
+    def __len__(self):
+        """
+        The number of (filter, subscriber) pairs.
+        """
+        return self._count
+
+    def add(self, topicFilter, subscriber, value=None):
+        """
+        Subscribe C{subscriber} to C{topicFilter} with C{value}, replacing
+        the value of an existing subscription.
+
+        @return: C{True} if the subscription is new, C{False} if it replaced
+            one.
+        """
+        node = self._nodeFor(topicFilter)
+        if node.entry is None:
+            node.entry = {}
+        isNew = subscriber not in node.entry
+        node.entry[subscriber] = value
+        self._count += isNew
+        return isNew
+
+    def remove(self, topicFilter, subscriber):
+        """
+        Unsubscribe C{subscriber} from C{topicFilter}.
+
+        @return: the value of the subscription.
+        @raise KeyError: if there is no such subscription.
+        """
+        path = self._pathTo(topicFilter)
+        subscribers = path[-1][2].entry if path is not None else None
+        if subscribers is None or subscriber not in subscribers:
+            raise KeyError((topicFilter, subscriber))
+        value = subscribers.pop(subscriber)
+        self._count -= 1
+        if not subscribers:
+            path[-1][2].entry = None
+            self._prune(path)
+        return value
+
+    def match(self, topic):
+        """
+        The subscriptions that want a message published on C{topic}.
+
+        @return: a C{dict} from each subscriber to the list of the values of
+            all its filters that match C{topic}, so that the caller sends one
+            copy per subscriber even when two of its filters overlap.
+        """
+        found = {}
+        levels = topic.split(SEPARATOR)
+        # Walk the levels breadth first; at each level only the exact child
+        # and the '+' child go on, and a '#' child matches everything left.
+        nodes = [self._root]
+        if topic.startswith(RESERVED_PREFIX):
+            # Wildcards in the first level do not reach '$' topics: take
+            # that level by its name only.
+            child = self._root.children.get(levels[0])
+            nodes = [child] if child is not None else []
+            levels = levels[1:]
+        for level in levels:
+            if not nodes:
+                return found
+            nextNodes = []
+            for node in nodes:
+                children = node.children
+                child = children.get(MULTI_LEVEL)
+                if child is not None:
+                    _collect(found, child.entry)
+                child = children.get(level)
+                if child is not None:
+                    nextNodes.append(child)
+                child = children.get(SINGLE_LEVEL)
+                if child is not None:
+                    nextNodes.append(child)
+            nodes = nextNodes
+        for node in nodes:
+            _collect(found, node.entry)
+            # 'a/#' also matches 'a' itself.
+            child = node.children.get(MULTI_LEVEL)
+            if child is not None:
+                _collect(found, child.entry)
+        return found
+
+
+def _collect(found, subscribers):
+    """
+    Add the subscribers of one matching filter to C{found}.
+    """
+    if subscribers is None:
+        return
+    for subscriber, value in subscribers.items():
+        values = found.get(subscriber)
+        if values is None:
+            found[subscriber] = [value]
+        else:
+            values.append(value)
+
+
+class TopicMap(_LevelTree, MutableMapping):
+    """
+    A mapping from topic names to values, such as the topics that hold a
+    retained message, that can also list the topics a filter matches.
+
+    Besides the tree it keeps a plain C{dict} of its topics, so looking up,
+    counting and iterating over topics cost what they cost in a C{dict}.
+    """
+
+    def __init__(self):
+        _LevelTree.__init__(self)
+        self._nodes = {}
+
+    def __len__(self):
+        return len(self._nodes)
+
+    def __iter__(self):
+        return iter(self._nodes)
+
+    def __getitem__(self, topic):
+        return self._nodes[topic].entry[1]
+
+    def __setitem__(self, topic, value):
+        node = self._nodes.get(topic)
+        if node is None:
+            node = self._nodes[topic] = self._nodeFor(topic)
+        node.entry = (topic, value)
+
+    def __delitem__(self, topic):
+        del self._nodes[topic]
+        path = self._pathTo(topic)
+        path[-1][2].entry = None
+        self._prune(path)
+
+    def match(self, topicFilter):
+        """
+        The topics that a valid C{topicFilter} matches.
+
+        @return: a C{list} of (topic, value) pairs, in no particular order; a
+            list rather than a generator so that the caller may change the
+            map while it goes through them.
+        """
+        if not WILDCARDS.intersection(topicFilter):
+            node = self._nodes.get(topicFilter)
+            return [node.entry] if node is not None else []
+        nodes = [self._root]
+        for index, level in enumerate(topicFilter.split(SEPARATOR)):
+            # Wildcards in the first level do not reach '$' topics.
+            skipReserved = index == 0
+            if level == MULTI_LEVEL:
+                return _entriesUnder(nodes, skipReserved)
+            nextNodes = []
+            for node in nodes:
+                if level == SINGLE_LEVEL:
+                    nextNodes.extend(
+                        child
+                        for name, child in node.children.items()
+                        if not (skipReserved and name.startswith(RESERVED_PREFIX))
+                    )
+                else:
+                    child = node.children.get(level)
+                    if child is not None:
+                        nextNodes.append(child)
+            nodes = nextNodes
+        return [node.entry for node in nodes if node.entry is not None]
+
+
+def _entriesUnder(nodes, skipReserved):
+    """
+    The entries of C{nodes} and of all their descendants: what a C{#} at
+    their level matches.
+
+    @param skipReserved: leave out the children whose name starts with C{$}
+        (C{nodes} is the root).
+    """
+    found = []
+    stack = []
+    for node in nodes:
+        if node.entry is not None:
+            found.append(node.entry)
+        stack.extend(
+            child
+            for name, child in node.children.items()
+            if not (skipReserved and name.startswith(RESERVED_PREFIX))
+        )
+    while stack:
+        node = stack.pop()
+        if node.entry is not None:
+            found.append(node.entry)
+        stack.extend(node.children.values())
+    return found
