@@ -66,21 +66,13 @@ class BrokerHarness:
     def connect(self):
         """
         A new client connection, each from its own port on 127.0.0.1.
-
-        @return: C{(protocol, transport)}
         """
         address = IPv4Address("TCP", "127.0.0.1", self._nextPort)
         self._nextPort += 1
         protocol = self.factory.buildProtocol(address)
         transport = StringTransport(peerAddress=address)
         protocol.makeConnection(transport)
-        return protocol, transport
-
-    def lose(self, protocol):
-        """
-        What the reactor does once a connection is closed, by either side.
-        """
-        protocol.connectionLost(Failure(ConnectionDone()))
+        return FakeClient(protocol, transport)
 
     def logLines(self, name=None):
         """
@@ -108,13 +100,94 @@ class BrokerHarness:
         ]
 
 
-def take(transport):
+class FakeClient:
     """
-    What was written to C{transport} since the last call, then forget it.
+    One client connection to a L{BrokerHarness}: what it sends goes straight
+    to the broker's protocol, what the broker writes stays in C{transport}.
+
+    @ivar address: the client's C{host:port}, as the broker logs it.
     """
-    written = transport.value()
-    transport.clear()
-    return written
+
+    def __init__(self, protocol, transport):
+        self.protocol = protocol
+        self.transport = transport
+        peer = transport.getPeer()
+        self.address = f"{peer.host}:{peer.port}"
+
+    def send(self, *chunks):
+        """
+        Deliver C{chunks} to the broker, one read each.
+        """
+        for chunk in chunks:
+            self.protocol.dataReceived(chunk)
+
+    def received(self):
+        """
+        What the broker wrote since the last call.
+        """
+        written = self.transport.value()
+        self.transport.clear()
+        return written
+
+    def lose(self):
+        """
+        What the reactor does once the connection is closed, by either side.
+        """
+        self.protocol.connectionLost(Failure(ConnectionDone()))
+
+    @property
+    def closing(self):
+        """
+        Whether the broker closed (or aborted) the connection.
+        """
+        return self.transport.disconnecting
+
+
+class Frame:
+    """
+    A frame from the broker: its control line, and its payload for C{MSG}.
+    """
+
+    def __init__(self, line, payload=None):
+        self.line = line
+        self.payload = payload
+        self.verb, *self.arguments = line.split(b" ")
+
+    def __repr__(self):
+        return f"Frame({self.line!r}, {self.payload!r})"
+
+
+def decodeFrames(data):
+    """
+    Cut what the broker wrote into L{Frame}s, as PROTOCOL.md describes them
+    (and without L{dallal.wire}, which is under test): CRLF-terminated
+    control lines, and after C{MSG <topic> <size>} exactly C{size} bytes of
+    payload and a CRLF.
+    """
+    frames = []
+    position = 0
+    while position < len(data):
+        end = data.index(b"\r\n", position)
+        frame = Frame(data[position:end])
+        position = end + 2
+        if frame.verb == b"MSG":
+            size = int(frame.arguments[1])
+            frame.payload = data[position : position + size]
+            assert data[position + size : position + size + 2] == b"\r\n", data
+            position += size + 2
+        frames.append(frame)
+    return frames
+
+
+def messages(data):
+    """
+    The C{(topic, payload)} of each C{MSG} frame in C{data}.
+    """
+    return [
+        (frame.arguments[0], frame.payload)
+        for frame in decodeFrames(data)
+        if frame.verb == b"MSG"
+    ]
 
 
 def splitAt(data, positions):

@@ -1,0 +1,447 @@
+"""
+L{dallal.tcp.BrokerProtocol} over in-memory transports, with a real broker
+core on a fake clock: what clients read, and what the broker logs.
+"""
+
+import pytest
+
+from dallal.core import BrokerConfig
+from helpers import PING_INTERVAL, BrokerHarness, decodeFrames, messages, splitAt
+
+SMALL_MAX_PAYLOAD = 16
+
+
+def test_publishIsAcknowledged(harness):
+    client = harness.connect()
+    client.send(b"PUB 7 news 11\r\nhello world\r\n")
+    assert client.received() == b"PUBACK 7\r\n"
+
+
+def test_protocolSession(harness):
+    """
+    The session of PROTOCOL.md, byte for byte on the publisher's side.
+    """
+    subscriber = harness.connect()
+    subscriber.send(b"SUB 1 news\r\n")
+    assert subscriber.received() == b"SUBACK 1\r\n"
+    publisher = harness.connect()
+    publisher.send(b"PUB 7 news 11\r\nhello world\r\n")
+    assert publisher.received() == b"PUBACK 7\r\n"
+    publisher.send(b"PUB 8 +bad 2\r\nhi\r\nPING\r\n")
+    assert publisher.received() == (
+        b"ERR 8 BAD_TOPIC '+' and '#' are reserved for subscription wildcards\r\n"
+        b"PONG\r\n"
+    )
+    assert messages(subscriber.received()) == [(b"news", b"hello world")]
+
+
+def test_typedIntoNetcat(harness):
+    """
+    Lower-case verbs, bare LF line ends and blank lines work, as a person
+    typing into C{nc} sends them.
+    """
+    client = harness.connect()
+    client.send(b"sub 1 news\n\n", b"pub 2 news 2\nhi\n", b"ping\n")
+    frames = decodeFrames(client.received())
+    assert [(frame.line, frame.payload) for frame in frames] == [
+        (b"SUBACK 1", None),
+        (frames[1].line, b"hi"),
+        (b"PUBACK 2", None),
+        (b"PONG", None),
+    ]
+    assert frames[1].arguments[:2] == [b"news", b"2"]
+
+
+def test_fanOut(harness):
+    """
+    A message reaches every connection subscribed to its topic once,
+    including the publisher's own, and no other connection.
+    """
+    subscribers = [harness.connect() for _ in range(3)]
+    for subscriber in subscribers:
+        subscriber.send(b"SUB 1 news\r\n")
+    subscribers[0].send(b"SUB 2 news\r\n")  # twice: still one copy
+    other = harness.connect()
+    other.send(b"SUB 1 sport\r\n")
+    publisher = harness.connect()
+    publisher.send(b"SUB a news\r\n")
+    for client in [*subscribers, other, publisher]:
+        client.received()
+
+    payload = b"line one\r\nline two\n\x00\xff"
+    publisher.send(b"PUB p1 news %d\r\n%s\r\n" % (len(payload), payload))
+
+    for subscriber in subscribers:
+        assert messages(subscriber.received()) == [(b"news", payload)]
+    assert other.received() == b""
+    answer = publisher.received()
+    assert messages(answer) == [(b"news", payload)]
+    assert [frame.line for frame in decodeFrames(answer) if frame.verb != b"MSG"] == [
+        b"PUBACK p1"
+    ]
+
+
+def test_topicsAreSeparate(harness):
+    """
+    A connection subscribed to several topics gets each topic's message
+    under its topic; topics are case-sensitive.
+    """
+    subscriber = harness.connect()
+    subscriber.send(b"SUB 1 a\r\nSUB 2 b/c\r\nSUB 3 News\r\n")
+    assert subscriber.received() == b"SUBACK 1\r\nSUBACK 2\r\nSUBACK 3\r\n"
+    publisher = harness.connect()
+    publisher.send(b"PUB 1 b/c 3\r\nbcb\r\nPUB 2 news 1\r\nn\r\nPUB 3 a 1\r\na\r\n")
+    assert publisher.received() == b"PUBACK 1\r\nPUBACK 2\r\nPUBACK 3\r\n"
+    assert messages(subscriber.received()) == [(b"b/c", b"bcb"), (b"a", b"a")]
+
+
+def test_nothingFromBeforeTheSubscription(harness):
+    publisher = harness.connect()
+    publisher.send(b"PUB 1 news 6\r\nbefore\r\n")
+    subscriber = harness.connect()
+    subscriber.send(b"SUB 1 news\r\n")
+    assert subscriber.received() == b"SUBACK 1\r\n"
+    publisher.send(b"PUB 2 news 5\r\nafter\r\n")
+    assert messages(subscriber.received()) == [(b"news", b"after")]
+
+
+def test_subscriptionsDieWithTheConnection(harness):
+    subscriber = harness.connect()
+    subscriber.send(b"SUB 1 news\r\nSUB 2 sport\r\n")
+    subscriber.received()
+    subscriber.lose()
+    publisher = harness.connect()
+    publisher.send(b"PUB 1 news 2\r\nhi\r\n")
+    assert publisher.received() == b"PUBACK 1\r\n"
+    assert subscriber.received() == b""
+    assert harness.fields("disconnect") == [
+        {
+            "session": 1,
+            "client": subscriber.address,
+            "transport": "tcp",
+            "reason": "closed",
+            "subscriptions": 2,
+        }
+    ]
+    assert harness.fields("publish")[0]["subscribers"] == 0
+
+
+def test_connectionLog(harness):
+    """
+    Connections and subscriptions are logged with the client's address.
+    """
+    client = harness.connect()
+    client.send(b"SUB 1 news\r\n")
+    client.lose()
+    lines = [line.rsplit(" t=", 1)[0] for line in harness.logLines()]
+    assert lines[0] == f"event=connect session=1 client={client.address} transport=tcp"
+    assert lines[1].startswith(f"event=subscribe session=1 client={client.address} topic=news")
+    assert lines[-1] == (
+        f"event=disconnect session=1 client={client.address} transport=tcp "
+        "reason=closed subscriptions=1"
+    )
+
+
+def test_ping(harness):
+    client = harness.connect()
+    client.send(b"PING\r\n")
+    assert client.received() == b"PONG\r\n"
+
+
+def test_pipelined(harness):
+    """
+    Many requests in one read are answered in order.
+    """
+    client = harness.connect()
+    client.send(b"".join(b"PUB %d t 1\r\n%d\r\n" % (i, i % 10) for i in range(1000)))
+    assert client.received() == b"".join(b"PUBACK %d\r\n" % i for i in range(1000))
+
+
+# Errors that keep the connection open: the ERR, then business as usual.
+
+NON_FATAL_ERRORS = [
+    (b"FROB 1 news\r\n", b"ERR - BAD_COMMAND "),
+    (b"PUB 1 news\r\n", b"ERR 1 BAD_ARGUMENTS "),
+    (b"PUB 1 news eleven\r\n", b"ERR 1 BAD_ARGUMENTS "),
+    (b"SUB\r\n", b"ERR - BAD_ARGUMENTS "),
+    (b"SUB 2 news novalue\r\n", b"ERR 2 BAD_ARGUMENTS "),
+    (b"SUB 3 caf\xff\r\n", b"ERR 3 BAD_ARGUMENTS "),
+    (b"SUB " + b"i" * 65 + b" news\r\n", b"ERR - BAD_ID "),
+    (b"SUB \x01 news\r\n", b"ERR - BAD_ID "),
+    (b"SUB 4 +\r\n", b"ERR 4 BAD_TOPIC "),
+    (b"SUB 4 a/#\r\n", b"ERR 4 BAD_TOPIC "),
+    (b"SUB 4 $SYS/x\r\n", b"ERR 4 BAD_TOPIC "),
+    (b"SUB 4 a\x7fb\r\n", b"ERR 4 BAD_TOPIC "),
+    (b"SUB 4 " + b"t" * 257 + b"\r\n", b"ERR 4 BAD_TOPIC "),
+    # A refused PUB has its payload read and skipped: what looks like
+    # frames inside it is not obeyed.
+    (b"PUB 5 +bad 6\r\nPING\r\n\r\n", b"ERR 5 BAD_TOPIC "),
+    (
+        b"PUB 6 news 17\r\nSUB 9 x\r\nPING\r\n12\r\n",
+        b"ERR 6 PAYLOAD_TOO_LARGE ",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "request_, error", NON_FATAL_ERRORS, ids=[error.decode() for _, error in NON_FATAL_ERRORS]
+)
+def test_errorKeepsConnectionOpen(request_, error):
+    harness = BrokerHarness(BrokerConfig(maxPayload=SMALL_MAX_PAYLOAD))
+    client = harness.connect()
+    client.send(request_)
+    answer = client.received()
+    assert answer.startswith(error) and answer.endswith(b"\r\n")
+    assert answer.count(b"\r\n") == 1
+    assert len(answer) > len(error) + 2, "the reason is missing"
+    assert not client.closing
+    code = error.split()[2].decode()
+    assert harness.fields("protocol_error") == [
+        {"session": 1, "client": client.address, "code": code, "fatal": False}
+    ]
+    client.send(b"SUB 10 news\r\nPUB 11 news 2\r\nok\r\n")
+    frames = decodeFrames(client.received())
+    assert [frame.verb for frame in frames] == [b"SUBACK", b"MSG", b"PUBACK"]
+    assert frames[1].payload == b"ok"
+
+
+def test_payloadTooLargeAcrossReads():
+    """
+    A too-large payload is skipped however it arrives, and the frame after
+    it is read normally.
+    """
+    harness = BrokerHarness(BrokerConfig(maxPayload=SMALL_MAX_PAYLOAD))
+    client = harness.connect()
+    skipped = b"PUB 9 news 1\r\nx\r\n" * 1000
+    client.send(b"PUB 1 news %d\r\n" % len(skipped))
+    assert client.received().startswith(b"ERR 1 PAYLOAD_TOO_LARGE ")
+    for start in range(0, len(skipped), 777):
+        client.send(skipped[start : start + 777])
+    client.send(b"\r\nPUB 2 news ", b"16\r\n", b"x" * 16, b"\r\n")
+    assert client.received() == b"PUBACK 2\r\n"
+    assert harness.fields("publish")[0]["bytes"] == 16
+
+
+def test_hugeAnnouncedSize():
+    """
+    An absurd size is refused at once, without waiting for the bytes, and
+    the connection stays open (PROTOCOL.md: the bytes are skipped).
+    """
+    harness = BrokerHarness(BrokerConfig(maxPayload=SMALL_MAX_PAYLOAD))
+    client = harness.connect()
+    client.send(b"PUB 6 news 999999999999\r\n")
+    assert client.received().startswith(b"ERR 6 PAYLOAD_TOO_LARGE ")
+    client.send(b"PING\r\n" * 1000)
+    assert client.received() == b""
+    assert not client.closing
+
+
+def test_largestPayloadAccepted():
+    harness = BrokerHarness(BrokerConfig(maxPayload=SMALL_MAX_PAYLOAD))
+    client = harness.connect()
+    client.send(b"PUB 1 news 16\r\n" + b"y" * 16 + b"\r\n")
+    assert client.received() == b"PUBACK 1\r\n"
+
+
+def assertClosedFor(harness, client, code):
+    assert client.closing
+    assert harness.fields("protocol_error") == [
+        {"session": 1, "client": client.address, "code": code, "fatal": True}
+    ]
+    client.lose()
+    assert harness.fields("disconnect")[0]["reason"] == "protocol_error"
+
+
+def test_lineTooLong(harness):
+    """
+    A control line over 4096 bytes is refused and the connection closed;
+    nothing that followed it in the same read is answered.
+    """
+    client = harness.connect()
+    client.send(b"SUB 1 " + b"t" * 4091 + b"\r\nPING\r\n")
+    answer = client.received()
+    assert answer.startswith(b"ERR - LINE_TOO_LONG ")
+    assert answer.count(b"\r\n") == 1
+    assertClosedFor(harness, client, "LINE_TOO_LONG")
+
+
+def test_lineTooLongWithoutLineEnd(harness):
+    """
+    A client cannot make the broker buffer an endless line.
+    """
+    client = harness.connect()
+    for sent in range(1, 10):
+        client.send(b"x" * 1000)
+        if client.closing:
+            break
+    assert sent == 5
+    assert client.received().startswith(b"ERR - LINE_TOO_LONG ")
+    assertClosedFor(harness, client, "LINE_TOO_LONG")
+
+
+def test_longestLineAccepted(harness):
+    client = harness.connect()
+    client.send(b"PING" + b" " * 4092 + b"\r\n")
+    assert client.received() == b"PONG\r\n"
+    assert not client.closing
+
+
+def test_badFraming(harness):
+    """
+    A payload longer than announced breaks framing: ERR with the request's
+    id, then the connection closes and the rest is ignored.
+    """
+    client = harness.connect()
+    client.send(b"PUB 3 news 2\r\nabc\r\nPING\r\n")
+    answer = client.received()
+    assert answer.startswith(b"ERR 3 BAD_FRAMING ")
+    assert answer.count(b"\r\n") == 1
+    assertClosedFor(harness, client, "BAD_FRAMING")
+
+
+def test_nothingWrittenAfterConnectionLost(harness):
+    """
+    A connection that is gone gets no message, ping or answer.
+    """
+    gone = harness.connect()
+    gone.send(b"SUB 1 news\r\n")
+    gone.received()
+    gone.lose()
+    publisher = harness.connect()
+    publisher.send(b"PUB 1 news 2\r\nhi\r\n")
+    for _ in range(5):
+        harness.clock.advance(PING_INTERVAL)
+    assert gone.received() == b""
+
+
+def test_nothingWrittenWhileClosing(harness):
+    """
+    Once the broker has started closing a connection (here for a bad frame),
+    messages published before it is gone are not written to it.
+    """
+    closing = harness.connect()
+    closing.send(b"SUB 1 news\r\n" + b"x" * 5000)
+    assert closing.closing
+    closing.received()
+    publisher = harness.connect()
+    publisher.send(b"PUB 1 news 2\r\nhi\r\n")
+    harness.clock.advance(PING_INTERVAL)
+    assert closing.received() == b""
+
+
+def logLinesWithoutTime(harness, name):
+    return [line.rsplit(" t=", 1)[0] for line in harness.logLines(name)]
+
+
+def test_pingsAnswered(harness):
+    """
+    A client that answers each ping is never reported.
+    """
+    client = harness.connect()
+    for _ in range(6):
+        harness.clock.advance(PING_INTERVAL)
+        assert client.received() == b"PING\r\n"
+        client.send(b"PONG\r\n")
+    assert harness.logLines("ping_missed") == []
+    assert not client.closing
+
+
+def test_missedPingsThenDropped(harness):
+    """
+    Each missed ping is logged with the client's address; after three in a
+    row the connection is aborted and its subscriptions are forgotten,
+    while a client that answers stays.
+    """
+    silent = harness.connect()
+    silent.send(b"SUB 1 news\r\n")
+    healthy = harness.connect()
+    healthy.send(b"SUB 1 news\r\n")
+    for client in (silent, healthy):
+        client.received()
+
+    for _ in range(4):
+        harness.clock.advance(PING_INTERVAL)
+        assert healthy.received() == b"PING\r\n"
+        healthy.send(b"PONG\r\n")
+
+    assert silent.received() == b"PING\r\n" * 3
+    assert logLinesWithoutTime(harness, "ping_missed") == [
+        f"event=ping_missed session=1 client={silent.address} missed=1",
+        f"event=ping_missed session=1 client={silent.address} missed=2",
+    ]
+    assert logLinesWithoutTime(harness, "client_dropped") == [
+        f"event=client_dropped session=1 client={silent.address} missed=3"
+    ]
+    # Aborted, not closed gracefully: a silent peer may not be reading.
+    assert silent.transport.disconnected
+    silent.lose()
+    assert harness.fields("disconnect") == [
+        {
+            "session": 1,
+            "client": silent.address,
+            "transport": "tcp",
+            "reason": "missed_pings",
+            "subscriptions": 1,
+        }
+    ]
+    publisher = harness.connect()
+    publisher.send(b"PUB 1 news 2\r\nhi\r\n")
+    assert harness.fields("publish")[0]["subscribers"] == 1
+    assert messages(healthy.received()) == [(b"news", b"hi")]
+    assert silent.received() == b""
+    assert not healthy.closing
+
+
+def test_pongResetsMissedPings(harness):
+    client = harness.connect()
+    for _ in range(3):
+        harness.clock.advance(PING_INTERVAL)
+    client.send(b"PONG\r\n")
+    for _ in range(3):
+        harness.clock.advance(PING_INTERVAL)
+    assert [fields["missed"] for fields in harness.fields("ping_missed")] == [1, 2, 1, 2]
+    assert not client.closing
+
+
+SESSION = b"".join(
+    [
+        b"SUB 1 news\r\n",
+        b"PUB 2 news 12\r\nline\r\nline\r\n\r\n",
+        b"FROB\r\n",
+        b"PUB 3 +bad 4\r\nPING\r\n",
+        b"PUB 4 news 17\r\n" + b"\n" * 17 + b"\r\n",
+        b"ping\n",
+        b"SUB 5 sport\n",
+        b"PUB 6 sport 0\r\n\r\n",
+    ]
+)
+
+
+def sessionOutput(chunks):
+    client = BrokerHarness(BrokerConfig(maxPayload=SMALL_MAX_PAYLOAD)).connect()
+    client.send(*chunks)
+    assert not client.closing
+    return client.received()
+
+
+def test_sessionSplitAnywhere():
+    """
+    However the client's bytes are cut into reads, the broker answers the
+    same.
+    """
+    expected = sessionOutput([SESSION])
+    assert [frame.verb for frame in decodeFrames(expected)] == [
+        b"SUBACK",
+        b"MSG",
+        b"PUBACK",
+        b"ERR",
+        b"ERR",
+        b"ERR",
+        b"PONG",
+        b"SUBACK",
+        b"MSG",
+        b"PUBACK",
+    ]
+    for position in range(1, len(SESSION)):
+        assert sessionOutput(splitAt(SESSION, [position])) == expected, position
+    assert sessionOutput(SESSION[i : i + 1] for i in range(len(SESSION))) == expected
