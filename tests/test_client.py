@@ -1,0 +1,240 @@
+"""
+L{dallal.client.DallalClientProtocol} over an in-memory transport: what it
+sends, and how its Deferreds answer what the broker sends back.
+"""
+
+import re
+
+import pytest
+from twisted.internet.defer import TimeoutError
+from twisted.internet.error import ConnectionLost
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
+
+from dallal.client import DallalClientProtocol, ServerError
+from helpers import splitAt
+
+
+class Outcome:
+    """
+    Where a Deferred got to: C{result} once it fired, C{failure} if it
+    failed, neither while it waits.
+    """
+
+    def __init__(self, deferred):
+        self.fired = False
+        self.result = None
+        self.failure = None
+        deferred.addCallbacks(self._succeeded, self._failed)
+
+    def _succeeded(self, result):
+        self.fired = True
+        self.result = result
+
+    def _failed(self, failure):
+        self.fired = True
+        self.failure = failure
+
+
+@pytest.fixture
+def connection():
+    """
+    A connected client and its transport.
+    """
+    client = DallalClientProtocol()
+    transport = StringTransport()
+    client.makeConnection(transport)
+    return client, transport
+
+
+def sentIds(transport, verb):
+    """
+    The request ids of the C{verb} frames written so far, in order.
+    """
+    return re.findall(rb"^" + verb + rb" (\S+)", transport.value(), re.MULTILINE)
+
+
+def test_publishFrame(connection):
+    client, transport = connection
+    client.publish("news", b"hello\r\nworld")
+    (requestId,) = sentIds(transport, b"PUB")
+    assert transport.value() == b"PUB %s news 12\r\nhello\r\nworld\r\n" % requestId
+
+
+def test_publishFiresOnPubAck(connection):
+    client, transport = connection
+    outcome = Outcome(client.publish("news", b"hi"))
+    assert not outcome.fired
+    (requestId,) = sentIds(transport, b"PUB")
+    client.dataReceived(b"PUBACK %s\r\n" % requestId)
+    assert outcome.fired and outcome.failure is None
+
+
+def test_pipelinedAcksMatchById(connection):
+    """
+    Acks are matched to their request by id, whatever their order.
+    """
+    client, transport = connection
+    outcomes = [Outcome(client.publish("news", b"%d" % i)) for i in range(3)]
+    first, second, third = sentIds(transport, b"PUB")
+    assert len({first, second, third}) == 3
+    client.dataReceived(b"PUBACK %s\r\n" % third)
+    assert [outcome.fired for outcome in outcomes] == [False, False, True]
+    client.dataReceived(b"PUBACK %s\r\nPUBACK %s\r\n" % (first, second))
+    assert [outcome.fired for outcome in outcomes] == [True, True, True]
+
+
+def test_errorFailsWithServerError(connection):
+    client, transport = connection
+    outcome = Outcome(client.publish("news", b"hi"))
+    (requestId,) = sentIds(transport, b"PUB")
+    client.dataReceived(b"ERR %s BAD_TOPIC no such topic, really\r\n" % requestId)
+    error = outcome.failure.value
+    assert isinstance(error, ServerError)
+    assert (error.code, error.reason) == ("BAD_TOPIC", "no such topic, really")
+    assert client.connected and not transport.disconnecting
+
+
+def test_subscribeFiresWhenEveryTopicIsAcknowledged(connection):
+    client, transport = connection
+    outcome = Outcome(client.subscribe(["a", "b"], lambda message: None))
+    assert re.findall(rb"^SUB \S+ (\S+)\r$", transport.value(), re.MULTILINE) == [b"a", b"b"]
+    first, second = sentIds(transport, b"SUB")
+    client.dataReceived(b"SUBACK %s\r\n" % second)
+    assert not outcome.fired
+    client.dataReceived(b"SUBACK %s\r\n" % first)
+    assert outcome.fired and outcome.failure is None
+
+
+def test_subscribeFailsOnRefusal(connection):
+    client, transport = connection
+    outcome = Outcome(client.subscribe(["a", "b"], lambda message: None))
+    first, second = sentIds(transport, b"SUB")
+    client.dataReceived(b"SUBACK %s\r\nERR %s BAD_TOPIC no\r\n" % (first, second))
+    assert isinstance(outcome.failure.value, ServerError)
+    assert outcome.failure.value.code == "BAD_TOPIC"
+
+
+def test_pendingRequestsFailWhenConnectionIsLost(connection):
+    client, transport = connection
+    published = Outcome(client.publish("news", b"hi"))
+    subscribed = Outcome(client.subscribe(["news"], lambda message: None))
+    pinged = Outcome(client.ping())
+    client.connectionLost(Failure(ConnectionLost("gone")))
+    for outcome in (published, subscribed, pinged):
+        assert outcome.failure is not None
+        assert outcome.failure.check(ConnectionLost)
+
+
+def test_lateAndUnknownAcksAreIgnored(connection):
+    """
+    An ack for a request that is already answered, or that never existed,
+    changes nothing and does not close the connection.
+    """
+    client, transport = connection
+    outcome = Outcome(client.publish("news", b"hi"))
+    (requestId,) = sentIds(transport, b"PUB")
+    client.dataReceived(b"PUBACK %s\r\n" % requestId)
+    client.dataReceived(b"PUBACK %s\r\nSUBACK 999\r\nPUBACK nope\r\n" % requestId)
+    assert outcome.fired and outcome.failure is None
+    assert not transport.disconnecting
+    after = Outcome(client.publish("news", b"again"))
+    client.dataReceived(b"PUBACK %s\r\n" % sentIds(transport, b"PUB")[-1])
+    assert after.fired and after.failure is None
+
+
+def test_ackTimeout(connection):
+    """
+    A request given a timeout fails with C{TimeoutError} when it expires,
+    and its ack arriving afterwards is ignored.
+    """
+    client, transport = connection
+    clock = Clock()
+    outcome = Outcome(client.publish("news", b"hi").addTimeout(10, clock))
+    clock.advance(9.9)
+    assert not outcome.fired
+    clock.advance(0.1)
+    assert outcome.failure.check(TimeoutError)
+    (requestId,) = sentIds(transport, b"PUB")
+    client.dataReceived(b"PUBACK %s\r\n" % requestId)
+    assert not transport.disconnecting
+    assert clock.getDelayedCalls() == []
+
+
+def test_answersPing(connection):
+    client, transport = connection
+    client.dataReceived(b"PING\r\n")
+    assert transport.value() == b"PONG\r\n"
+
+
+def test_pingFiresOnPong(connection):
+    client, transport = connection
+    outcome = Outcome(client.ping())
+    assert transport.value() == b"PING\r\n"
+    assert not outcome.fired
+    client.dataReceived(b"PONG\r\n")
+    assert outcome.fired and outcome.failure is None
+
+
+MESSAGES = b"MSG news 12\r\nline\r\nline\r\n\r\nMSG a/b 0\r\n\r\nMSG news 3\r\n\x00\xff\n\r\n"
+
+
+def receivedBy(chunks):
+    client = DallalClientProtocol()
+    transport = StringTransport()
+    client.makeConnection(transport)
+    received = []
+    client.subscribe(["news", "a/b"], received.append)
+    for requestId in sentIds(transport, b"SUB"):
+        client.dataReceived(b"SUBACK %s\r\n" % requestId)
+    for chunk in chunks:
+        client.dataReceived(chunk)
+    return [(message.topic, message.payload) for message in received]
+
+
+def test_messagesReachTheHandler():
+    """
+    Each C{MSG} reaches the handler with its topic and its payload intact,
+    however the stream is cut.
+    """
+    expected = [("news", b"line\r\nline\r\n"), ("a/b", b""), ("news", b"\x00\xff\n")]
+    assert receivedBy([MESSAGES]) == expected
+    for position in range(1, len(MESSAGES)):
+        assert receivedBy(splitAt(MESSAGES, [position])) == expected, position
+
+
+def test_unexpectedFrameClosesConnection(connection):
+    """
+    A frame the client cannot understand means it no longer knows where it
+    is in the stream: it closes the connection, failing what was pending.
+    """
+    client, transport = connection
+    outcome = Outcome(client.publish("news", b"hi"))
+    client.dataReceived(b"HELLO there\r\n")
+    assert transport.disconnecting
+    client.connectionLost(Failure(ConnectionLost()))
+    assert outcome.failure.check(ConnectionLost)
+
+
+@pytest.mark.parametrize("topic", ["", "two words", "tab\there", "line\nend"])
+def test_topicThatWouldBreakTheFrame(connection, topic):
+    """
+    Such a topic is refused before anything is sent.
+    """
+    client, transport = connection
+    with pytest.raises(ValueError):
+        client.publish(topic, b"hi")
+    with pytest.raises(ValueError):
+        client.subscribe([topic], lambda message: None)
+    assert transport.value() == b""
+
+
+def test_close(connection):
+    client, transport = connection
+    closed = Outcome(client.close())
+    assert transport.disconnecting
+    assert not closed.fired
+    client.connectionLost(Failure(ConnectionLost()))
+    assert closed.fired and closed.failure is None
+    assert Outcome(client.whenDisconnected()).fired
