@@ -105,6 +105,10 @@ class BrokerProtocol(FrameReceiver):
     # Incoming frames
 
     def lineReceived(self, line):
+        if not self._attached:
+            # Detached by the broker's shutdown while the connection drains:
+            # there is no session left to act for.
+            return
         try:
             request = wire.parseRequest(line)
         except RequestError as error:
@@ -128,6 +132,8 @@ class BrokerProtocol(FrameReceiver):
 
     def payloadReceived(self, payload):
         request, self._publishing = self._publishing, None
+        if not self._attached:
+            return
         try:
             self.broker.publish(self, request.topic, payload, request.id)
         except RequestError as error:
@@ -210,6 +216,9 @@ class BrokerProtocol(FrameReceiver):
     def disconnect(self, reason):
         self._closeReason = reason
         if reason == "shutdown":
+            # The broker has already detached this session.
+            self._attached = False
+            self.sweep.remove(self)
             self.transport.loseConnection()
         else:
             # A slow consumer's buffer may never drain: don't wait for it.
