@@ -97,18 +97,25 @@ class Broker:
             errors=0,
             pings_missed=0,
             clients_dropped=0,
+            duplicates=0,
+            unsent=0,
         )
         self.ledger = Ledger(self.counters, self.events)
 
     # Sessions
 
-    def attach(self, subscriber):
+    def attach(self, subscriber, delivery=None):
         """
         A client has arrived.  Nothing is sent to it before it subscribes.
+
+        @param delivery: the L{DeliveryConfig} of the client's transport, if
+            not the broker's (UDP resends sooner, and carries less).
         """
         sid = self._nextSid
         self._nextSid += 1
-        outbox = Outbox(subscriber, sid, self.config.delivery, self.clock, self.ledger)
+        if delivery is None:
+            delivery = self.config.delivery
+        outbox = Outbox(subscriber, sid, delivery, self.clock, self.ledger)
         session = _Session(sid, subscriber, outbox)
         self._sessions[subscriber] = session
         self.counters["connections"] += 1

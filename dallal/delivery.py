@@ -41,7 +41,15 @@ SLOW_CONSUMER = "slow_consumer"
 DISCONNECTED = "disconnected"
 REDELIVERY_LIMIT = "redelivery_limit"
 SUPERSEDED = "superseded"
-DROP_REASONS = (QUEUE_FULL, SLOW_CONSUMER, DISCONNECTED, REDELIVERY_LIMIT, SUPERSEDED)
+TOO_LARGE = "too_large"
+DROP_REASONS = (
+    QUEUE_FULL,
+    SLOW_CONSUMER,
+    DISCONNECTED,
+    REDELIVERY_LIMIT,
+    SUPERSEDED,
+    TOO_LARGE,
+)
 
 
 class Subscription:
@@ -96,7 +104,12 @@ class _Delivery:
 
 class DeliveryConfig:
     """
-    The delivery limits of a broker, shared by every outbox.
+    The delivery limits of a broker, shared by every outbox of a transport.
+
+    @ivar maxPayload: the largest payload the transport can carry to a
+        subscriber, or C{None} for no limit beyond the broker's own: a UDP
+        datagram carries less than the largest message a TCP client may
+        publish.
     """
 
     __slots__ = (
@@ -106,6 +119,7 @@ class DeliveryConfig:
         "slowConsumer",
         "ackTimeout",
         "maxAttempts",
+        "maxPayload",
     )
 
     def __init__(
@@ -116,6 +130,7 @@ class DeliveryConfig:
         slowConsumer=DROP_OLDEST,
         ackTimeout=10.0,
         maxAttempts=5,
+        maxPayload=None,
     ):
         if slowConsumer not in SLOW_CONSUMER_POLICIES:
             raise ValueError(f"slow-consumer policy must be one of {SLOW_CONSUMER_POLICIES}")
@@ -125,6 +140,15 @@ class DeliveryConfig:
         self.slowConsumer = slowConsumer
         self.ackTimeout = ackTimeout
         self.maxAttempts = maxAttempts
+        self.maxPayload = maxPayload
+
+    def replace(self, **changes):
+        """
+        A copy with some limits changed.
+        """
+        limits = {name: getattr(self, name) for name in self.__slots__}
+        limits.update(changes)
+        return DeliveryConfig(**limits)
 
 
 class Outbox:
@@ -165,6 +189,10 @@ class Outbox:
         self.ledger.matched(message)
         if self._disconnecting:
             self.ledger.dropped(self.sid, subscription, message, SLOW_CONSUMER)
+            return
+        maxPayload = self.config.maxPayload
+        if maxPayload is not None and len(message.payload) > maxPayload:
+            self.ledger.dropped(self.sid, subscription, message, TOO_LARGE)
             return
         mode = subscription.mode
         if mode == LATEST:

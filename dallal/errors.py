@@ -14,6 +14,10 @@ BAD_TOPIC = "BAD_TOPIC"
 PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
 LINE_TOO_LONG = "LINE_TOO_LONG"
 BAD_FRAMING = "BAD_FRAMING"
+# Over UDP only: the request's client=/token= do not match its source
+# address (say HELLO again), or its client has no session (any more).
+BAD_TOKEN = "BAD_TOKEN"
+NO_SESSION = "NO_SESSION"
 
 NO_ID = "-"
 

@@ -191,6 +191,72 @@ def parseRequest(line):
     return parser(tokens)
 
 
+# Over UDP only (PROTOCOL.md, "UDP"): a client's HELLO, and its BYE.
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    id: str
+    clientId: str
+    options: dict
+
+
+@dataclass(frozen=True, slots=True)
+class Bye:
+    pass
+
+
+_BYE = Bye()
+
+
+def _clientId(token, requestId):
+    if (
+        len(token) > MAX_ID_LENGTH
+        or not token.isascii()
+        or not token.decode("ascii").isprintable()
+    ):
+        raise RequestError(
+            BAD_ID,
+            f"client id must be 1 to {MAX_ID_LENGTH} printable ASCII characters",
+            requestId,
+        )
+    return token.decode("ascii")
+
+
+def _parseHello(tokens):
+    if len(tokens) < 3:
+        raise RequestError(
+            BAD_ARGUMENTS,
+            "usage: HELLO <id> <client-id> [key=value ...]",
+            _requestId(tokens[1]) if len(tokens) > 1 else NO_ID,
+        )
+    requestId = _requestId(tokens[1])
+    return Hello(
+        requestId,
+        _clientId(tokens[2], requestId),
+        _options(tokens[3:], requestId) if len(tokens) > 3 else {},
+    )
+
+
+def _parseBye(tokens):
+    return _BYE
+
+
+_DATAGRAM_PARSERS = {b"HELLO": _parseHello, b"BYE": _parseBye}
+
+
+def parseDatagramRequest(line):
+    """
+    Parse one control line from a UDP client: L{parseRequest}, plus
+    L{Hello} and L{Bye}, which only exist over UDP.
+    """
+    tokens = line.split()
+    parser = _DATAGRAM_PARSERS.get(tokens[0].upper()) if tokens else None
+    if parser is not None:
+        return parser(tokens)
+    return parseRequest(line)
+
+
 # Server to client.
 
 PING_FRAME = b"PING\r\n"
@@ -363,3 +429,48 @@ def encodeAck(deliveryId):
 
 def encodeStatsRequest(requestId):
     return b"STATS %s\r\n" % (requestId.encode("ascii"),)
+
+
+def _encodeOptions(options):
+    return b"".join(
+        b" %s=%s" % (key.encode("ascii"), value.encode("ascii"))
+        for key, value in options.items()
+    )
+
+
+def encodeHello(requestId, clientId, options):
+    return b"HELLO %s %s%s\r\n" % (
+        requestId.encode("ascii"),
+        clientId.encode("ascii"),
+        _encodeOptions(options),
+    )
+
+
+BYE_FRAME = b"BYE\r\n"
+
+
+def encodeHelloReply(requestId, options):
+    return b"HELLO %s%s\r\n" % (requestId.encode("ascii"), _encodeOptions(options))
+
+
+@dataclass(frozen=True, slots=True)
+class HelloReply:
+    id: str
+    options: dict
+
+
+def _parseHelloReply(tokens):
+    if len(tokens) < 2:
+        raise RequestError(BAD_ARGUMENTS, "usage: HELLO <id> [key=value ...]")
+    return HelloReply(_requestId(tokens[1]), _options(tokens[2:], NO_ID))
+
+
+def parseDatagramReply(line):
+    """
+    Parse one control line from a broker over UDP: L{parseReply}, plus
+    L{HelloReply}.
+    """
+    tokens = line.split()
+    if tokens and tokens[0] == b"HELLO":
+        return _parseHelloReply(tokens)
+    return parseReply(line)
