@@ -1,6 +1,18 @@
+import os
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from helpers import BrokerHarness, BrokerProcess
+
+
+def pytest_configure(config):
+    # Hypothesis keeps its example database and caches in .hypothesis/ under
+    # the working directory, which is the checkout: keep them out of it.
+    os.environ.setdefault(
+        "HYPOTHESIS_STORAGE_DIRECTORY", str(Path(tempfile.gettempdir()) / "dallal-hypothesis")
+    )
 
 
 @pytest.fixture

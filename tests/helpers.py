@@ -339,14 +339,14 @@ class BrokerProcess(OutputCollector):
         assert status in (0, -signal.SIGTERM), output
 
 
-def dallal(*arguments, timeout=COMMAND_TIMEOUT):
+def dallal(*arguments, timeout=COMMAND_TIMEOUT, executable=DALLAL):
     """
     Run the C{dallal} command to completion.
 
     @return: its L{subprocess.CompletedProcess}, output as bytes.
     """
     return subprocess.run(
-        [str(DALLAL), *map(str, arguments)],
+        [str(executable), *map(str, arguments)],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         timeout=timeout,

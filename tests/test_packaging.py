@@ -1,0 +1,114 @@
+"""
+The package as users install it: into a fresh virtual environment, with and
+without C{-e}, twistd must find the C{dallal} plugin and run the broker.
+"""
+
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO, BrokerProcess, dallal, environmentWithout
+
+INSTALL_TIMEOUT = 240
+
+
+def copyOfWorkingTree(destination):
+    """
+    Copy the checkout's files (tracked, and new ones not ignored) to
+    C{destination}: installing builds in the source folder, and the tests
+    must not write into the repository.
+    """
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=30,
+    ).stdout
+    for name in listed.decode().split("\0"):
+        source = REPO / name
+        if name and source.is_file():
+            target = destination / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    return destination
+
+
+def run(argv, cwd=None):
+    """
+    Run a command to completion, outside this process's Python paths.
+    """
+    argv = [str(arg) for arg in argv]
+    result = subprocess.run(
+        argv,
+        cwd=cwd,
+        capture_output=True,
+        timeout=INSTALL_TIMEOUT,
+        env=environmentWithout("PYTHONPATH", "PYTHONHOME"),
+    )
+    assert result.returncode == 0, (
+        f"{' '.join(argv)}: exit status {result.returncode}\n"
+        f"{result.stdout.decode(errors='replace')}{result.stderr.decode(errors='replace')}"
+    )
+    return result
+
+
+@pytest.mark.timeout(2 * INSTALL_TIMEOUT + 60)
+@pytest.mark.parametrize("editable", [False, True], ids=["install", "editable"])
+def test_installedBrokerRuns(tmp_path, editable):
+    source = copyOfWorkingTree(tmp_path / "source")
+    venv = tmp_path / "venv"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run([sys.executable, "-m", "venv", venv])
+    python = venv / "bin" / "python"
+    run(
+        [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        + (["-e", source] if editable else [source]),
+        cwd=elsewhere,
+    )
+
+    # The package comes from the copy the venv installed, not from the
+    # checkout or the global site-packages.
+    imported = run(
+        [python, "-c", "import dallal; print(dallal.__file__)"], cwd=elsewhere
+    ).stdout.decode()
+    expected = source if editable else venv
+    assert imported.startswith(str(expected)), imported
+
+    usage = run([venv / "bin" / "twistd", "--help"], cwd=elsewhere).stdout.decode()
+    listed = re.search(r"^\s+dallal\s+A publish/subscribe message broker", usage, re.MULTILINE)
+    assert listed, usage
+
+    broker = BrokerProcess.plugin(
+        elsewhere,
+        twistd=venv / "bin" / "twistd",
+        env=environmentWithout("PYTHONPATH", "PYTHONHOME"),
+    )
+    try:
+        result = dallal(
+            "127.0.0.1",
+            broker.port,
+            "publish",
+            "news",
+            "installed",
+            executable=venv / "bin" / "dallal",
+        )
+        assert result.stdout == b"your message published successfully\n"
+    finally:
+        broker.stop()
+
+
+def test_noPluginCacheTracked():
+    """
+    twistd writes C{dropin.cache} next to the plugins it scans; it belongs
+    to each installation, never to the repository.
+    """
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, check=True, capture_output=True, timeout=30
+    ).stdout.decode().splitlines()
+    assert "twisted/plugins/dallal_plugin.py" in tracked
+    assert [name for name in tracked if name.endswith("dropin.cache")] == []
