@@ -16,6 +16,7 @@ import json
 from twisted.internet import defer, error as netError
 from twisted.internet.endpoints import HostnameEndpoint
 from twisted.internet.task import deferLater, react
+from twisted.python.failure import Failure
 
 from dallal import __version__
 from dallal.client import ServerError, connect
@@ -156,7 +157,15 @@ class Deadline:
 
     def wait(self, deferred):
         remaining = max(0.0, self._end - self.reactor.seconds())
-        return deferred.addTimeout(remaining, self.reactor)
+        return deferred.addTimeout(remaining, self.reactor, onTimeoutCancel=_timedOut)
+
+
+def _timedOut(result, timeout):
+    # addTimeout's default only recognises a plain CancelledError; a
+    # cancelled gatherResults fails with a FirstError wrapping one.
+    if isinstance(result, Failure):
+        raise defer.TimeoutError(f"no answer within {timeout:g} seconds")
+    return result
 
 
 def describe(failure, args):

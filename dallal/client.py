@@ -112,6 +112,9 @@ class DallalClientProtocol(FrameReceiver):
         # Deliveries whose handler has not finished: a redelivery of one of
         # them is not handled again, and is acked when the handler is done.
         self._handling = set()
+        # Deliveries whose handler failed: their redelivery goes to the
+        # handler again instead of being acked as already seen.
+        self._failed = set()
         self._receiving = None
         self.serverErrors = []
         self.connected = False
@@ -262,16 +265,18 @@ class DallalClientProtocol(FrameReceiver):
         except ValueError:
             seq = 0
         if subscription is not None and seq:
-            if seq <= subscription.lastSeq:
+            if seq <= subscription.lastSeq and deliveryId not in self._failed:
                 # Seen before: the broker resent it because our ack was
                 # late.  Ack again unless the handler is still busy with it.
                 if deliveryId is not None and deliveryId not in self._handling:
                     self._write(wire.encodeAck(deliveryId))
                 return
-            missed = seq - subscription.lastSeq - 1
-            subscription.lastSeq = seq
-            if missed and self._onGap is not None:
-                self._onGap(subscription.topic, missed)
+            if seq > subscription.lastSeq:
+                missed = seq - subscription.lastSeq - 1
+                subscription.lastSeq = seq
+                if missed and self._onGap is not None:
+                    self._onGap(subscription.topic, missed)
+        self._failed.discard(deliveryId)
         message = ReceivedMessage(
             header.topic, payload, seq, options.get("redelivered") == "1", options
         )
@@ -295,6 +300,7 @@ class DallalClientProtocol(FrameReceiver):
         # Not acked: the broker will send the message again.
         if deliveryId is not None:
             self._handling.discard(deliveryId)
+            self._failed.add(deliveryId)
         self._log.failure("message handler failed", failure)
 
     def _statsReceived(self, header, payload):

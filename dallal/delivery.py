@@ -218,6 +218,13 @@ class Outbox:
     def _enqueue(self, subscription, message, seq):
         size = len(message.payload)
         config = self.config
+        if size > config.maxQueuedBytes:
+            # It can never be queued: dropping what is queued would not help.
+            if config.slowConsumer == DISCONNECT:
+                self._disconnectSlowConsumer(subscription, message)
+            else:
+                self.ledger.dropped(self.sid, subscription, message, QUEUE_FULL)
+            return
         while self._queue and (
             len(self._queue) >= config.maxQueued
             or self._queuedBytes + size > config.maxQueuedBytes
@@ -228,12 +235,6 @@ class Outbox:
             oldSubscription, oldMessage, _ = self._queue.popleft()
             self._queuedBytes -= len(oldMessage.payload)
             self.ledger.dropped(self.sid, oldSubscription, oldMessage, QUEUE_FULL)
-        if size > config.maxQueuedBytes:
-            if config.slowConsumer == DISCONNECT:
-                self._disconnectSlowConsumer(subscription, message)
-            else:
-                self.ledger.dropped(self.sid, subscription, message, QUEUE_FULL)
-            return
         self._queue.append((subscription, message, seq))
         self._queuedBytes += size
 

@@ -403,11 +403,6 @@ def test_dropOldestKeepsTheQueueWithinItsBytes():
     bench.assertAccountsAgree()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Outbox._enqueue empties the whole queue (drop-oldest) before finding "
-    "that a message larger than --max-queued-bytes cannot be queued anyway",
-)
 def test_aMessageLargerThanTheQueueCostsOnlyItself():
     """
     A message that could never fit in the queue is dropped by itself: the
@@ -733,12 +728,6 @@ def test_clientAcksARedeliveryOnlyOnceItsHandlerHasFinished():
     assert transport.value() == b"ACK 7\r\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the client leaves a message whose handler failed unacked so that the "
-    "broker sends it again, but then acks the redelivery as already handled "
-    "without handing it to the handler: the message is lost",
-)
 def test_clientHandsARedeliveryToTheHandlerAgainAfterItFailed():
     outcomes = iter([lambda: 1 / 0, lambda: None])
     client, transport, handler = handledBy(lambda: next(outcomes)())

@@ -153,12 +153,6 @@ def test_noBroker(command, failed):
             ["publish", "--timeout", "1", "news", "hello"],
             PUBLISH_FAILED,
             id="publish",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="dallal publish reports 'CancelledError: ' instead of the "
-                "timeout: its deadline cancels a gatherResults, whose FirstError "
-                "addTimeout does not convert to TimeoutError",
-            ),
         ),
         pytest.param(
             ["subscribe", "--timeout", "1", "news", "sport"], SUBSCRIBE_FAILED, id="subscribe"
