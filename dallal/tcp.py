@@ -3,21 +3,20 @@ The broker over TCP: one L{BrokerProtocol} per connection.
 
 The protocol parses and frames; the L{Broker} core decides.  It never writes
 to a connection that is closed or closing, and answers every bad request
-with an C{ERR} frame; PROTOCOL.md says which errors also close it.
+with an C{ERR} frame; PROTOCOL.md says which errors also close it.  What a
+request does is the same as over UDP: L{RequestHandler}.
 """
-
-import json
 
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import ServerFactory
 from zope.interface import implementer
 
 from dallal import wire
-from dallal.delivery import LATEST
 from dallal.errors import BAD_FRAMING, LINE_TOO_LONG, NO_ID, RequestError
 from dallal.framing import FrameReceiver
 from dallal.interfaces import ISubscriber
 from dallal.keepalive import IPingable
+from dallal.session import RequestHandler
 
 
 def formatAddress(address):
@@ -62,7 +61,7 @@ class _DeliveryValve:
 
 
 @implementer(ISubscriber, IPingable)
-class BrokerProtocol(FrameReceiver):
+class BrokerProtocol(FrameReceiver, RequestHandler):
     """
     One TCP client of the broker.
     """
@@ -91,16 +90,20 @@ class BrokerProtocol(FrameReceiver):
             self.sweep.remove(self)
             self.broker.detach(self, self._closeReason)
 
-    def _write(self, data):
-        if self._attached and not self.transport.disconnecting:
-            self.transport.write(data)
+    # RequestHandler
 
-    def _refuse(self, error, fatal=False):
-        self._write(wire.encodeError(error.requestId, error.code, error.reason))
-        self.broker.protocolError(self, error.code, fatal)
+    def sendFrame(self, *chunks):
+        if self._attached and not self.transport.disconnecting:
+            self.transport.writeSequence(chunks)
+
+    def refuse(self, error, fatal=False):
+        RequestHandler.refuse(self, error, fatal)
         if fatal:
             self._closeReason = "protocol_error"
             self.transport.loseConnection()
+
+    def pongReceived(self):
+        self.sweep.pongReceived(self)
 
     # Incoming frames
 
@@ -112,19 +115,21 @@ class BrokerProtocol(FrameReceiver):
         try:
             request = wire.parseRequest(line)
         except RequestError as error:
-            self._refuse(error)
+            self.refuse(error)
             return
         if request is None:
             return
-        handler = self._handlers.get(type(request))
-        handler(self, request)
+        if type(request) is wire.Publish:
+            self._publishReceived(request)
+        else:
+            self.handleRequest(request)
 
-    def _handlePublish(self, request):
+    def _publishReceived(self, request):
         try:
             self.broker.checkPayloadSize(request.size, request.id)
         except RequestError as error:
             # Skip the payload without storing it, so the stream stays framed.
-            self._refuse(error)
+            self.refuse(error)
             self.expectPayload(request.size, discard=True)
             return
         self._publishing = request
@@ -134,15 +139,10 @@ class BrokerProtocol(FrameReceiver):
         request, self._publishing = self._publishing, None
         if not self._attached:
             return
-        try:
-            self.broker.publish(self, request.topic, payload, request.id)
-        except RequestError as error:
-            self._refuse(error)
-            return
-        self._write(wire.encodePubAck(request.id))
+        self.publish(request, payload)
 
     def payloadTerminatorMissing(self):
-        self._refuse(
+        self.refuse(
             RequestError(
                 BAD_FRAMING,
                 "payload not followed by a line end: its size was wrong",
@@ -152,46 +152,13 @@ class BrokerProtocol(FrameReceiver):
         )
 
     def lineLengthExceeded(self, line):
-        self._refuse(
+        self.refuse(
             RequestError(
                 LINE_TOO_LONG,
                 f"control line longer than {self.MAX_LENGTH} bytes",
             ),
             fatal=True,
         )
-
-    def _handleSubscribe(self, request):
-        try:
-            self.broker.subscribe(
-                self, request.topic, request.id, request.options.get("mode", LATEST)
-            )
-        except RequestError as error:
-            self._refuse(error)
-            return
-        self._write(wire.encodeSubAck(request.id))
-
-    def _handleAck(self, request):
-        self.broker.acknowledge(self, request.deliveryId)
-
-    def _handleStats(self, request):
-        payload = json.dumps(self.broker.stats(), sort_keys=True).encode("ascii")
-        if self._attached and not self.transport.disconnecting:
-            self.transport.writeSequence(wire.encodeStats(request.id, payload))
-
-    def _handlePing(self, request):
-        self._write(wire.PONG_FRAME)
-
-    def _handlePong(self, request):
-        self.sweep.pongReceived(self)
-
-    _handlers = {
-        wire.Publish: _handlePublish,
-        wire.Subscribe: _handleSubscribe,
-        wire.Ack: _handleAck,
-        wire.Stats: _handleStats,
-        wire.Ping: _handlePing,
-        wire.Pong: _handlePong,
-    }
 
     # ISubscriber
 
@@ -227,7 +194,7 @@ class BrokerProtocol(FrameReceiver):
     # IPingable
 
     def sendPing(self):
-        self._write(wire.PING_FRAME)
+        self.sendFrame(wire.PING_FRAME)
 
     def pingMissed(self, missed):
         self.broker.pingMissed(self, missed)
