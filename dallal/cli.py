@@ -19,7 +19,7 @@ from twisted.internet.task import deferLater, react
 from twisted.python.failure import Failure
 
 from dallal import __version__
-from dallal.client import ServerError, connect
+from dallal.client import ServerError, SessionLost, connect, connectUDP
 from dallal.delivery import MODES
 
 DEFAULT_TIMEOUT = 10.0
@@ -58,8 +58,18 @@ def buildParser():
         "news hello. 'dallal <host> <port> <command> --help' describes a command.",
     )
     parser.add_argument("--version", action="version", version=f"dallal {__version__}")
+    parser.add_argument(
+        "--udp",
+        action="store_true",
+        help="talk to the broker over UDP instead of TCP",
+    )
     parser.add_argument("host", help="the broker's host name or address")
-    parser.add_argument("port", type=_port, help="the broker's TCP port (1373 by default)")
+    parser.add_argument(
+        "port",
+        type=_port,
+        help="the broker's TCP port (1373 by default), or with --udp its UDP port "
+        "(1234 in the specification)",
+    )
     commands = parser.add_subparsers(dest="command", metavar="<command>", required=True)
 
     def addTimeout(command):
@@ -181,6 +191,8 @@ def describe(failure, args):
         return f"connection refused by {where}: is the broker running?"
     if isinstance(failure, netError.DNSLookupError):
         return f"cannot resolve {args.host}"
+    if isinstance(failure, SessionLost):
+        return f"the broker at {where} no longer knows this client: {failure}"
     if isinstance(failure, (netError.ConnectionDone, netError.ConnectionLost)):
         return f"the broker at {where} closed the connection"
     if isinstance(failure, ServerError):
@@ -197,8 +209,21 @@ def _fail(line, error, args):
 
 
 def _connect(reactor, args, deadline):
-    endpoint = HostnameEndpoint(reactor, args.host, args.port)
-    return deadline.wait(connect(reactor, endpoint))
+    if args.udp:
+        where = f"{args.host}:{args.port}"
+
+        def reportPongMissed(missed):
+            print(
+                f"dallal: no pong from the broker at {where} for {missed} ping "
+                "interval(s); still trying",
+                file=sys.stderr,
+                flush=True,
+            )
+
+        connecting = connectUDP(reactor, args.host, args.port, onPongMissed=reportPongMissed)
+    else:
+        connecting = connect(reactor, HostnameEndpoint(reactor, args.host, args.port))
+    return deadline.wait(connecting)
 
 
 async def publishCommand(reactor, args):

@@ -14,20 +14,40 @@ fires when the matching acknowledgement arrives (or fails with
 L{ServerError} when the broker refuses it, or with the connection-lost
 reason when the connection goes first).  The client answers the broker's
 pings by itself, and acks each message once its handler is done with it.
+
+L{connectUDP} gives the same API over UDP (PROTOCOL.md, "UDP"): the client
+says HELLO, resends each request until it is answered (or its Deferred is
+cancelled, by a timeout for instance), and pings the broker at the interval
+the broker asks for.
 """
 
 import itertools
 import json
+import secrets
+from collections import OrderedDict
 from dataclasses import dataclass
 
+from twisted.internet.abstract import isIPAddress, isIPv6Address
 from twisted.internet.defer import Deferred, fail, gatherResults, maybeDeferred, succeed
-from twisted.internet.error import ConnectionDone
+from twisted.internet.error import ConnectionDone, ConnectionLost, MessageLengthError
 from twisted.internet.endpoints import clientFromString, connectProtocol
+from twisted.internet.protocol import DatagramProtocol
+from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
-from dallal import wire
-from dallal.errors import RequestError
+from dallal import datagram, wire
+from dallal.errors import BAD_TOKEN, NO_SESSION, RequestError
 from dallal.framing import FrameReceiver
+from dallal.topics import MAX_TOPIC_LENGTH
+
+# Resending a request over UDP: after this many seconds, then twice as long
+# each time, up to RETRY_MAX_DELAY.
+RETRY_FIRST_DELAY = 0.25
+RETRY_MAX_DELAY = 1.0
+# A HELLO is padded to this size: the broker answers an address that has
+# not yet proved it receives with at most three times what it sent.
+HELLO_SIZE = 64
 
 
 class ServerError(Exception):
@@ -48,6 +68,16 @@ class ClientProtocolError(Exception):
     """
     The broker sent something this client cannot understand.
     """
+
+
+class SessionLost(ConnectionLost):
+    """
+    The broker no longer knows this UDP client: its session expired, or the
+    broker restarted.  Its subscriptions are gone.
+    """
+
+    def __str__(self):
+        return " ".join(map(str, self.args))
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,13 +102,38 @@ class ReceivedMessage:
 class _SubscriptionState:
     """
     What the client tracks per subscription: where it is in the sequence.
+
+    @ivar missing: the sequence numbers skipped and not seen since, oldest
+        first, each with when its gap is to be reported (C{None} once it
+        is).  Over UDP a lost message may still arrive, resent, after later
+        ones; it is then handed over, not taken for a duplicate.
     """
 
-    __slots__ = ("topic", "lastSeq")
+    __slots__ = ("topic", "lastSeq", "missing")
+
+    # Holes remembered per subscription: in latest mode most are replaced
+    # messages that will never come.
+    MAX_MISSING = 1024
 
     def __init__(self, topic):
         self.topic = topic
         self.lastSeq = 0
+        self.missing = OrderedDict()
+
+    def skipped(self, first, end, reportAt):
+        """
+        Sequence numbers C{first} to C{end - 1} were skipped.
+        """
+        for seq in range(max(first, end - self.MAX_MISSING), end):
+            self.missing[seq] = reportAt
+        while len(self.missing) > self.MAX_MISSING:
+            self.missing.popitem(last=False)
+
+    def arrivedLate(self, seq):
+        """
+        Whether C{seq} is one of the skipped numbers, now arrived.
+        """
+        return self.missing.pop(seq, False) is not False
 
 
 def checkToken(value, what):
@@ -91,9 +146,15 @@ def checkToken(value, what):
         raise ValueError(f"{what} {value!r} is empty or contains whitespace")
 
 
-class DallalClientProtocol(FrameReceiver):
+class _ClientSession:
     """
-    One connection to a broker.
+    What a client does whatever carries its frames: requests matched to
+    their answers, messages handed to the application once each and acked,
+    gaps in a subscription's sequence reported.
+
+    A transport (L{DallalClientProtocol} over TCP, L{DallalDatagramClient}
+    over UDP) provides L{_sendFrame}, parses what the broker sends, and
+    hands it to L{_replyReceived} and L{_payloadReceived}.
 
     @ivar serverErrors: C{ERR} frames not tied to a request, as
         L{ServerError}s, most recent last (kept for diagnostics).
@@ -115,15 +176,20 @@ class DallalClientProtocol(FrameReceiver):
         # Deliveries whose handler failed: their redelivery goes to the
         # handler again instead of being acked as already seen.
         self._failed = set()
-        self._receiving = None
         self.serverErrors = []
         self.connected = False
         self.lostReason = None
 
-    def connectionMade(self):
-        self.connected = True
+    def _sendFrame(self, frame):
+        """
+        Send one frame: bytes, or a sequence of byte strings.
+        """
+        raise NotImplementedError
 
-    def connectionLost(self, reason):
+    def _lost(self, reason):
+        """
+        The connection is gone: fail what waits for an answer.
+        """
         self.connected = False
         self.lostReason = reason
         pending, self._pending = self._pending, {}
@@ -138,13 +204,23 @@ class DallalClientProtocol(FrameReceiver):
 
     # Requests
 
+    def _takePending(self, requestId):
+        """
+        The Deferred waiting for the answer to a request, which stops
+        waiting; C{None} if none is.
+        """
+        return self._pending.pop(requestId, None)
+
+    def _sendRequest(self, requestId, frame):
+        deferred = Deferred(lambda d: self._takePending(requestId))
+        self._pending[requestId] = deferred
+        self._sendFrame(frame)
+        return deferred
+
     def _request(self, frame, requestId):
         if not self.connected:
             return fail(self.lostReason or ConnectionDone("not connected"))
-        deferred = Deferred(lambda d: self._pending.pop(requestId, None))
-        self._pending[requestId] = deferred
-        self.transport.writeSequence(frame if isinstance(frame, tuple) else (frame,))
-        return deferred
+        return self._sendRequest(requestId, frame)
 
     def _nextId(self):
         return str(next(self._ids))
@@ -162,8 +238,8 @@ class DallalClientProtocol(FrameReceiver):
     def subscribe(self, topics, onMessage, mode=None, onGap=None):
         """
         Subscribe to each of C{topics}; C{onMessage(message)} is then called
-        with a L{ReceivedMessage} for every message delivered on this
-        connection.  The message is acked when C{onMessage} returns or, if
+        with a L{ReceivedMessage} for every message delivered to this
+        client.  The message is acked when C{onMessage} returns or, if
         it returns a Deferred, when that fires: a slow handler slows the
         broker's deliveries down.
 
@@ -171,7 +247,8 @@ class DallalClientProtocol(FrameReceiver):
             C{"all"} or C{"fire"}.
         @param onGap: called as C{onGap(topic, missed)} when a subscription's
             sequence skips C{missed} messages (replaced by newer ones in
-            C{latest} mode, or dropped by the broker).
+            C{latest} mode, or dropped by the broker, or lost by the network
+            in C{fire} mode over UDP).
         @return: a Deferred that fires when every SubAck has arrived, or
             fails with the first refusal.
         """
@@ -208,7 +285,7 @@ class DallalClientProtocol(FrameReceiver):
         """
         deferred = Deferred(lambda d: self._pingWaiters.remove(d))
         self._pingWaiters.append(deferred)
-        self.transport.write(wire.PING_FRAME)
+        self._sendFrame(wire.PING_FRAME)
         return deferred
 
     def whenDisconnected(self):
@@ -222,38 +299,18 @@ class DallalClientProtocol(FrameReceiver):
         self._closeWaiters.append(deferred)
         return deferred
 
-    def close(self):
-        """
-        Close the connection.
-
-        @return: a Deferred that fires once it is closed.
-        """
-        closed = self.whenDisconnected()
-        if self.connected:
-            self.transport.loseConnection()
-        return closed
-
     # Frames from the broker
 
-    def lineReceived(self, line):
-        try:
-            reply = wire.parseReply(line)
-        except RequestError as error:
-            self._log.error(
-                "closing: unexpected frame from the broker: {reason}", reason=error.reason
-            )
-            self.transport.loseConnection()
-            return
-        if reply is None:
-            return
-        self._handlers[type(reply)](self, reply)
+    def _replyReceived(self, reply):
+        """
+        Handle a frame from the broker that has no payload.
+        """
+        self._replyHandlers[type(reply)](self, reply)
 
-    def _handleMessage(self, header):
-        self._receiving = header
-        self.expectPayload(header.size)
-
-    def payloadReceived(self, payload):
-        header, self._receiving = self._receiving, None
+    def _payloadReceived(self, header, payload):
+        """
+        Handle a C{MSG} or C{STATS} frame and its payload.
+        """
         if type(header) is wire.StatsHeader:
             self._statsReceived(header, payload)
             return
@@ -265,17 +322,16 @@ class DallalClientProtocol(FrameReceiver):
         except ValueError:
             seq = 0
         if subscription is not None and seq:
-            if seq <= subscription.lastSeq and deliveryId not in self._failed:
+            if seq > subscription.lastSeq:
+                if seq > subscription.lastSeq + 1:
+                    self._skipped(subscription, subscription.lastSeq + 1, seq)
+                subscription.lastSeq = seq
+            elif not subscription.arrivedLate(seq) and deliveryId not in self._failed:
                 # Seen before: the broker resent it because our ack was
                 # late.  Ack again unless the handler is still busy with it.
                 if deliveryId is not None and deliveryId not in self._handling:
-                    self._write(wire.encodeAck(deliveryId))
+                    self._sendFrame(wire.encodeAck(deliveryId))
                 return
-            if seq > subscription.lastSeq:
-                missed = seq - subscription.lastSeq - 1
-                subscription.lastSeq = seq
-                if missed and self._onGap is not None:
-                    self._onGap(subscription.topic, missed)
         self._failed.discard(deliveryId)
         message = ReceivedMessage(
             header.topic, payload, seq, options.get("redelivered") == "1", options
@@ -292,9 +348,19 @@ class DallalClientProtocol(FrameReceiver):
         else:
             handled.addErrback(self._handlerFailed, None)
 
+    def _skipped(self, subscription, first, end):
+        """
+        A subscription's sequence skipped from C{first} to C{end - 1}.  Over
+        TCP messages arrive in order, so they will never come: report the
+        gap now.
+        """
+        subscription.skipped(first, end, None)
+        if self._onGap is not None:
+            self._onGap(subscription.topic, end - first)
+
     def _handled(self, result, deliveryId):
         self._handling.discard(deliveryId)
-        self._write(wire.encodeAck(deliveryId))
+        self._sendFrame(wire.encodeAck(deliveryId))
 
     def _handlerFailed(self, failure, deliveryId):
         # Not acked: the broker will send the message again.
@@ -304,7 +370,7 @@ class DallalClientProtocol(FrameReceiver):
         self._log.failure("message handler failed", failure)
 
     def _statsReceived(self, header, payload):
-        deferred = self._pending.pop(header.id, None)
+        deferred = self._takePending(header.id)
         if deferred is None:
             return
         try:
@@ -314,19 +380,15 @@ class DallalClientProtocol(FrameReceiver):
         else:
             deferred.callback(stats)
 
-    def _write(self, data):
-        if self.connected and not self.transport.disconnecting:
-            self.transport.write(data)
-
     def _handleAck(self, ack):
         # A late ack (its request timed out and was cancelled) finds nothing.
-        deferred = self._pending.pop(ack.id, None)
+        deferred = self._takePending(ack.id)
         if deferred is not None:
             deferred.callback(None)
 
     def _handleError(self, error):
         failure = ServerError(error.code, error.reason)
-        deferred = self._pending.pop(error.id, None)
+        deferred = self._takePending(error.id)
         if deferred is not None:
             deferred.errback(failure)
         else:
@@ -334,19 +396,387 @@ class DallalClientProtocol(FrameReceiver):
             self._log.warn("broker error: {error}", error=failure)
 
     def _handlePing(self, ping):
-        self._write(wire.PONG_FRAME)
+        self._sendFrame(wire.PONG_FRAME)
 
     def _handlePong(self, pong):
         if self._pingWaiters:
             self._pingWaiters.pop(0).callback(None)
 
-    _handlers = {
-        wire.MessageHeader: _handleMessage,
-        wire.StatsHeader: _handleMessage,
+    _replyHandlers = {
         wire.PubAck: _handleAck,
         wire.SubAck: _handleAck,
         wire.Error: _handleError,
         wire.Ping: _handlePing,
+        wire.Pong: _handlePong,
+    }
+
+
+class DallalClientProtocol(FrameReceiver, _ClientSession):
+    """
+    One TCP connection to a broker.
+    """
+
+    def __init__(self):
+        _ClientSession.__init__(self)
+        self._receiving = None
+
+    def connectionMade(self):
+        self.connected = True
+
+    def connectionLost(self, reason):
+        self._lost(reason)
+
+    def _sendFrame(self, frame):
+        if self.connected and not self.transport.disconnecting:
+            if isinstance(frame, bytes):
+                self.transport.write(frame)
+            else:
+                self.transport.writeSequence(frame)
+
+    def close(self):
+        """
+        Close the connection.
+
+        @return: a Deferred that fires once it is closed.
+        """
+        closed = self.whenDisconnected()
+        if self.connected:
+            self.transport.loseConnection()
+        return closed
+
+    def lineReceived(self, line):
+        try:
+            reply = wire.parseReply(line)
+        except RequestError as error:
+            self._log.error(
+                "closing: unexpected frame from the broker: {reason}", reason=error.reason
+            )
+            self.transport.loseConnection()
+            return
+        if reply is None:
+            return
+        if type(reply) in (wire.MessageHeader, wire.StatsHeader):
+            self._receiving = reply
+            self.expectPayload(reply.size)
+        else:
+            self._replyReceived(reply)
+
+    def payloadReceived(self, payload):
+        header, self._receiving = self._receiving, None
+        self._payloadReceived(header, payload)
+
+
+class DallalDatagramClient(DatagramProtocol, _ClientSession):
+    """
+    A client of a broker over UDP (see L{connectUDP}).
+
+    Its socket is not connected: on Linux an ICMP "port unreachable" on a
+    connected UDP socket closes Twisted's port, and this client must keep
+    going while the broker is away.  It reads only what comes from the
+    broker's address, as a connected socket would.
+
+    @ivar clientId: who this client is to the broker: random unless given.
+        It is the session's only credential, and a client that restarts
+        must not reuse it while its old session may still be alive.
+    @ivar pingInterval: seconds between pings, as the broker asked.
+    @ivar maxPayload: the largest payload the broker accepts over UDP.
+    """
+
+    def __init__(self, clock, brokerAddress, clientId=None, onPongMissed=None):
+        """
+        @param brokerAddress: the broker's C{(ip, port)}.
+        @param onPongMissed: called as C{onPongMissed(missed)} when a ping
+            has gone unanswered for an interval, C{missed} counting them in
+            a row; the client keeps pinging.
+        """
+        _ClientSession.__init__(self)
+        self.clock = clock
+        self.brokerAddress = brokerAddress
+        self.clientId = clientId if clientId is not None else secrets.token_hex(16)
+        self.onPongMissed = onPongMissed
+        self.token = None
+        self.pingInterval = None
+        self.maxPayload = datagram.MAX_PAYLOAD
+        # Request id -> the DelayedCall that sends it again.
+        self._resends = {}
+        # The HELLO waiting for its answer, while saying hello.
+        self._helloId = None
+        self._rehello = None
+        self._pinger = None
+        self._awaitingPong = False
+        self._missedPongs = 0
+        # Ping intervals so far: when skipped messages are given up on.
+        self._ticks = 0
+        self._stopped = False
+        self._forgetShutdownTrigger = None
+
+    # Saying hello
+
+    def handshake(self):
+        """
+        Start a session with the broker.
+
+        @return: a Deferred that fires with this client once the session is
+            in place, and fails with the reason if it cannot be.
+        """
+        return Deferred.fromCoroutine(self._handshake()).addCallback(self._started)
+
+    async def _handshake(self):
+        """
+        Say HELLO, then HELLO again with the token the broker answered, until
+        the broker accepts the token (it refuses one minted for an address
+        the client no longer has).
+
+        @return: the options of the broker's last answer.
+        """
+        while True:
+            answer = await self._hello({})
+            token = answer.get("token")
+            if not token:
+                raise ClientProtocolError("the broker's answer to HELLO has no token")
+            try:
+                answer = await self._hello({"token": token})
+            except ServerError as error:
+                if error.code != BAD_TOKEN:
+                    raise
+                continue
+            try:
+                self.pingInterval = float(answer["ping"])
+                self.maxPayload = int(answer["max-payload"])
+            except (KeyError, ValueError):
+                raise ClientProtocolError(f"unexpected answer to HELLO: {answer}")
+            if answer.get("session") not in ("new", "resumed"):
+                raise ClientProtocolError(f"unexpected answer to HELLO: {answer}")
+            self.token = token
+            return answer
+
+    def _hello(self, options):
+        requestId = self._helloId = self._nextId()
+        frame = wire.encodeHello(requestId, self.clientId, options)
+        if "token" not in options and len(frame) < HELLO_SIZE:
+            padding = HELLO_SIZE - len(frame) - len(b" pad=")
+            frame = wire.encodeHello(
+                requestId, self.clientId, {**options, "pad": "x" * max(padding, 1)}
+            )
+        return self._sendRequest(requestId, frame, self._write)
+
+    def _started(self, answer):
+        self.connected = True
+        self._pinger = LoopingCall(self._pingTick)
+        self._pinger.clock = self.clock
+        # A LoopingCall whose function raises stops for good: say so loudly.
+        self._pinger.start(self.pingInterval, now=False).addErrback(
+            lambda failure: self._log.failure("pinging stopped", failure)
+        )
+        return self
+
+    def _sayHelloAgain(self):
+        """
+        The broker refused our token: the client's address changed, or the
+        broker restarted.  Get a token for the address we have now, and
+        resume the session (or find that it is gone).
+        """
+        if self._rehello is not None:
+            return
+        # Nothing else is sent until the new token arrives.
+        self.token = None
+        self._rehello = Deferred.fromCoroutine(self._handshake())
+        self._rehello.addCallbacks(self._resumed, self._sessionLost)
+
+    def _resumed(self, answer):
+        self._rehello = None
+        if answer["session"] != "resumed":
+            self._sessionLost()
+            return
+        for resend in self._resends.values():
+            resend.reset(0)
+
+    def _sessionLost(self, reason=None):
+        self._rehello = None
+        if not self.connected:
+            return
+        why = "its session expired, or the broker restarted"
+        if reason is not None:
+            why = f"{why} ({reason.getErrorMessage()})"
+        self._stop(Failure(SessionLost(why)))
+
+    # Sending
+
+    def _write(self, data):
+        try:
+            self.transport.write(data, self.brokerAddress)
+        except (OSError, MessageLengthError) as error:
+            # Lost, as the network could have lost it: requests are resent.
+            self._log.warn("could not send a datagram: {error}", error=error)
+
+    def _sendFrame(self, frame):
+        if self.token is not None:
+            self._write(datagram.withIdentity(frame, self.clientId, self.token))
+
+    def _sendRequest(self, requestId, frame, send=None):
+        """
+        Send a request, and send it again until it is answered.
+        """
+        deferred = Deferred(lambda d: self._takePending(requestId))
+        self._pending[requestId] = deferred
+        self._resend(requestId, frame, send or self._sendFrame, RETRY_FIRST_DELAY)
+        return deferred
+
+    def _resend(self, requestId, frame, send, delay):
+        send(frame)
+        if requestId in self._pending:
+            self._resends[requestId] = self.clock.callLater(
+                delay, self._resend, requestId, frame, send, min(2 * delay, RETRY_MAX_DELAY)
+            )
+
+    def _takePending(self, requestId):
+        resend = self._resends.pop(requestId, None)
+        if resend is not None and resend.active():
+            resend.cancel()
+        return _ClientSession._takePending(self, requestId)
+
+    def publish(self, topic, payload):
+        """
+        Publish C{payload} (bytes) on C{topic}.
+
+        @return: a Deferred that fires with C{None} on the broker's PubAck.
+        @raise ValueError: the message does not fit in a datagram.
+        """
+        if len(payload) > self.maxPayload:
+            raise ValueError(
+                f"a payload of {len(payload)} bytes is larger than the "
+                f"{self.maxPayload} bytes the broker accepts over UDP"
+            )
+        if len(topic.encode("utf-8")) > MAX_TOPIC_LENGTH:
+            raise ValueError(f"topic is longer than {MAX_TOPIC_LENGTH} bytes")
+        return _ClientSession.publish(self, topic, payload)
+
+    # Health
+
+    def _skipped(self, subscription, first, end):
+        # A datagram lost on the way is resent, and may arrive later than
+        # the ones after it: give it a whole ping interval, reporting it at
+        # the second ping from now.
+        subscription.skipped(first, end, self._ticks + 2)
+
+    def _reportGaps(self):
+        for subscription in self._subscriptions.values():
+            given = [
+                seq
+                for seq, reportAt in subscription.missing.items()
+                if reportAt is not None and reportAt <= self._ticks
+            ]
+            for seq in given:
+                subscription.missing[seq] = None
+            if given and self._onGap is not None:
+                self._onGap(subscription.topic, len(given))
+
+    def _pingTick(self):
+        self._ticks += 1
+        self._reportGaps()
+        if self._awaitingPong:
+            self._missedPongs += 1
+            if self.onPongMissed is not None:
+                self.onPongMissed(self._missedPongs)
+        self._awaitingPong = True
+        self._sendFrame(wire.PING_FRAME)
+
+    def _handlePong(self, pong):
+        self._awaitingPong = False
+        self._missedPongs = 0
+        _ClientSession._handlePong(self, pong)
+
+    # Closing
+
+    def closeWithReactor(self, reactor):
+        """
+        Close when the reactor stops (as it closes TCP connections then), so
+        that the broker forgets this client at once instead of expiring it.
+        """
+        trigger = reactor.addSystemEventTrigger("before", "shutdown", self._reactorStopping)
+        self._forgetShutdownTrigger = lambda: reactor.removeSystemEventTrigger(trigger)
+
+    def _reactorStopping(self):
+        # The trigger is running: removing it now would be an error.
+        self._forgetShutdownTrigger = None
+        return self.close()
+
+    def close(self):
+        """
+        Say BYE (once: if it is lost, the broker expires the session) and
+        stop.
+
+        @return: a Deferred that fires once the client is closed.
+        """
+        closed = self.whenDisconnected()
+        if self.connected:
+            self._sendFrame(wire.BYE_FRAME)
+            self._stop(Failure(ConnectionDone("closed by the client")))
+        return closed
+
+    def _stop(self, reason):
+        """
+        Stop sending, fail what waits, and close the socket.
+        """
+        if self._stopped:
+            return
+        self._stopped = True
+        self.token = None
+        if self._forgetShutdownTrigger is not None:
+            self._forgetShutdownTrigger()
+            self._forgetShutdownTrigger = None
+        self._lost(reason)
+        if self._pinger is not None and self._pinger.running:
+            self._pinger.stop()
+        resends, self._resends = self._resends, {}
+        for resend in resends.values():
+            if resend.active():
+                resend.cancel()
+        if self._rehello is not None:
+            self._rehello.cancel()
+        if self.transport is not None:
+            self.transport.stopListening()
+
+    # Datagrams from the broker
+
+    def datagramReceived(self, data, address):
+        if address != self.brokerAddress:
+            return
+        try:
+            line, rest = datagram.splitDatagram(data, len(data))
+            reply = wire.parseDatagramReply(line)
+            if reply is None:
+                return
+            if type(reply) in (wire.MessageHeader, wire.StatsHeader):
+                self._payloadReceived(reply, datagram.payloadOf(rest, reply.size))
+            else:
+                datagram.checkNothingAfter(rest)
+                self._replyReceived(reply)
+        except RequestError as error:
+            # Nothing to fall out of step with: drop it.
+            self._log.warn(
+                "dropping a datagram the broker should not have sent: {reason}",
+                reason=error.reason,
+            )
+
+    def _handleHello(self, answer):
+        deferred = self._takePending(answer.id)
+        if deferred is not None:
+            deferred.callback(answer.options)
+
+    def _handleError(self, error):
+        if error.code == BAD_TOKEN and error.id != self._helloId:
+            # The request waits, and is resent once the session is resumed.
+            self._sayHelloAgain()
+        elif error.code == NO_SESSION:
+            self._sessionLost()
+        else:
+            _ClientSession._handleError(self, error)
+
+    _replyHandlers = {
+        **_ClientSession._replyHandlers,
+        wire.HelloReply: _handleHello,
+        wire.Error: _handleError,
         wire.Pong: _handlePong,
     }
 
@@ -362,3 +792,34 @@ def connect(reactor, endpoint):
     if isinstance(endpoint, str):
         endpoint = clientFromString(reactor, endpoint)
     return connectProtocol(endpoint, DallalClientProtocol())
+
+
+def connectUDP(reactor, host, port, clientId=None, onPongMissed=None):
+    """
+    Start a session with a broker over UDP.
+
+    @param host: the broker's host name or IP address.
+    @param clientId: see L{DallalDatagramClient}; random by default.
+    @param onPongMissed: see L{DallalDatagramClient}.
+    @return: a Deferred firing with a L{DallalDatagramClient} once the
+        broker has accepted it; cancel it to give up.
+    """
+    return Deferred.fromCoroutine(_connectUDP(reactor, host, port, clientId, onPongMissed))
+
+
+async def _connectUDP(reactor, host, port, clientId, onPongMissed):
+    ip = host if isIPAddress(host) or isIPv6Address(host) else await reactor.resolve(host)
+    client = DallalDatagramClient(reactor, (ip, port), clientId, onPongMissed)
+    reactor.listenUDP(
+        0,
+        client,
+        interface="::" if isIPv6Address(ip) else "",
+        maxPacketSize=datagram.MAX_PACKET_SIZE,
+    )
+    try:
+        await client.handshake()
+    except BaseException:
+        client._stop(Failure())
+        raise
+    client.closeWithReactor(reactor)
+    return client

@@ -2,32 +2,38 @@
 The broker as a Twisted service, for twistd or for embedding.
 
 L{DallalService} is a C{MultiService}: it owns one L{Broker} core and its
-ping sweep, and has one child L{ListenerService} per endpoint, all sharing
-that core (as C{twisted.names.tap} puts a TCP and a UDP server over one
-resolver).
+ping sweep, and has one child listener per TCP endpoint or UDP port, all
+sharing that core (as C{twisted.names.tap} puts a TCP and a UDP server over
+one resolver).
 """
 
 from twisted.application.service import MultiService, Service
 from twisted.internet.endpoints import serverFromString
 
 from dallal.core import Broker, BrokerConfig
+from dallal.datagram import MAX_PACKET_SIZE
 from dallal.keepalive import DEFAULT_INTERVAL, PingSweep
 from dallal.tcp import BrokerFactory, formatAddress
+from dallal.udp import DEFAULT_ACK_TIMEOUT, BrokerDatagramProtocol
+
+DEFAULT_INTERFACE = "127.0.0.1"
 
 
-class ListenerService(Service):
+class _Listener(Service):
     """
-    Listens on one stream endpoint while running, and logs where.
+    Listens on one port while running, and logs where.
 
     Listening happens in C{privilegedStartService}, as Twisted's own
     C{StreamServerEndpointService} does, so a port that cannot be bound
     stops twistd at start with the reason instead of leaving a broker that
     serves nothing.
+
+    @cvar transportName: C{tcp} or C{udp}, for the C{listening} event.
     """
 
-    def __init__(self, endpoint, factory, events):
-        self.endpoint = endpoint
-        self.factory = factory
+    transportName = None
+
+    def __init__(self, events):
         self.events = events
         self.port = None
         self._listenCalled = False
@@ -35,17 +41,21 @@ class ListenerService(Service):
     def privilegedStartService(self):
         Service.privilegedStartService(self)
         self._listenCalled = True
-        failures = []
-        self.endpoint.listen(self.factory).addCallbacks(
-            self._listening, failures.append
-        )
-        if failures:
-            failures[0].raiseException()
+        self._listen()
+
+    def _listen(self):
+        """
+        Start listening, and call L{_listening} with the port; raise if the
+        port cannot be bound.
+        """
+        raise NotImplementedError
 
     def _listening(self, port):
         self.port = port
         self.events.emit(
-            "listening", transport="tcp", address=formatAddress(port.getHost())
+            "listening",
+            transport=self.transportName,
+            address=formatAddress(port.getHost()),
         )
 
     def startService(self):
@@ -59,6 +69,53 @@ class ListenerService(Service):
         port, self.port = self.port, None
         if port is not None:
             return port.stopListening()
+
+
+class ListenerService(_Listener):
+    """
+    Serves TCP clients (or TLS, or any stream) on one server endpoint.
+    """
+
+    transportName = "tcp"
+
+    def __init__(self, endpoint, factory, events):
+        _Listener.__init__(self, events)
+        self.endpoint = endpoint
+        self.factory = factory
+
+    def _listen(self):
+        failures = []
+        self.endpoint.listen(self.factory).addCallbacks(
+            self._listening, failures.append
+        )
+        if failures:
+            failures[0].raiseException()
+
+
+class DatagramListenerService(_Listener):
+    """
+    Serves UDP clients on one port.  (UDP has no endpoint descriptions in
+    Twisted: a port and an interface say where.)
+    """
+
+    transportName = "udp"
+
+    def __init__(self, reactor, portNumber, protocol, interface, events):
+        _Listener.__init__(self, events)
+        self.reactor = reactor
+        self.portNumber = portNumber
+        self.protocol = protocol
+        self.interface = interface
+
+    def _listen(self):
+        self._listening(
+            self.reactor.listenUDP(
+                self.portNumber,
+                self.protocol,
+                interface=self.interface,
+                maxPacketSize=MAX_PACKET_SIZE,
+            )
+        )
 
 
 class DallalService(MultiService):
@@ -86,6 +143,22 @@ class DallalService(MultiService):
         """
         listener = ListenerService(
             serverFromString(self.reactor, description), self.factory, self.broker.events
+        )
+        listener.setServiceParent(self)
+        return listener
+
+    def listenUDP(self, port, interface=DEFAULT_INTERFACE, ackTimeout=DEFAULT_ACK_TIMEOUT):
+        """
+        Serve UDP clients on a port of an interface.
+
+        @param ackTimeout: seconds before a message a UDP client has not
+            acked is sent again.
+        @return: the child L{DatagramListenerService}; its C{protocol} is
+            the L{BrokerDatagramProtocol}.
+        """
+        protocol = BrokerDatagramProtocol(self.broker, self.sweep, ackTimeout)
+        listener = DatagramListenerService(
+            self.reactor, port, protocol, interface, self.broker.events
         )
         listener.setServiceParent(self)
         return listener

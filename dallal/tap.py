@@ -7,10 +7,10 @@ from twisted.python import usage
 from dallal.core import DEFAULT_MAX_PAYLOAD, BrokerConfig
 from dallal.delivery import SLOW_CONSUMER_POLICIES, DeliveryConfig
 from dallal.keepalive import DEFAULT_INTERVAL
-from dallal.service import DallalService
+from dallal.service import DEFAULT_INTERFACE, DallalService
+from dallal.udp import DEFAULT_ACK_TIMEOUT as DEFAULT_UDP_ACK_TIMEOUT
 
 DEFAULT_TCP_PORT = 1373
-DEFAULT_INTERFACE = "127.0.0.1"
 
 
 def _positive(kind):
@@ -21,6 +21,17 @@ def _positive(kind):
         return value
 
     convert.coerceDoc = "Must be positive."
+    return convert
+
+
+def _port(option):
+    def convert(text):
+        port = int(text)
+        if not 0 <= port <= 65535:
+            raise ValueError(f"{option}: port {port} is not in 0-65535")
+        return port
+
+    convert.coerceDoc = "A port number, 0 for any free port."
     return convert
 
 
@@ -36,15 +47,32 @@ class Options(usage.Options):
             "interface",
             None,
             DEFAULT_INTERFACE,
-            "Address that bare port numbers listen on "
+            "Address that bare port numbers (and --udp) listen on "
             "(0.0.0.0 or :: to accept clients from other machines).",
+        ],
+        [
+            "udp",
+            None,
+            None,
+            "Also serve UDP clients on this port (the specification's is 1234)",
+            _port("--udp"),
+        ],
+        [
+            "udp-ack-timeout",
+            None,
+            DEFAULT_UDP_ACK_TIMEOUT,
+            "Seconds to wait for a UDP client's ack before sending a message "
+            "again (UDP loses datagrams: resend sooner than over TCP, for as "
+            "long).",
+            _positive(float),
         ],
         [
             "ping-interval",
             None,
             DEFAULT_INTERVAL,
-            "Seconds between the server's pings; a client that misses 3 "
-            "in a row is dropped.",
+            "Seconds between the server's pings to TCP clients, and between "
+            "UDP clients' pings to it; a client that misses 3 in a row is "
+            "dropped.",
             _positive(float),
         ],
         [
@@ -167,4 +195,8 @@ def makeService(options, reactor=None):
     service = DallalService(reactor, config, pingInterval=options["ping-interval"])
     for description in options["tcp"]:
         service.listenTCP(description)
+    if options["udp"] is not None:
+        service.listenUDP(
+            options["udp"], options["interface"], ackTimeout=options["udp-ack-timeout"]
+        )
     return service

@@ -1,0 +1,414 @@
+"""
+The broker over UDP: one L{BrokerDatagramProtocol} per port, one
+L{UdpSession} per client.
+
+UDP has no connections, so a client is known by the id it gives in its
+C{HELLO}, and reached at the last address it was heard from with a valid
+token.  Source addresses can be forged, so the broker:
+
+ - answers a C{HELLO} with a token bound to the client id and the source
+   address (an HMAC under a secret drawn at start: nothing is stored until
+   the client echoes it), and starts a session only for a C{HELLO} that
+   echoes it;
+ - accepts every other request only with the client's id and token, which
+   prove that the client receives at that address;
+ - sends an address that has not proved it at most three times the bytes
+   it received from it (QUIC's anti-amplification rule, RFC 9000 8.1), so
+   that the broker cannot be used to flood a victim.
+
+Each datagram holds one frame of the TCP format (L{dallal.datagram}); the
+requests are carried out by the same L{RequestHandler} as over TCP, on the
+same broker core.  A client pings the broker; one that falls silent is
+expired by the broker's ping sweep.  PROTOCOL.md ("UDP") is the reference.
+"""
+
+import base64
+import hashlib
+import hmac
+import os
+from collections import Counter, OrderedDict, namedtuple
+from math import ceil
+
+from twisted.internet.error import MessageLengthError
+from twisted.internet.protocol import DatagramProtocol
+from zope.interface import implementer
+
+from dallal import datagram, wire
+from dallal.errors import BAD_TOKEN, NO_ID, NO_SESSION, RequestError
+from dallal.interfaces import ISubscriber
+from dallal.keepalive import IPingable
+from dallal.session import RequestHandler
+from dallal.tcp import formatAddress
+
+DEFAULT_UDP_PORT = 1234
+DEFAULT_ACK_TIMEOUT = 1.0
+
+# An address that has not proved it receives is sent at most this many
+# times the bytes it sent.
+AMPLIFICATION_FACTOR = 3
+# Addresses whose bytes are counted for that rule; the least recently heard
+# is forgotten first (forgetting one never lets it be sent more than the
+# factor allows: its count starts again from nothing).
+MAX_UNPROVEN_ADDRESSES = 10_000
+# Answers remembered per client, so that a retried request is answered
+# again instead of being carried out twice.
+REMEMBERED_ANSWERS = 1024
+# 96 bits of HMAC-SHA256: a forger gets one guess per datagram.
+TOKEN_BYTES = 12
+
+_HostPort = namedtuple("_HostPort", "host port")
+
+
+def formatDatagramAddress(address):
+    """
+    C{host:port} (C{[host]:port} for IPv6) of a C{(host, port)} tuple.
+    """
+    return formatAddress(_HostPort(*address[:2]))
+
+
+def datagramDelivery(delivery, ackTimeout):
+    """
+    The delivery limits of UDP sessions, from the broker's: a lost datagram
+    is resent after C{ackTimeout}, for as long as a TCP client's message
+    would be (C{maxAttempts} times the broker's own ack timeout), and a
+    message must fit in a datagram.
+    """
+    maxPayload = datagram.MAX_PAYLOAD
+    if delivery.maxPayload is not None:
+        maxPayload = min(maxPayload, delivery.maxPayload)
+    return delivery.replace(
+        ackTimeout=ackTimeout,
+        maxAttempts=max(
+            delivery.maxAttempts,
+            ceil(delivery.maxAttempts * delivery.ackTimeout / ackTimeout),
+        ),
+        maxPayload=maxPayload,
+    )
+
+
+class _Stranger:
+    """
+    Whoever sent a datagram that named no session, as the broker's log
+    shows it.
+    """
+
+    __slots__ = ("peer",)
+
+    def __init__(self, address):
+        self.peer = formatDatagramAddress(address)
+
+
+@implementer(ISubscriber, IPingable)
+class UdpSession(RequestHandler):
+    """
+    One UDP client, from its C{HELLO} until it expires or says C{BYE}.
+
+    @ivar address: the C{(host, port)} it was last heard from with a valid
+        token, where everything for it is sent.
+    """
+
+    transportName = "udp"
+
+    def __init__(self, protocol, clientId, address):
+        self.protocol = protocol
+        self.broker = protocol.broker
+        self.clientId = clientId
+        self.address = None
+        self.peer = None
+        self.moveTo(address)
+        # Request id -> the answer sent, for retries of that request.
+        self._answers = OrderedDict()
+        self._answering = None
+
+    def moveTo(self, address):
+        self.address = address
+        self.peer = formatDatagramAddress(address)
+
+    def requestReceived(self, request, rest):
+        """
+        Carry out a request of this client's, or answer a retry of one
+        already carried out as it was answered then.
+
+        @param rest: what followed the control line in the datagram.
+        """
+        requestId = getattr(request, "id", None)
+        answer = self._answers.get(requestId)
+        if answer is not None:
+            self.broker.counters["duplicates"] += 1
+            self.protocol.sendTo(answer, self.address)
+            return
+        self._answering = requestId
+        try:
+            if type(request) is wire.Publish:
+                self.publish(request, datagram.payloadOf(rest, request.size, request.id))
+            else:
+                datagram.checkNothingAfter(rest, requestId or NO_ID)
+                self.handleRequest(request)
+        except RequestError as error:
+            self.refuse(error)
+        finally:
+            self._answering = None
+
+    # RequestHandler
+
+    def sendFrame(self, *chunks):
+        data = b"".join(chunks)
+        if self._answering is not None and len(chunks) == 1:
+            # One-line answers (PUBACK, SUBACK, ...) are remembered; answers
+            # with a payload (STATS) are to read-only requests, cheaper to
+            # answer afresh than to keep.
+            self._answers[self._answering] = data
+            if len(self._answers) > REMEMBERED_ANSWERS:
+                self._answers.popitem(last=False)
+        self.protocol.sendTo(data, self.address)
+
+    def refuse(self, error, fatal=False):
+        # A refused request is not remembered: its retry is judged again.
+        self._answering = None
+        RequestHandler.refuse(self, error, fatal)
+
+    def pongReceived(self):
+        # The broker does not ping UDP clients: they ping it, and every
+        # datagram they send with their token counts (see
+        # BrokerDatagramProtocol.datagramReceived).
+        pass
+
+    # ISubscriber
+
+    def sendMessage(self, message, subscriptionId, seq, deliveryId, redelivered):
+        payload = message.payload
+        header = wire.encodeMessageHeader(
+            message.wireTopic, len(payload), subscriptionId, seq, deliveryId, redelivered
+        )
+        self.protocol.sendTo(b"".join((header, payload, wire.CRLF)), self.address)
+
+    def disconnect(self, reason):
+        # Datagrams from the client find no session from now on; the broker,
+        # which may be in the middle of a publish to this session, detaches
+        # it on a later turn of the reactor, as a closing TCP connection is.
+        self.protocol.forget(self)
+        self.broker.clock.callLater(0, self.broker.detach, self, reason)
+
+    # IPingable: the sweep checks that the client was heard from in each
+    # interval.
+
+    def sendPing(self):
+        pass
+
+    def pingMissed(self, missed):
+        self.broker.pingMissed(self, missed)
+
+    def keepaliveExpired(self, missed):
+        self.broker.clientDropped(self, missed)
+        self.protocol.endSession(self, "expired")
+
+
+class BrokerDatagramProtocol(DatagramProtocol):
+    """
+    The broker's UDP port: authenticates datagrams and hands them to their
+    client's L{UdpSession}.
+
+    @param sweep: the broker's L{PingSweep}; its interval is the one UDP
+        clients are told to ping at.
+    @param ackTimeout: seconds before a message not acked is sent again.
+    @param secret: the key of the tokens (random unless a test fixes it).
+    """
+
+    # The broker logs its own listening event; Twisted's would be noise.
+    noisy = False
+
+    def __init__(self, broker, sweep, ackTimeout=DEFAULT_ACK_TIMEOUT, secret=None):
+        self.broker = broker
+        self.sweep = sweep
+        self.delivery = datagramDelivery(broker.config.delivery, ackTimeout)
+        self.maxPayload = min(broker.config.maxPayload, datagram.MAX_PAYLOAD)
+        self._secret = os.urandom(32) if secret is None else secret
+        self._sessions = {}
+        # How many sessions are at each address: those addresses have
+        # proved they receive.
+        self._sessionAddresses = Counter()
+        # (host, port) -> [bytes received, bytes sent], for the others.
+        self._unproven = OrderedDict()
+
+    # Tokens
+
+    def token(self, clientId, address):
+        """
+        The token of a client id at an address.
+
+        @param clientId: bytes.
+        @return: bytes, 16 URL-safe base64 characters.
+        """
+        host, port = address[:2]
+        mac = hmac.new(
+            self._secret, b"%s|%s|%d" % (clientId, host.encode("ascii"), port), hashlib.sha256
+        )
+        return base64.urlsafe_b64encode(mac.digest()[:TOKEN_BYTES])
+
+    def _tokenMatches(self, clientId, token, address):
+        return hmac.compare_digest(self.token(clientId, address), token)
+
+    # Sending, within the anti-amplification limit
+
+    def sendTo(self, data, address):
+        """
+        Send one datagram, unless the address has not proved it receives and
+        this would take what it was sent over three times what it sent.
+        """
+        if address not in self._sessionAddresses:
+            counts = self._unproven.get(address)
+            if counts is None or counts[1] + len(data) > AMPLIFICATION_FACTOR * counts[0]:
+                self.broker.counters["unsent"] += 1
+                return
+            counts[1] += len(data)
+        try:
+            self.transport.write(data, address)
+        except (OSError, MessageLengthError):
+            # The socket's buffer is full (or the address unreachable): the
+            # datagram is lost, as on the network.  Acked deliveries are
+            # resent; the count says how many were lost here.
+            self.broker.counters["unsent"] += 1
+
+    def _received(self, address, size):
+        if address in self._sessionAddresses:
+            return
+        counts = self._unproven.get(address)
+        if counts is None:
+            if len(self._unproven) >= MAX_UNPROVEN_ADDRESSES:
+                self._unproven.popitem(last=False)
+            counts = self._unproven[address] = [0, 0]
+        else:
+            self._unproven.move_to_end(address)
+        counts[0] += size
+
+    def _refuse(self, error, address):
+        """
+        Refuse a datagram that named no session.
+        """
+        self.sendTo(wire.encodeError(error.requestId, error.code, error.reason), address)
+        self.broker.protocolError(_Stranger(address), error.code, False)
+
+    # Sessions
+
+    def _settle(self, session, address):
+        """
+        The session's client proved it receives at C{address}: send there
+        from now on.
+        """
+        self._unproven.pop(address, None)
+        if session.address != address:
+            self._leave(session.address)
+            session.moveTo(address)
+            self._sessionAddresses[address] += 1
+        self.sweep.pongReceived(session)
+
+    def _leave(self, address):
+        self._sessionAddresses[address] -= 1
+        if not self._sessionAddresses[address]:
+            del self._sessionAddresses[address]
+
+    def forget(self, session):
+        """
+        Stop serving a session: its client's datagrams find none.
+        """
+        if self._sessions.get(session.clientId) is not session:
+            return
+        del self._sessions[session.clientId]
+        self._leave(session.address)
+        self.sweep.remove(session)
+
+    def endSession(self, session, reason):
+        """
+        Forget a session and detach it from the broker.
+        """
+        self.forget(session)
+        self.broker.detach(session, reason)
+
+    # Datagrams
+
+    def datagramReceived(self, data, address):
+        self._received(address, len(data))
+        try:
+            line, rest = datagram.splitDatagram(data, self.broker.config.maxControlLine)
+            line, clientId, token = datagram.takeIdentity(line)
+            request = wire.parseDatagramRequest(line)
+        except RequestError as error:
+            self._refuse(error, address)
+            return
+        if request is None:
+            return
+        if type(request) is wire.Hello:
+            self._helloReceived(request, rest, address)
+            return
+        requestId = getattr(request, "id", NO_ID)
+        if clientId is None or not self._tokenMatches(clientId, token, address):
+            self._refuse(
+                RequestError(
+                    BAD_TOKEN,
+                    "say HELLO: no token, or not this client's at this address",
+                    requestId,
+                ),
+                address,
+            )
+            return
+        # The token was made for this client id: it is printable ASCII.
+        session = self._sessions.get(clientId.decode("ascii"))
+        if session is None:
+            self._refuse(
+                RequestError(
+                    NO_SESSION,
+                    "this client has no session: it expired, or never said HELLO with "
+                    "its token",
+                    requestId,
+                ),
+                address,
+            )
+            return
+        self._settle(session, address)
+        if type(request) is wire.Bye:
+            self.endSession(session, "closed")
+            return
+        session.requestReceived(request, rest)
+
+    def _helloReceived(self, hello, rest, address):
+        """
+        Without a token: answer with the token for this client id and
+        address.  With it: start the client's session, or resume it here.
+        """
+        try:
+            datagram.checkNothingAfter(rest, hello.id)
+        except RequestError as error:
+            self._refuse(error, address)
+            return
+        clientId = hello.clientId.encode("ascii")
+        echoed = hello.options.get("token")
+        if echoed is None:
+            token = self.token(clientId, address).decode("ascii")
+            self.sendTo(wire.encodeHelloReply(hello.id, {"token": token}), address)
+            return
+        if not self._tokenMatches(clientId, echoed.encode("utf-8"), address):
+            self._refuse(
+                RequestError(BAD_TOKEN, "not this client's token at this address", hello.id),
+                address,
+            )
+            return
+        session = self._sessions.get(hello.clientId)
+        resumed = session is not None
+        if not resumed:
+            session = UdpSession(self, hello.clientId, address)
+            self._sessions[hello.clientId] = session
+            self._sessionAddresses[address] += 1
+            self.broker.attach(session, self.delivery)
+            self.sweep.add(session)
+        self._settle(session, address)
+        session.sendFrame(
+            wire.encodeHelloReply(
+                hello.id,
+                {
+                    "token": echoed,
+                    "ping": f"{self.sweep.interval:g}",
+                    "max-payload": str(self.maxPayload),
+                    "session": "resumed" if resumed else "new",
+                },
+            )
+        )

@@ -1,0 +1,932 @@
+"""
+The broker over UDP (L{dallal.udp}) and the UDP client
+(L{dallal.client.DallalDatagramClient}), over in-memory datagram transports
+on a C{task.Clock}: what each side sends, what the broker logs and counts.
+"""
+
+import json
+import re
+
+import pytest
+from hypothesis import given, settings, strategies
+from twisted.internet.address import IPv4Address
+from twisted.internet.task import Clock
+
+from dallal import udp
+from dallal.client import DallalDatagramClient, SessionLost
+from dallal.datagram import MAX_PAYLOAD
+from helpers import PING_INTERVAL, BrokerHarness, messages
+
+SECRET = b"a fixed secret for the tests...."
+BROKER = ("127.0.0.1", 1234)
+TOKEN = re.compile(rb"token=(\S+)")
+
+
+class FakeDatagramTransport:
+    """
+    A UDP port in memory: keeps what its protocol writes as
+    C{(datagram, address)} pairs, or hands each to C{network}.
+    """
+
+    def __init__(self, address, network=None):
+        self.address = address
+        self.network = network
+        self.written = []
+        self.listening = True
+
+    def write(self, data, address=None):
+        if self.network is not None:
+            self.network.send(self.address, address, data)
+        else:
+            self.written.append((data, address))
+
+    def getHost(self):
+        return IPv4Address("UDP", *self.address)
+
+    def stopListening(self):
+        self.listening = False
+
+
+class UdpHarness(BrokerHarness):
+    """
+    A L{BrokerHarness} (broker core, ping sweep and TCP factory on a Clock)
+    with a UDP port on the same core.
+    """
+
+    def __init__(self, *arguments, **keywords):
+        BrokerHarness.__init__(self, *arguments, **keywords)
+        self.udp = udp.BrokerDatagramProtocol(
+            self.broker, self.sweep, ackTimeout=1.0, secret=SECRET
+        )
+        self.transport = FakeDatagramTransport(BROKER)
+        self.udp.makeConnection(self.transport)
+
+    def peer(self, port, host="127.0.0.1"):
+        return Peer(self, (host, port))
+
+    def bytesSentTo(self, address):
+        return sum(len(data) for data, to in self.transport.written if to == address)
+
+    def counter(self, name):
+        return self.broker.stats()[name]
+
+
+class Peer:
+    """
+    An address datagrams come from, typed by hand as a person with
+    C{nc -u} would, and what the broker sent back to it.
+    """
+
+    def __init__(self, harness, address):
+        self.harness = harness
+        self.address = address
+        self.sentBytes = 0
+        self.token = None
+        self.clientId = None
+        self._seen = 0
+
+    def send(self, data):
+        self.sentBytes += len(data)
+        self.harness.udp.datagramReceived(data, self.address)
+
+    def received(self):
+        """
+        The datagrams the broker sent here since the last call.
+        """
+        mine = [data for data, to in self.harness.transport.written if to == self.address]
+        new, self._seen = mine[self._seen :], len(mine)
+        return new
+
+    def hello(self, clientId="client-1"):
+        """
+        Both HELLOs: get a token, then start (or resume) the session.
+
+        @return: the broker's answer to the second.
+        """
+        self.send(b"HELLO 1 %s\r\n" % clientId.encode())
+        [answer] = self.received()
+        self.token = TOKEN.search(answer).group(1)
+        self.clientId = clientId
+        self.send(b"HELLO 2 %s token=%s\r\n" % (clientId.encode(), self.token))
+        [answer] = self.received()
+        return answer
+
+    def request(self, line, payload=None):
+        """
+        Send a request with this peer's identity.
+        """
+        data = line + b" client=%s token=%s\r\n" % (self.clientId.encode(), self.token)
+        if payload is not None:
+            data += payload + b"\r\n"
+        self.send(data)
+
+    def publish(self, requestId, topic, payload):
+        self.request(b"PUB %s %s %d" % (requestId, topic, len(payload)), payload)
+
+
+@pytest.fixture
+def harness():
+    return UdpHarness()
+
+
+# Saying hello, and tokens
+
+
+def test_helloAnswersATokenAndStartsNothing(harness):
+    """
+    A HELLO without a token is answered with a token bound to the client id
+    and the address; no session starts until the token comes back.
+    """
+    alice = harness.peer(40001)
+    alice.send(b"HELLO 1 me\r\n")
+    [answer] = alice.received()
+    assert re.fullmatch(rb"HELLO 1 token=[A-Za-z0-9_-]{16}\r\n", answer)
+    other = harness.peer(40002)
+    other.send(b"HELLO 1 me\r\n")
+    assert TOKEN.search(other.received()[0]).group(1) != TOKEN.search(answer).group(1)
+    assert harness.fields("connect") == []
+    assert harness.counter("connections") == 0
+
+
+def test_helloWithTheTokenStartsASession(harness):
+    alice = harness.peer(40001)
+    answer = alice.hello("me")
+    assert answer == (
+        b"HELLO 2 token=%s ping=10 max-payload=65000 session=new\r\n" % alice.token
+    )
+    assert harness.fields("connect") == [
+        {"session": 1, "client": "127.0.0.1:40001", "transport": "udp"}
+    ]
+
+
+def test_sessionOverUdp(harness):
+    """
+    Subscribe, publish, receive and ack, ping and stats, as PROTOCOL.md's
+    UDP session shows them.
+    """
+    alice = harness.peer(40001)
+    alice.hello()
+    alice.request(b"SUB 3 news")
+    assert alice.received() == [b"SUBACK 3\r\n"]
+    alice.publish(b"4", b"news", b"hello world")
+    assert alice.received() == [
+        b"MSG news 11 sub=3 seq=1 id=1\r\nhello world\r\n",
+        b"PUBACK 4\r\n",
+    ]
+    alice.request(b"ACK 1")
+    alice.request(b"PING")
+    assert alice.received() == [b"PONG\r\n"]
+    alice.request(b"STATS 5")
+    [stats] = alice.received()
+    line, payload = stats.split(b"\r\n", 1)
+    assert line == b"STATS 5 %d" % (len(payload) - 2)
+    assert json.loads(payload)["acked"] == 1
+    alice.request(b"BYE")
+    assert harness.fields("disconnect") == [
+        {
+            "session": 1,
+            "client": "127.0.0.1:40001",
+            "transport": "udp",
+            "reason": "closed",
+            "subscriptions": 1,
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    "identity",
+    [b"", b" client=me token=AAAAAAAAAAAAAAAA", b" client=someone-else token=%s"],
+)
+def test_requestWithoutItsTokenIsRefused(harness, identity):
+    """
+    A request without the client's identity, with a made-up token, or with
+    another client's id is refused: nothing is subscribed.
+    """
+    alice = harness.peer(40001)
+    alice.hello("me")
+    if b"%s" in identity:
+        identity %= alice.token
+    alice.send(b"SUB 3 news" + identity + b"\r\n")
+    [refusal] = alice.received()
+    assert refusal.startswith(b"ERR 3 BAD_TOKEN ")
+    assert harness.counter("subscriptions") == 0
+    assert harness.counter("errors") == 1
+
+
+def test_tokenOfAnotherAddressIsRefused(harness):
+    """
+    A token works only from the address it was given to: a forger who
+    learnt it cannot use it from elsewhere.
+    """
+    alice = harness.peer(40001)
+    alice.hello("me")
+    mallory = harness.peer(40666)
+    mallory.clientId, mallory.token = alice.clientId, alice.token
+    mallory.request(b"SUB 3 news")
+    assert mallory.received()[0].startswith(b"ERR 3 BAD_TOKEN ")
+    assert harness.counter("subscriptions") == 0
+
+
+def test_forgedHelloStreamsNothingToTheVictim(harness):
+    """
+    A forger who sends HELLO and SUB with a victim's address as their source
+    never sees the victim's token, so cannot subscribe it: the victim gets
+    no more than three times the bytes forged in its name.
+    """
+    publisher = harness.peer(40001)
+    publisher.hello("publisher")
+    victim = harness.peer(40999)
+    victim.send(b"HELLO 1 victim pad=" + b"x" * 40 + b"\r\n")
+    for guess in range(20):
+        victim.send(b"HELLO 2 victim token=%016d\r\n" % guess)
+        victim.send(b"SUB %d news mode=all client=victim token=%016d\r\n" % (guess, guess))
+    for number in range(50):
+        publisher.publish(b"%d" % number, b"news", b"x" * 1000)
+    assert not any(data.startswith(b"MSG") for data in victim.received())
+    assert harness.bytesSentTo(victim.address) <= 3 * victim.sentBytes
+    assert harness.counter("connections") == 1
+
+
+# Anti-amplification
+
+
+def test_shortDatagramsFromAStrangerAreNotAnsweredBeyondThreeTimes(harness):
+    """
+    An unproven address is sent at most three times what it sent: a short
+    bad request gets no answer, and that is counted.
+    """
+    stranger = harness.peer(40001)
+    stranger.send(b"X\n")
+    assert stranger.received() == []
+    assert harness.counter("unsent") == 1
+    assert harness.counter("errors") == 1
+    assert harness.fields("protocol_error") == [
+        {"session": 0, "client": "127.0.0.1:40001", "code": "BAD_COMMAND", "fatal": False}
+    ]
+
+
+def test_strangerBudgetAccumulates(harness):
+    """
+    What a stranger sent earlier counts: the answers it was not sent leave
+    room for later ones, never more than three times in all.
+    """
+    stranger = harness.peer(40001)
+    for _ in range(4):
+        stranger.send(b"BAD\n")
+    answers = stranger.received()
+    assert answers
+    assert len(answers) < 4
+    assert harness.bytesSentTo(stranger.address) <= 3 * stranger.sentBytes
+
+
+def test_helloOf32BytesIsAlwaysAnswered(harness):
+    """
+    PROTOCOL.md: a HELLO of 32 bytes or more always gets its token, even
+    with the longest request id.
+    """
+    stranger = harness.peer(40001)
+    hello = b"HELLO " + b"i" * 64 + b" c\r\n"
+    assert len(hello) >= 32
+    stranger.send(hello)
+    assert len(stranger.received()) == 1
+    shortest = harness.peer(40002)
+    shortest.send(b"HELLO 1 me pad=xxxxxxxxxxxxxxxx\n")
+    assert len(shortest.received()) == 1
+
+
+def test_provenAddressIsNotLimited(harness):
+    """
+    Once an address has echoed its token, the broker answers it in full,
+    even a request too short to pay for its answer.
+    """
+    alice = harness.peer(40001)
+    alice.hello()
+    alice.send(b"X\n")
+    [refusal] = alice.received()
+    assert refusal.startswith(b"ERR - BAD_COMMAND ")
+
+
+def test_unprovenAddressesAreForgottenOldestFirst(harness, monkeypatch):
+    """
+    The table of unproven addresses is bounded: the least recently heard
+    is forgotten first, and with it what it may still be sent.
+    """
+    monkeypatch.setattr(udp, "MAX_UNPROVEN_ADDRESSES", 2)
+    first = harness.peer(40001)
+    first.send(b"HELLO 1 me pad=" + b"x" * 200 + b"\n")
+    assert len(first.received()) == 1
+    first.send(b"X\n")
+    assert len(first.received()) == 1  # paid for by the long HELLO
+    harness.peer(40002).send(b"X\n")
+    harness.peer(40003).send(b"X\n")
+    first.send(b"X\n")
+    assert first.received() == []
+
+
+# Expiry
+
+
+def test_clientThatPingsStaysAlive(harness):
+    alice = harness.peer(40001)
+    alice.hello()
+    alice.request(b"SUB 3 news")
+    for _ in range(20):
+        harness.clock.advance(PING_INTERVAL)
+        alice.request(b"PING")
+    assert harness.fields("ping_missed") == []
+    assert harness.fields("disconnect") == []
+
+
+def test_silentClientExpires(harness):
+    """
+    A client that stops pinging is reported each interval, then expired:
+    the log says which client, with its address and port, and its
+    subscriptions and queued messages are dropped and counted.
+    """
+    alice = harness.peer(40001)
+    alice.hello()
+    alice.request(b"SUB 3 news mode=all")
+    publisher = harness.peer(40002)
+    publisher.hello("publisher")
+    harness.clock.advance(0.5)
+    publisher.publish(b"1", b"news", b"unacked")
+    for _ in range(3):
+        # The publisher keeps pinging; alice is silent.
+        harness.clock.advance(PING_INTERVAL)
+        publisher.request(b"PING")
+    harness.clock.advance(PING_INTERVAL)
+    assert [fields["missed"] for fields in harness.fields("ping_missed")] == [1, 2]
+    assert harness.fields("client_dropped") == [
+        {"session": 1, "client": "127.0.0.1:40001", "missed": 3}
+    ]
+    assert harness.fields("disconnect") == [
+        {
+            "session": 1,
+            "client": "127.0.0.1:40001",
+            "transport": "udp",
+            "reason": "expired",
+            "subscriptions": 1,
+        }
+    ]
+    stats = harness.broker.stats()
+    assert (stats["subscriptions"], stats["clients_dropped"], stats["dropped_disconnected"]) == (
+        0,
+        1,
+        1,
+    )
+    assert stats["inflight"] == 0
+    alice.request(b"PING")
+    assert alice.received()[-1].startswith(b"ERR - NO_SESSION ")
+
+
+# Reliability
+
+
+def test_retriedPublishIsPublishedOnce(harness):
+    """
+    A client that did not get its PubAck sends the PUB again: the broker
+    answers it again and does not publish it twice.
+    """
+    subscriber = harness.peer(40001)
+    subscriber.hello("subscriber")
+    subscriber.request(b"SUB 1 news mode=fire")
+    subscriber.received()
+    publisher = harness.peer(40002)
+    publisher.hello("publisher")
+    for _ in range(3):
+        publisher.publish(b"7", b"news", b"once")
+    assert publisher.received() == [b"PUBACK 7\r\n"] * 3
+    assert len(subscriber.received()) == 1
+    assert (harness.counter("published"), harness.counter("duplicates")) == (1, 2)
+
+
+def test_refusedRequestIsJudgedAgainWhenRetried(harness):
+    alice = harness.peer(40001)
+    alice.hello()
+    alice.publish(b"7", b"+bad", b"x")
+    alice.publish(b"7", b"+bad", b"x")
+    assert [answer.split()[:3] for answer in alice.received()] == [
+        [b"ERR", b"7", b"BAD_TOPIC"]
+    ] * 2
+    assert harness.counter("duplicates") == 0
+
+
+def test_unackedMessageIsResentEveryUdpAckTimeout(harness):
+    alice = harness.peer(40001)
+    alice.hello()
+    alice.request(b"SUB 1 news mode=all")
+    alice.received()
+    bob = harness.peer(40002)
+    bob.hello("bob")
+    bob.publish(b"1", b"news", b"hi")
+    assert alice.received() == [b"MSG news 2 sub=1 seq=1 id=1\r\nhi\r\n"]
+    harness.clock.advance(1.0)
+    assert alice.received() == [b"MSG news 2 sub=1 seq=1 id=1 redelivered=1\r\nhi\r\n"]
+    alice.request(b"ACK 1")
+    harness.clock.advance(5.0)
+    assert alice.received() == []
+    assert harness.counter("acked") == 1
+
+
+def test_udpResendsForAsLongAsTcp():
+    """
+    Resending every second instead of every 10, a UDP subscriber gets as
+    many seconds to ack as a TCP one: 50 attempts instead of 5.
+    """
+    delivery = udp.datagramDelivery(UdpHarness().broker.config.delivery, 1.0)
+    assert (delivery.ackTimeout, delivery.maxAttempts) == (1.0, 50)
+    assert delivery.maxPayload == MAX_PAYLOAD
+
+
+def test_fireModeIsSentOnce(harness):
+    alice = harness.peer(40001)
+    alice.hello()
+    alice.request(b"SUB 1 news mode=fire")
+    alice.received()
+    alice.publish(b"2", b"news", b"hi")
+    harness.clock.advance(30)
+    assert messages(b"".join(alice.received())) == [(b"news", b"hi")]
+    assert harness.counter("fired") == 1
+
+
+# Address change
+
+
+def test_addressChangeKeepsTheSession(harness):
+    """
+    A client whose port changes says HELLO from the new one and resumes its
+    session there: its subscriptions stay, and its messages follow it.
+    """
+    old = harness.peer(40001)
+    old.hello("roamer")
+    old.request(b"SUB 1 news mode=fire")
+    old.received()
+    new = harness.peer(50001)
+    new.clientId, new.token = old.clientId, old.token
+    new.request(b"PING")
+    assert new.received()[0].startswith(b"ERR - BAD_TOKEN ")
+    assert new.hello("roamer").endswith(b" session=resumed\r\n")
+    publisher = harness.peer(40002)
+    publisher.hello("publisher")
+    publisher.publish(b"1", b"news", b"follows")
+    assert old.received() == []
+    assert messages(b"".join(new.received())) == [(b"news", b"follows")]
+    assert len(harness.fields("connect")) == 2
+
+
+def test_helloFromElsewhereDoesNotMoveTheSession(harness):
+    """
+    Asking for a token from another address moves nothing: only echoing it
+    does.
+    """
+    home = harness.peer(40001)
+    home.hello("me")
+    home.request(b"SUB 1 news mode=fire")
+    home.received()
+    elsewhere = harness.peer(40999)
+    elsewhere.send(b"HELLO 1 me pad=xxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\r\n")
+    publisher = harness.peer(40002)
+    publisher.hello("publisher")
+    publisher.publish(b"1", b"news", b"stays")
+    assert messages(b"".join(home.received())) == [(b"news", b"stays")]
+
+
+# Size
+
+
+def test_payloadLargerThanADatagramCarriesIsRefused(harness):
+    alice = harness.peer(40001)
+    alice.hello()
+    alice.request(b"PUB 1 news %d" % (MAX_PAYLOAD + 1), b"x" * 10)
+    [refusal] = alice.received()
+    assert refusal.startswith(b"ERR 1 PAYLOAD_TOO_LARGE ")
+
+
+def test_payloadOfTheWrongSizeIsRefused(harness):
+    alice = harness.peer(40001)
+    alice.hello()
+    alice.request(b"PUB 1 news 5", b"hello!")
+    alice.request(b"SUB 2 news", b"")
+    assert [answer.split()[:3] for answer in alice.received()] == [
+        [b"ERR", b"1", b"BAD_FRAMING"],
+        [b"ERR", b"2", b"BAD_FRAMING"],
+    ]
+    assert harness.counter("published") == 0
+
+
+def test_largestPayloadArrivesWhole(harness):
+    """
+    A payload of the largest size is carried in one datagram, with a long
+    topic and subscription id, and a redelivery flag.
+    """
+    topic = b"t" * 256
+    alice = harness.peer(40001)
+    alice.hello()
+    alice.request(b"SUB " + b"s" * 64 + b" " + topic + b" mode=all")
+    alice.received()
+    payload = bytes(range(256)) * (MAX_PAYLOAD // 256) + b"\n" * (MAX_PAYLOAD % 256)
+    alice.publish(b"1", topic, payload)
+    harness.clock.advance(1.0)
+    first, _, redelivered = alice.received()
+    assert len(redelivered) <= 65507
+    assert messages(first) == messages(redelivered) == [(topic, payload)]
+
+
+def test_tcpMessageTooLargeForUdpIsDroppedAndCounted(harness):
+    """
+    A message published over TCP that no datagram can carry reaches the TCP
+    subscribers; a UDP subscriber's sequence skips it, as too_large.
+    """
+    alice = harness.peer(40001)
+    alice.hello()
+    alice.request(b"SUB 1 news mode=all")
+    alice.received()
+    tcpSubscriber = harness.connect()
+    tcpSubscriber.send(b"SUB 1 news mode=fire\r\n")
+    publisher = harness.connect()
+    big = b"x" * (MAX_PAYLOAD + 1)
+    publisher.send(b"PUB 1 news %d\r\n%s\r\n" % (len(big), big), b"PUB 2 news 5\r\nsmall\r\n")
+    assert messages(tcpSubscriber.received()) == [(b"news", big), (b"news", b"small")]
+    [small] = alice.received()
+    assert small.startswith(b"MSG news 5 sub=1 seq=2 ")
+    assert harness.counter("dropped_too_large") == 1
+
+
+# Both transports, one core
+
+
+def test_udpAndTcpShareOneBroker(harness):
+    alice = harness.peer(40001)
+    alice.hello()
+    alice.request(b"SUB 1 news mode=fire")
+    alice.received()
+    tcpClient = harness.connect()
+    tcpClient.send(b"SUB 1 news mode=fire\r\n")
+    tcpClient.received()
+    tcpClient.send(b"PUB 2 news 8\r\nfrom tcp\r\n")
+    alice.publish(b"2", b"news", b"from udp")
+    assert messages(b"".join(alice.received())) == [(b"news", b"from tcp"), (b"news", b"from udp")]
+    assert messages(tcpClient.received()) == [(b"news", b"from tcp"), (b"news", b"from udp")]
+    assert [fields["transport"] for fields in harness.fields("publish")] == ["tcp", "udp"]
+
+
+# Nothing a datagram holds crashes the broker
+
+
+@pytest.mark.parametrize(
+    "datagram",
+    [
+        b"",
+        b"\r\n",
+        b"\xff\xfe\x00",
+        b"HELLO",
+        b"HELLO 1",
+        b"HELLO 1 " + b"c" * 65,
+        b"HELLO 1 me token",
+        b"HELLO 1 me\r\ntrailing",
+        b"PUB 1 news 99999999999999 client=a token=b",
+        b"ACK client=a token=b",
+        b"STATS client=a token=b",
+        b"x" * 5000,
+        b"BYE",
+    ],
+)
+def test_malformedDatagrams(harness, datagram):
+    stranger = harness.peer(40001)
+    stranger.send(datagram)
+    assert harness.bytesSentTo(stranger.address) <= 3 * len(datagram)
+    assert harness.counter("connections") == 0
+
+
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(
+    datagrams=strategies.lists(
+        strategies.tuples(
+            strategies.integers(min_value=0, max_value=2),
+            strategies.one_of(
+                strategies.binary(max_size=200),
+                strategies.builds(
+                    lambda verb, rest: verb + rest,
+                    strategies.sampled_from(
+                        [b"HELLO 1 me ", b"PUB 1 a 3 ", b"SUB 1 a ", b"ACK ", b"PING ", b"BYE "]
+                    ),
+                    strategies.binary(max_size=100),
+                ),
+            ),
+        ),
+        max_size=20,
+    )
+)
+def test_anyDatagramsFromStrangers(datagrams):
+    """
+    Whatever unproven addresses send, the broker neither raises nor sends
+    any of them more than three times what it sent, and counts every
+    refusal.
+    """
+    harness = UdpHarness()
+    peers = [harness.peer(40001 + index) for index in range(3)]
+    for index, data in datagrams:
+        peers[index].send(data)
+    for peer in peers:
+        assert harness.bytesSentTo(peer.address) <= 3 * peer.sentBytes
+    assert harness.counter("errors") == len(harness.fields("protocol_error"))
+
+
+# The client
+
+
+class FakeBroker:
+    """
+    The broker's side of a L{DallalDatagramClient} under test: what the
+    client sent, and answers typed by the test.
+    """
+
+    def __init__(self):
+        self.clock = Clock()
+        self.pongsMissed = []
+        self.client = DallalDatagramClient(
+            self.clock, BROKER, clientId="me", onPongMissed=self.pongsMissed.append
+        )
+        self.transport = FakeDatagramTransport(("127.0.0.1", 40001))
+        self.client.makeConnection(self.transport)
+        self._seen = 0
+
+    def sent(self):
+        """
+        The datagrams the client sent since the last call.
+        """
+        assert all(to == BROKER for _, to in self.transport.written)
+        new = [data for data, _ in self.transport.written[self._seen :]]
+        self._seen = len(self.transport.written)
+        return new
+
+    def answer(self, data):
+        self.client.datagramReceived(data, BROKER)
+
+    def handshake(self, ping=10):
+        started = []
+        self.client.handshake().addCallback(started.append)
+        [hello] = self.sent()
+        self.answer(b"HELLO 1 token=TOKEN\r\n")
+        [hello] = self.sent()
+        assert hello == b"HELLO 2 me token=TOKEN\r\n"
+        self.answer(b"HELLO 2 token=TOKEN ping=%d max-payload=1000 session=new\r\n" % ping)
+        assert started == [self.client]
+
+
+def test_clientPadsItsHelloAndResendsIt():
+    """
+    The first HELLO is padded to 64 bytes, and resent after 0.25 s, then
+    twice as long each time up to a second.
+    """
+    broker = FakeBroker()
+    broker.client.handshake()
+    [hello] = broker.sent()
+    assert hello.startswith(b"HELLO 1 me pad=x")
+    assert len(hello) == 64
+    for delay in [0.25, 0.5, 1, 1, 1]:
+        broker.clock.advance(delay - 0.01)
+        assert broker.sent() == []
+        broker.clock.advance(0.01)
+        assert broker.sent() == [hello]
+
+
+def test_clientRequestsCarryItsIdentityAndAreResentUntilAnswered():
+    broker = FakeBroker()
+    broker.handshake()
+    published = []
+    broker.client.publish("news", b"hi").addCallback(published.append)
+    assert broker.sent() == [b"PUB 3 news 2 client=me token=TOKEN\r\nhi\r\n"]
+    broker.clock.advance(0.25)
+    assert broker.sent() == [b"PUB 3 news 2 client=me token=TOKEN\r\nhi\r\n"]
+    broker.answer(b"PUBACK 3\r\n")
+    assert published == [None]
+    broker.clock.advance(5)
+    assert [data for data in broker.sent() if not data.startswith(b"PING")] == []
+
+
+def test_cancelledRequestIsNotResent():
+    broker = FakeBroker()
+    broker.handshake()
+    publishing = broker.client.publish("news", b"hi")
+    publishing.addErrback(lambda failure: None)
+    broker.sent()
+    publishing.cancel()
+    broker.clock.advance(5)
+    assert [data for data in broker.sent() if data.startswith(b"PUB")] == []
+
+
+def test_clientRefusesAPayloadTooLargeBeforeSending():
+    broker = FakeBroker()
+    broker.handshake()
+    with pytest.raises(ValueError, match="1001 bytes is larger than the 1000 bytes"):
+        broker.client.publish("news", b"x" * 1001)
+    assert broker.sent() == []
+
+
+def test_clientPingsAtTheBrokersIntervalAndReportsMissingPongs():
+    broker = FakeBroker()
+    broker.handshake(ping=2)
+    broker.clock.advance(2)
+    assert broker.sent() == [b"PING client=me token=TOKEN\r\n"]
+    broker.answer(b"PONG\r\n")
+    broker.clock.advance(2)
+    broker.clock.advance(2)
+    broker.clock.advance(2)
+    assert broker.pongsMissed == [1, 2]
+    assert len(broker.sent()) == 3
+    broker.answer(b"PONG\r\n")
+    broker.clock.advance(2)
+    assert broker.pongsMissed == [1, 2]
+    assert broker.client.connected
+
+
+def test_clientSaysHelloAgainWhenItsTokenIsRefused():
+    """
+    A BAD_TOKEN (the client's address changed) makes the client say HELLO
+    again; its waiting request is sent again with the new token.
+    """
+    broker = FakeBroker()
+    broker.handshake()
+    published = []
+    broker.client.publish("news", b"hi").addCallback(published.append)
+    broker.sent()
+    broker.answer(b"ERR 3 BAD_TOKEN say HELLO\r\n")
+    [hello] = broker.sent()
+    assert hello.startswith(b"HELLO 4 me pad=")
+    broker.clock.advance(0.25)
+    assert all(data.startswith(b"HELLO 4 ") for data in broker.sent())
+    broker.answer(b"HELLO 4 token=NEW\r\n")
+    broker.answer(b"HELLO 5 token=NEW ping=10 max-payload=1000 session=resumed\r\n")
+    broker.clock.advance(0)
+    assert b"PUB 3 news 2 client=me token=NEW\r\nhi\r\n" in broker.sent()
+    broker.answer(b"PUBACK 3\r\n")
+    assert published == [None]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        [b"ERR - NO_SESSION gone\r\n"],
+        [
+            b"ERR - BAD_TOKEN say HELLO\r\n",
+            b"HELLO 3 token=NEW\r\n",
+            b"HELLO 4 token=NEW ping=10 max-payload=1000 session=new\r\n",
+        ],
+    ],
+)
+def test_clientWhoseSessionIsGoneStops(answer):
+    """
+    The broker forgot the client (it expired it, or restarted): its
+    subscriptions are gone, so the client stops and says why.
+    """
+    broker = FakeBroker()
+    broker.handshake()
+    disconnected = []
+    broker.client.whenDisconnected().addCallback(disconnected.append)
+    for data in answer:
+        broker.answer(data)
+    assert disconnected == [None]
+    assert broker.client.lostReason.check(SessionLost)
+    assert not broker.transport.listening
+
+
+def test_clientIgnoresDatagramsFromOthers():
+    broker = FakeBroker()
+    broker.handshake()
+    received = []
+    broker.client.subscribe(["news"], received.append)
+    broker.sent()
+    broker.answer(b"SUBACK 3\r\n")
+    broker.client.datagramReceived(b"MSG news 2 sub=3 seq=1\r\nhi\r\n", ("127.0.0.1", 666))
+    broker.answer(b"MSG news 5 sub=3 seq=1\r\nhello\r\n")
+    assert [message.payload for message in received] == [b"hello"]
+
+
+def test_clientHandsOverAMessageThatArrivesLate():
+    """
+    Over UDP a lost message, resent, arrives after later ones: it is handed
+    over once, and its gap is not reported; a duplicate is acked again but
+    not handed over twice.
+    """
+    broker = FakeBroker()
+    broker.handshake()
+    received, gaps = [], []
+    broker.client.subscribe(["news"], received.append, onGap=lambda *gap: gaps.append(gap))
+    broker.answer(b"SUBACK 3\r\n")
+    broker.sent()
+    broker.answer(b"MSG news 3 sub=3 seq=2 id=12\r\ntwo\r\n")
+    broker.answer(b"MSG news 3 sub=3 seq=1 id=11 redelivered=1\r\none\r\n")
+    broker.answer(b"MSG news 3 sub=3 seq=1 id=11 redelivered=1\r\none\r\n")
+    assert [message.payload for message in received] == [b"two", b"one"]
+    assert broker.sent() == [
+        b"ACK 12 client=me token=TOKEN\r\n",
+        b"ACK 11 client=me token=TOKEN\r\n",
+        b"ACK 11 client=me token=TOKEN\r\n",
+    ]
+    broker.clock.advance(30)
+    assert gaps == []
+
+
+def test_clientReportsAGapThatStaysOpenForAPingInterval():
+    broker = FakeBroker()
+    broker.handshake(ping=10)
+    received, gaps = [], []
+    broker.client.subscribe(["news"], received.append, onGap=lambda *gap: gaps.append(gap))
+    broker.answer(b"SUBACK 3\r\n")
+    broker.clock.advance(5)
+    broker.answer(b"MSG news 4 sub=3 seq=4\r\nfour\r\n")
+    broker.clock.advance(5)
+    assert gaps == []
+    broker.clock.advance(10)
+    assert gaps == [("news", 3)]
+    broker.answer(b"MSG news 3 sub=3 seq=2\r\ntwo\r\n")
+    broker.clock.advance(30)
+    assert gaps == [("news", 3)]
+    assert [message.payload for message in received] == [b"four", b"two"]
+
+
+def test_clientCloseSaysBye():
+    broker = FakeBroker()
+    broker.handshake()
+    closed = []
+    broker.client.close().addCallback(closed.append)
+    assert broker.sent() == [b"BYE client=me token=TOKEN\r\n"]
+    assert closed == [None]
+    assert not broker.transport.listening
+    broker.clock.advance(60)
+    assert broker.sent() == []
+
+
+# Client and broker over a lossy network
+
+
+class LossyNetwork:
+    """
+    Delivers datagrams between in-memory ports after a millisecond, and
+    drops every third datagram in each direction between two addresses.
+    """
+
+    def __init__(self, clock):
+        self.clock = clock
+        self.protocols = {}
+        self.sent = {}
+        self.dropped = 0
+
+    def attach(self, protocol, address):
+        """
+        Give C{protocol} a port at C{address}, or put its port there.
+        """
+        self.protocols[address] = protocol
+        if protocol.transport is None:
+            protocol.makeConnection(FakeDatagramTransport(address, self))
+        else:
+            protocol.transport.network = self
+
+    def send(self, source, destination, data):
+        count = self.sent[source, destination] = self.sent.get((source, destination), 0) + 1
+        if count % 3 == 0:
+            self.dropped += 1
+            return
+        receiver = self.protocols.get(destination)
+        if receiver is not None:
+            self.clock.callLater(0.001, receiver.datagramReceived, data, source)
+
+    def run(self, seconds):
+        for _ in range(int(seconds / 0.01)):
+            self.clock.advance(0.01)
+
+
+def test_allModeThroughALossyNetworkDeliversEachMessageOnce():
+    """
+    With one datagram in three lost each way, every message a publisher saw
+    PubAck'd reaches an C{all}-mode subscriber's handler exactly once.
+    """
+    harness = UdpHarness()
+    network = LossyNetwork(harness.clock)
+    network.attach(harness.udp, BROKER)
+    subscriber = DallalDatagramClient(harness.clock, BROKER, clientId="subscriber")
+    publisher = DallalDatagramClient(harness.clock, BROKER, clientId="publisher")
+    network.attach(subscriber, ("127.0.0.1", 40001))
+    network.attach(publisher, ("127.0.0.1", 40002))
+    started = []
+    subscriber.handshake().addCallback(started.append)
+    publisher.handshake().addCallback(started.append)
+    network.run(3)
+    assert len(started) == 2
+    received = []
+    subscribed = []
+    subscriber.subscribe(["news"], received.append, mode="all").addCallback(subscribed.append)
+    network.run(3)
+    assert subscribed == [None]
+    acked = []
+    for number in range(30):
+        payload = b"message %d" % number
+        publisher.publish("news", payload).addCallback(lambda _, payload=payload: acked.append(payload))
+    network.run(30)
+    assert sorted(acked) == sorted(b"message %d" % number for number in range(30))
+    assert sorted(message.payload for message in received) == sorted(acked)
+    assert network.dropped > 30
+    stats = harness.broker.stats()
+    assert (stats["published"], stats["acked"], stats["inflight"]) == (30, 30, 0)
+    assert stats["duplicates"] > 0
