@@ -61,28 +61,6 @@ def checkFilter(topicFilter, maxLength=MAX_TOPIC_LENGTH):
             raise TopicError(f"'+' must be alone in its level, not in {level!r}")
 
 
-def filterMatches(topicFilter, topic):
-    """
-    Whether one valid filter matches one topic, comparing level by level.
-
-    This is what a broker without a tree does for every filter on every
-    publish; the trees below give the same answers without looking at the
-    filters or topics that cannot match.
-    """
-    if topic.startswith(RESERVED_PREFIX) and topicFilter[0] in WILDCARDS:
-        return False
-    topicLevels = topic.split(SEPARATOR)
-    filterLevels = topicFilter.split(SEPARATOR)
-    for index, level in enumerate(filterLevels):
-        if level == MULTI_LEVEL:
-            return True
-        if index == len(topicLevels):
-            return False
-        if level != SINGLE_LEVEL and level != topicLevels[index]:
-            return False
-    return len(filterLevels) == len(topicLevels)
-
-
 class _Node:
     """
     One level of a tree.
@@ -198,13 +176,13 @@ class SubscriptionTree(_LevelTree):
         @raise KeyError: if there is no such subscription.
         """
         path = self._pathTo(topicFilter)
-        subscribers = path[-1][2].entry if path is not None else None
-        if subscribers is None or subscriber not in subscribers:
+        node = path[-1][2] if path is not None else None
+        if node is None or node.entry is None or subscriber not in node.entry:
             raise KeyError((topicFilter, subscriber))
-        value = subscribers.pop(subscriber)
+        value = node.entry.pop(subscriber)
         self._count -= 1
-        if not subscribers:
-            path[-1][2].entry = None
+        if not node.entry:
+            node.entry = None
             self._prune(path)
         return value
 
@@ -295,10 +273,9 @@ class TopicMap(_LevelTree, MutableMapping):
         node.entry = (topic, value)
 
     def __delitem__(self, topic):
-        del self._nodes[topic]
-        path = self._pathTo(topic)
-        path[-1][2].entry = None
-        self._prune(path)
+        node = self._nodes.pop(topic)
+        node.entry = None
+        self._prune(self._pathTo(topic))
 
     def match(self, topicFilter):
         """
