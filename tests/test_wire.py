@@ -12,26 +12,42 @@ from dallal.errors import BAD_ARGUMENTS, BAD_COMMAND, BAD_ID, NO_ID, RequestErro
 # Client to broker.
 
 
+def described(frame, *fields):
+    """
+    A parsed frame as its type's name and the values of C{fields}: the
+    frame classes may grow fields that these tests do not care about.
+    """
+    return (type(frame).__name__, *(getattr(frame, field) for field in fields))
+
+
+def publishRequest(line):
+    return described(wire.parseRequest(line), "id", "topic", "size", "options")
+
+
+def subscribeRequest(line):
+    return described(wire.parseRequest(line), "id", "topic", "options")
+
+
 def test_publish():
-    assert wire.parseRequest(b"PUB 7 news 11") == wire.Publish("7", "news", 11, {})
+    assert publishRequest(b"PUB 7 news 11") == ("Publish", "7", "news", 11, {})
 
 
 def test_subscribe():
-    assert wire.parseRequest(b"SUB 1 news") == wire.Subscribe("1", "news", {})
+    assert subscribeRequest(b"SUB 1 news") == ("Subscribe", "1", "news", {})
 
 
 @pytest.mark.parametrize("verb", [b"PING", b"ping", b"Ping"])
 def test_ping(verb):
-    assert wire.parseRequest(verb) == wire.Ping()
+    assert described(wire.parseRequest(verb)) == ("Ping",)
 
 
 def test_pong():
-    assert wire.parseRequest(b"pong") == wire.Pong()
+    assert described(wire.parseRequest(b"pong")) == ("Pong",)
 
 
 def test_verbsAreCaseInsensitive():
-    assert wire.parseRequest(b"pub 7 news 11") == wire.Publish("7", "news", 11, {})
-    assert wire.parseRequest(b"sUb 1 news") == wire.Subscribe("1", "news", {})
+    assert publishRequest(b"pub 7 news 11") == ("Publish", "7", "news", 11, {})
+    assert subscribeRequest(b"sUb 1 news") == ("Subscribe", "1", "news", {})
 
 
 def test_options():
@@ -157,19 +173,32 @@ def test_encodeSubscribe():
 @pytest.mark.parametrize(
     "line, reply",
     [
-        (b"MSG news 11", wire.MessageHeader("news", 11, {})),
-        (b"MSG news 0 seq=4", wire.MessageHeader("news", 0, {"seq": "4"})),
-        (b"PUBACK 7", wire.PubAck("7")),
-        (b"SUBACK 1", wire.SubAck("1")),
-        (b"PING", wire.Ping()),
-        (b"PONG", wire.Pong()),
-        (b"ERR 8 BAD_TOPIC no such  topic", wire.Error("8", "BAD_TOPIC", "no such  topic")),
-        (b"ERR - BAD_COMMAND", wire.Error("-", "BAD_COMMAND", "")),
-        (b"", None),
+        (b"MSG news 11", ("MessageHeader", "news", 11)),
+        (b"PUBACK 7", ("PubAck", "7")),
+        (b"SUBACK 1", ("SubAck", "1")),
+        (b"PING", ("Ping",)),
+        (b"PONG", ("Pong",)),
+        (b"ERR 8 BAD_TOPIC no such  topic", ("Error", "8", "BAD_TOPIC", "no such  topic")),
+        (b"ERR - BAD_COMMAND", ("Error", "-", "BAD_COMMAND", "")),
     ],
 )
 def test_parseReply(line, reply):
-    assert wire.parseReply(line) == reply
+    fields = {
+        "MessageHeader": ["topic", "size"],
+        "PubAck": ["id"],
+        "SubAck": ["id"],
+        "Error": ["id", "code", "reason"],
+    }
+    parsed = wire.parseReply(line)
+    assert described(parsed, *fields.get(type(parsed).__name__, [])) == reply
+
+
+def test_messageOptions():
+    assert wire.parseReply(b"MSG news 0 seq=4").options == {"seq": "4"}
+
+
+def test_blankReply():
+    assert wire.parseReply(b"") is None
 
 
 @pytest.mark.parametrize("line", [b"HELLO", b"MSG news", b"PUBACK", b"ERR 1"])
@@ -197,5 +226,5 @@ def test_publishRoundTrip(requestId, topic, payload):
     """
     header, body, end = wire.encodePublish(requestId, topic, payload)
     assert header.endswith(b"\r\n")
-    assert wire.parseRequest(header[:-2]) == wire.Publish(requestId, topic, len(payload), {})
+    assert publishRequest(header[:-2]) == ("Publish", requestId, topic, len(payload), {})
     assert (body, end) == (payload, b"\r\n")
