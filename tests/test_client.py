@@ -211,7 +211,7 @@ def test_unexpectedFrameClosesConnection(connection):
     """
     client, transport = connection
     outcome = Outcome(client.publish("news", b"hi"))
-    client.dataReceived(b"HELLO there\r\n")
+    client.dataReceived(b"NONSENSE from the server\r\n")
     assert transport.disconnecting
     client.connectionLost(Failure(ConnectionLost()))
     assert outcome.failure.check(ConnectionLost)
