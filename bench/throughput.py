@@ -303,8 +303,8 @@ class Broker:
             f"--logfile={self.logPath}",
             "dallal", "--tcp", "tcp:0:interface=127.0.0.1",
         ]
-        if not messageEvents:
-            self.command.append("--no-message-events")
+        if messageEvents:
+            self.command.append("--message-events")
         self._output = open(os.path.join(directory, "twistd.out"), "wb")
         self.process = subprocess.Popen(
             self.command, stdout=self._output, stderr=subprocess.STDOUT

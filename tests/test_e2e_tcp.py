@@ -216,7 +216,6 @@ def test_randomBytesDoNotHurtTheBroker(broker):
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the broker closed the connection: that is allowed
     publish(broker.port, "after", "still here")
-    broker.waitFor(rb"event=publish .*topic=after")
     assert b"event=protocol_error" in broker.output
     assert b"Traceback" not in broker.output
 
