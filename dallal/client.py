@@ -90,6 +90,8 @@ class ReceivedMessage:
         in time); the client never hands the same message to its handler
         twice.
     @ivar options: all the frame's C{key=value} options, as text.
+    @ivar retained: whether it is the topic's retained message, sent because
+        the subscription is new rather than because it was just published.
     """
 
     topic: str
@@ -97,6 +99,7 @@ class ReceivedMessage:
     seq: int
     redelivered: bool
     options: dict
+    retained: bool = False
 
 
 class _SubscriptionState:
@@ -225,15 +228,68 @@ class _ClientSession:
     def _nextId(self):
         return str(next(self._ids))
 
-    def publish(self, topic, payload):
+    def publish(self, topic, payload, retain=False):
         """
         Publish C{payload} (bytes) on C{topic}.
 
+        @param retain: also make it the topic's retained message, which the
+            broker sends to every new subscription matching the topic (an
+            empty payload clears it); the PubAck then means it is stored.
         @return: a Deferred that fires with C{None} on the broker's PubAck.
         """
         checkToken(topic, "topic")
         requestId = self._nextId()
-        return self._request(wire.encodePublish(requestId, topic, payload), requestId)
+        if retain:
+            frame = wire.encodePublishOptions(requestId, topic, payload, {"retain": "1"})
+        else:
+            frame = wire.encodePublish(requestId, topic, payload)
+        return self._request(frame, requestId)
+
+    def publishToMatching(self, topicFilter, payload):
+        """
+        Publish C{payload} on every existing topic C{topicFilter} matches
+        (topics with a retained message, or that clients subscribed to by
+        name).
+
+        @return: a Deferred that fires with the number of topics reached.
+        """
+        checkToken(topicFilter, "topic filter")
+        requestId = self._nextId()
+        frame = wire.encodePublishOptions(
+            requestId, topicFilter, payload, {"to-matching": "1"}
+        )
+        return self._request(frame, requestId).addCallback(
+            lambda options: int(options["topics"])
+        )
+
+    def unsubscribe(self, topicFilter):
+        """
+        End the subscription made with C{topicFilter}.
+
+        @return: a Deferred that fires on the broker's UnsubAck, or fails
+            with L{ServerError} C{NOT_SUBSCRIBED}.
+        """
+        checkToken(topicFilter, "topic filter")
+        requestId = self._nextId()
+        return self._request(wire.encodeUnsubscribe(requestId, topicFilter), requestId)
+
+    def listSubscriptions(self):
+        """
+        @return: a Deferred that fires with this client's subscriptions:
+            C{{"count": n, "subscriptions": [{"filter": ..., "mode": ...}]}}.
+        """
+        requestId = self._nextId()
+        return self._request(wire.encodeDataRequest(b"LIST", requestId), requestId)
+
+    def topics(self, limit=None):
+        """
+        @return: a Deferred that fires with the broker's topics:
+            C{{"total": n, "truncated": bool, "topics": [{"topic": ...,
+            "retained_bytes": size or None, "subscribers": n}]}}.
+        """
+        requestId = self._nextId()
+        options = {} if limit is None else {"limit": str(limit)}
+        return self._request(wire.encodeDataRequest(b"TOPICS", requestId, options), requestId)
 
     def subscribe(self, topics, onMessage, mode=None, onGap=None):
         """
@@ -275,7 +331,7 @@ class _ClientSession:
         @return: a Deferred that fires with a dict of them.
         """
         requestId = self._nextId()
-        return self._request(wire.encodeStatsRequest(requestId), requestId)
+        return self._request(wire.encodeDataRequest(b"STATS", requestId), requestId)
 
     def ping(self):
         """
@@ -309,10 +365,11 @@ class _ClientSession:
 
     def _payloadReceived(self, header, payload):
         """
-        Handle a C{MSG} or C{STATS} frame and its payload.
+        Handle a C{MSG} frame, or a reply with a JSON payload, and its
+        payload.
         """
-        if type(header) is wire.StatsHeader:
-            self._statsReceived(header, payload)
+        if type(header) is wire.DataHeader:
+            self._dataReceived(header, payload)
             return
         options = header.options
         deliveryId = options.get("id")
@@ -334,7 +391,12 @@ class _ClientSession:
                 return
         self._failed.discard(deliveryId)
         message = ReceivedMessage(
-            header.topic, payload, seq, options.get("redelivered") == "1", options
+            header.topic,
+            payload,
+            seq,
+            options.get("redelivered") == "1",
+            options,
+            options.get("retained") == "1",
         )
         handled = maybeDeferred(self._onMessage, message)
         if deliveryId is not None:
@@ -369,22 +431,24 @@ class _ClientSession:
             self._failed.add(deliveryId)
         self._log.failure("message handler failed", failure)
 
-    def _statsReceived(self, header, payload):
+    def _dataReceived(self, header, payload):
         deferred = self._takePending(header.id)
         if deferred is None:
             return
         try:
-            stats = json.loads(payload)
+            document = json.loads(payload)
         except ValueError as e:
-            deferred.errback(ClientProtocolError(f"unreadable STATS payload: {e}"))
+            deferred.errback(
+                ClientProtocolError(f"unreadable {header.verb} payload: {e}")
+            )
         else:
-            deferred.callback(stats)
+            deferred.callback(document)
 
     def _handleAck(self, ack):
         # A late ack (its request timed out and was cancelled) finds nothing.
         deferred = self._takePending(ack.id)
         if deferred is not None:
-            deferred.callback(None)
+            deferred.callback(ack.options or None)
 
     def _handleError(self, error):
         failure = ServerError(error.code, error.reason)
@@ -402,9 +466,21 @@ class _ClientSession:
         if self._pingWaiters:
             self._pingWaiters.pop(0).callback(None)
 
+    def _handleHello(self, answer):
+        deferred = self._takePending(answer.id)
+        if deferred is not None:
+            deferred.callback(answer.options)
+
+    def _handleBye(self, bye):
+        # The broker closes the connection next.
+        pass
+
     _replyHandlers = {
         wire.PubAck: _handleAck,
         wire.SubAck: _handleAck,
+        wire.UnsubAck: _handleAck,
+        wire.HelloReply: _handleHello,
+        wire.ByeReply: _handleBye,
         wire.Error: _handleError,
         wire.Ping: _handlePing,
         wire.Pong: _handlePong,
@@ -444,6 +520,29 @@ class DallalClientProtocol(FrameReceiver, _ClientSession):
             self.transport.loseConnection()
         return closed
 
+    def hello(self, clientId, **options):
+        """
+        The optional hello over TCP: introduce this client (C{name=},
+        C{version=} options, as text).
+
+        @return: a Deferred that fires with the broker's answer, a dict of
+            its limits (C{max-payload}, C{max-topic}, C{ping}, C{version}).
+        """
+        checkToken(clientId, "client id")
+        requestId = self._nextId()
+        return self._request(wire.encodeHello(requestId, clientId, options), requestId)
+
+    def bye(self):
+        """
+        Disconnect gracefully: say BYE, and the broker answers BYE and
+        closes the connection.
+
+        @return: a Deferred that fires once it is closed.
+        """
+        closed = self.whenDisconnected()
+        self._sendFrame(wire.BYE_FRAME)
+        return closed
+
     def lineReceived(self, line):
         try:
             reply = wire.parseReply(line)
@@ -455,7 +554,7 @@ class DallalClientProtocol(FrameReceiver, _ClientSession):
             return
         if reply is None:
             return
-        if type(reply) in (wire.MessageHeader, wire.StatsHeader):
+        if type(reply) in (wire.MessageHeader, wire.DataHeader):
             self._receiving = reply
             self.expectPayload(reply.size)
         else:
@@ -744,10 +843,10 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
             return
         try:
             line, rest = datagram.splitDatagram(data, len(data))
-            reply = wire.parseDatagramReply(line)
+            reply = wire.parseReply(line)
             if reply is None:
                 return
-            if type(reply) in (wire.MessageHeader, wire.StatsHeader):
+            if type(reply) in (wire.MessageHeader, wire.DataHeader):
                 self._payloadReceived(reply, datagram.payloadOf(rest, reply.size))
             else:
                 datagram.checkNothingAfter(rest)
@@ -758,11 +857,6 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
                 "dropping a datagram the broker should not have sent: {reason}",
                 reason=error.reason,
             )
-
-    def _handleHello(self, answer):
-        deferred = self._takePending(answer.id)
-        if deferred is not None:
-            deferred.callback(answer.options)
 
     def _handleError(self, error):
         if error.code == BAD_TOKEN and error.id != self._helloId:
@@ -775,7 +869,6 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
 
     _replyHandlers = {
         **_ClientSession._replyHandlers,
-        wire.HelloReply: _handleHello,
         wire.Error: _handleError,
         wire.Pong: _handlePong,
     }

@@ -12,10 +12,28 @@ from dataclasses import dataclass
 
 from twisted.logger import LogLevel
 
-from dallal.delivery import LATEST, MODES, DeliveryConfig, Ledger, Outbox, Subscription
-from dallal.errors import BAD_ARGUMENTS, BAD_TOPIC, PAYLOAD_TOO_LARGE, RequestError
+from dallal.delivery import (
+    ALL,
+    FIRE,
+    LATEST,
+    MODES,
+    DeliveryConfig,
+    Ledger,
+    Outbox,
+    Subscription,
+)
+from dallal.errors import (
+    BAD_ARGUMENTS,
+    BAD_TOPIC,
+    NOT_SUBSCRIBED,
+    PAYLOAD_TOO_LARGE,
+    STORE_FAILED,
+    RequestError,
+)
 from dallal.events import EventLog
-from dallal.topics import MAX_TOPIC_LENGTH, TopicError, checkTopic
+from dallal.retained import StoreError
+from dallal.topics import MAX_TOPIC_LENGTH, WILDCARDS, TopicError, checkTopic
+from dallal.topictree import SubscriptionTree, TopicMap, checkFilter
 
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 
@@ -31,6 +49,7 @@ class BrokerConfig:
     maxControlLine: int = 4096
     messageEvents: bool = True
     delivery: DeliveryConfig = DeliveryConfig()
+    maxListed: int = 1000
 
 
 class Message:
@@ -40,24 +59,46 @@ class Message:
     @ivar mid: the broker's id for it, unique for the broker's lifetime.
     @ivar wireTopic: the topic encoded as UTF-8, computed once for every
         frame that carries it.
+    @ivar retained: whether it comes from the retained store, sent to a new
+        subscription, rather than from a publish as it happened.
     """
 
-    __slots__ = ("mid", "topic", "wireTopic", "payload", "publisher", "published")
+    __slots__ = (
+        "mid",
+        "topic",
+        "wireTopic",
+        "payload",
+        "publisher",
+        "published",
+        "retained",
+    )
 
-    def __init__(self, mid, topic, payload, publisher, published):
+    def __init__(self, mid, topic, payload, publisher, published, retained=False):
         self.mid = mid
         self.topic = topic
         self.wireTopic = topic.encode("utf-8")
         self.payload = payload
         self.publisher = publisher
         self.published = published
+        self.retained = retained
+
+
+# When two filters of one session match a message, it is delivered once,
+# through the subscription whose mode promises the most.
+_MODE_STRENGTH = {ALL: 2, LATEST: 1, FIRE: 0}
+
+
+def _strongest(subscriptions):
+    if len(subscriptions) == 1:
+        return subscriptions[0]
+    return max(subscriptions, key=lambda subscription: _MODE_STRENGTH[subscription.mode])
 
 
 class _Session:
     """
     What the broker knows about one attached client.
 
-    @ivar subscriptions: topic -> L{Subscription}.
+    @ivar subscriptions: topic filter -> L{Subscription}.
     """
 
     __slots__ = ("sid", "subscriber", "subscriptions", "outbox")
@@ -74,16 +115,23 @@ class Broker:
     Routes published messages to the subscribers of their topic.
 
     @ivar counters: running totals (see docs/EVENTS.md for their meaning).
+    @ivar retained: the L{dallal.retained.RetainedStore}, or C{None} for a
+        broker that keeps no retained messages.
     """
 
-    def __init__(self, clock, config=BrokerConfig(), events=None):
+    def __init__(self, clock, config=BrokerConfig(), events=None, retained=None):
         self.clock = clock
         self.config = config
         self.events = events if events is not None else EventLog(
             clock, messageEvents=config.messageEvents
         )
+        self.retained = retained
         self._sessions = {}
-        self._subscribers = {}
+        self._tree = SubscriptionTree()
+        # filter -> number of sessions subscribed with it, for TOPICS; and
+        # the filters without wildcards, which are topics clients named.
+        self._filterCounts = Counter()
+        self._namedTopics = TopicMap()
         self._nextSid = 1
         self._nextMid = 1
         self.started = clock.seconds()
@@ -138,11 +186,8 @@ class Broker:
         session = self._sessions.pop(subscriber, None)
         if session is None:
             return
-        for topic in session.subscriptions:
-            subscribers = self._subscribers[topic]
-            del subscribers[subscriber]
-            if not subscribers:
-                del self._subscribers[topic]
+        for topicFilter in session.subscriptions:
+            self._forgetFilter(topicFilter, subscriber)
         session.outbox.close(session.subscriptions.values())
         self.counters["subscriptions"] -= len(session.subscriptions)
         self.counters["connections"] -= 1
@@ -202,6 +247,12 @@ class Broker:
         except TopicError as e:
             raise RequestError(BAD_TOPIC, str(e), requestId)
 
+    def checkFilter(self, topicFilter, requestId):
+        try:
+            checkFilter(topicFilter, self.config.maxTopicLength)
+        except TopicError as e:
+            raise RequestError(BAD_TOPIC, str(e), requestId)
+
     def checkPayloadSize(self, size, requestId):
         """
         Refuse a payload larger than the broker accepts, before it is read.
@@ -214,26 +265,34 @@ class Broker:
                 requestId,
             )
 
-    def subscribe(self, subscriber, topic, requestId, mode=LATEST):
+    def subscribe(self, subscriber, topicFilter, requestId, mode=LATEST):
         """
-        Subscribe a client to a topic.  Subscribing again to the same topic
-        changes the subscription's id and mode; the client still gets one
-        copy of each message.
+        Subscribe a client to a topic filter (a topic, or a pattern with the
+        wildcards C{+} and C{#}).  Subscribing again with the same filter
+        changes the subscription's id and mode.  A message matching several
+        filters of one client reaches it once.
+
+        Retained messages are not sent here: call L{sendRetained} once the
+        client has been told its subscription is in place.
 
         @param mode: C{latest}, C{all} or C{fire} (see L{dallal.delivery}).
-        @raise RequestError: the topic or the mode is refused.
+        @return: the L{Subscription}.
+        @raise RequestError: the filter or the mode is refused.
         """
-        self.checkTopic(topic, requestId)
+        self.checkFilter(topicFilter, requestId)
         if mode not in MODES:
             raise RequestError(
                 BAD_ARGUMENTS, f"mode must be one of {', '.join(MODES)}, not {mode!r}", requestId
             )
         session = self._sessions[subscriber]
-        subscription = session.subscriptions.get(topic)
+        subscription = session.subscriptions.get(topicFilter)
         if subscription is None:
-            subscription = Subscription(requestId, topic, mode, session.outbox)
-            session.subscriptions[topic] = subscription
-            self._subscribers.setdefault(topic, {})[subscriber] = subscription
+            subscription = Subscription(requestId, topicFilter, mode, session.outbox)
+            session.subscriptions[topicFilter] = subscription
+            self._tree.add(topicFilter, subscriber, subscription)
+            self._filterCounts[topicFilter] += 1
+            if WILDCARDS.isdisjoint(topicFilter):
+                self._namedTopics[topicFilter] = self._filterCounts[topicFilter]
             self.counters["subscriptions"] += 1
         else:
             subscription.id = requestId
@@ -242,19 +301,155 @@ class Broker:
             "subscribe",
             session=session.sid,
             client=subscriber.peer,
-            topic=topic,
+            topic=topicFilter,
             mode=mode,
         )
+        return subscription
+
+    def sendRetained(self, subscriber, subscription):
+        """
+        Offer a new subscription the retained messages its filter matches,
+        marked as retained.
+        """
+        if self.retained is None:
+            return
+        session = self._sessions[subscriber]
+        for topic, payload in self.retained.match(subscription.topic):
+            message = Message(
+                self._nextMid, topic, payload, "retained", self.clock.seconds(), True
+            )
+            self._nextMid += 1
+            if self.events.messageEvents:
+                self.events.emit(
+                    "retained",
+                    mid=message.mid,
+                    topic=topic,
+                    bytes=len(payload),
+                    session=session.sid,
+                    client=subscriber.peer,
+                )
+            session.outbox.offer(subscription, message)
+
+    def unsubscribe(self, subscriber, topicFilter, requestId):
+        """
+        End one of a client's subscriptions.  What waits for it in C{latest}
+        mode is dropped; what is in flight may still be acked.
+
+        @raise RequestError: the client has no subscription with that filter.
+        """
+        session = self._sessions[subscriber]
+        subscription = session.subscriptions.pop(topicFilter, None)
+        if subscription is None:
+            raise RequestError(
+                NOT_SUBSCRIBED, f"not subscribed to {topicFilter!r}", requestId
+            )
+        self._forgetFilter(topicFilter, subscriber)
+        session.outbox.unsubscribe(subscription)
+        self.counters["subscriptions"] -= 1
+        self.events.emit(
+            "unsubscribe",
+            session=session.sid,
+            client=subscriber.peer,
+            topic=topicFilter,
+        )
+
+    def _forgetFilter(self, topicFilter, subscriber):
+        self._tree.remove(topicFilter, subscriber)
+        self._filterCounts[topicFilter] -= 1
+        remaining = self._filterCounts[topicFilter]
+        if not remaining:
+            del self._filterCounts[topicFilter]
+        if WILDCARDS.isdisjoint(topicFilter):
+            if remaining:
+                self._namedTopics[topicFilter] = remaining
+            else:
+                del self._namedTopics[topicFilter]
+
+    def subscriptions(self, subscriber):
+        """
+        A client's subscriptions, as C{(filter, mode)} pairs in the order
+        they were made.
+        """
+        return [
+            (subscription.topic, subscription.mode)
+            for subscription in self._sessions[subscriber].subscriptions.values()
+        ]
+
+    def topics(self, limit):
+        """
+        The topics the broker knows -- those with a retained message, and
+        every filter clients are subscribed with -- with the size of the
+        retained message and the number of subscribed clients, sorted.
+
+        @return: C{(rows, total)}: at most C{limit} rows
+            C{(topic, retainedBytes or None, subscribers)}, and how many
+            there are in all.
+        """
+        filters = self._filterCounts
+        if self.retained is None:
+            retained, total = {}, len(filters)
+        else:
+            # The first `limit` names of the union are among the first
+            # `limit` of each part.
+            retained = dict(self.retained.list(limit))
+            alsoRetained = sum(1 for name in filters if self.retained.get(name) is not None)
+            total = self.retained.stats.count + len(filters) - alsoRetained
+        names = sorted(set(retained).union(sorted(filters)[:limit]))[:limit]
+        rows = [(name, retained.get(name), filters.get(name, 0)) for name in names]
+        return rows, total
 
     def publish(self, subscriber, topic, payload, requestId):
         """
-        Publish a message and hand it to every subscriber of its topic.
+        Publish a message and hand it to every subscription matching its
+        topic.
 
         @return: the L{Message}.
         @raise RequestError: the topic or the payload is refused.
         """
         self.checkTopic(topic, requestId)
         self.checkPayloadSize(len(payload), requestId)
+        return self._route(subscriber, topic, payload)
+
+    def retain(self, topic, payload, requestId):
+        """
+        Keep a message as its topic's retained message, which every new
+        subscription matching the topic receives; an empty payload clears
+        the topic's retained message.  Call it after L{publish}, which
+        checks the topic.
+
+        @return: a Deferred that fires once it is stored for good (the
+            publisher's ack waits for it), or fails with L{RequestError}.
+        @raise RequestError: the broker keeps no retained messages.
+        """
+        if self.retained is None:
+            raise RequestError(STORE_FAILED, "this broker keeps no retained messages", requestId)
+        return self.retained.set(topic, payload).addErrback(self._storeFailed, requestId)
+
+    def _storeFailed(self, failure, requestId):
+        failure.trap(StoreError)
+        raise RequestError(
+            STORE_FAILED, f"the retained message was not stored: {failure.value}", requestId
+        )
+
+    def publishToMatching(self, subscriber, topicFilter, payload, requestId):
+        """
+        Publish one message on every existing topic a filter matches: the
+        topics with a retained message and those clients subscribed to by
+        name.
+
+        @return: how many topics it was published on.
+        @raise RequestError: the filter or the payload is refused.
+        """
+        self.checkFilter(topicFilter, requestId)
+        self.checkPayloadSize(len(payload), requestId)
+        topics = {topic for topic, _ in self._namedTopics.match(topicFilter)}
+        if self.retained is not None:
+            topics.update(topic for topic, _ in self.retained.match(topicFilter))
+        for topic in sorted(topics):
+            self._route(subscriber, topic, payload)
+        return len(topics)
+
+    def _route(self, subscriber, topic, payload):
         message = Message(
             self._nextMid, topic, payload, subscriber.peer, self.clock.seconds()
         )
@@ -262,7 +457,7 @@ class Broker:
         counters = self.counters
         counters["published"] += 1
         counters["bytes_in"] += len(payload)
-        receivers = self._subscribers.get(topic)
+        receivers = self._tree.match(topic)
         events = self.events
         if events.messageEvents:
             events.emit(
@@ -273,12 +468,11 @@ class Broker:
                 session=self._sessions[subscriber].sid,
                 client=subscriber.peer,
                 transport=subscriber.transportName,
-                subscribers=len(receivers) if receivers else 0,
+                subscribers=len(receivers),
             )
-        if receivers:
-            # A delivery may disconnect a slow consumer, changing the dict.
-            for subscription in list(receivers.values()):
-                subscription.outbox.offer(subscription, message)
+        for subscriptions in receivers.values():
+            subscription = _strongest(subscriptions)
+            subscription.outbox.offer(subscription, message)
         return message
 
     # Health

@@ -3,9 +3,10 @@ Delivery queues: what each subscriber has been sent, what waits, what is acked.
 
 Every session has one L{Outbox}.  A subscription names its delivery mode:
 
- - C{latest} (the default): one message per subscription in flight until it
-   is acked; a newer message waits, and a still newer one replaces the
-   waiting one.
+ - C{latest} (the default): per subscription and topic, one message in
+   flight until it is acked; a newer message on that topic waits, and a
+   still newer one replaces the waiting one.  (A wildcard subscription
+   matches many topics: each has its own slot.)
  - C{all}: every message is kept until acked, with at most C{maxInflight}
    unacked messages in flight per session and a bounded queue behind them.
  - C{fire}: sent once, never acked.
@@ -59,11 +60,12 @@ class Subscription:
     @ivar id: the client's id for it (its C{SUB} request id), sent back as
         C{sub=} on every message so the client knows which subscription and
         sequence a message belongs to.
-    @ivar waiting: in C{latest} mode, the message waiting for the one in
-        flight to be acked, as C{(message, seq)}, or C{None}.
+    @ivar topic: its topic filter.
+    @ivar latest: in C{latest} mode, topic -> L{_LatestSlot}, for the topics
+        with a message in flight or waiting.
     """
 
-    __slots__ = ("id", "topic", "mode", "outbox", "lastSeq", "inflight", "waiting")
+    __slots__ = ("id", "topic", "mode", "outbox", "lastSeq", "latest")
 
     def __init__(self, subscriptionId, topic, mode, outbox):
         self.id = subscriptionId
@@ -71,6 +73,19 @@ class Subscription:
         self.mode = mode
         self.outbox = outbox
         self.lastSeq = 0
+        self.latest = {}
+
+
+class _LatestSlot:
+    """
+    C{latest} mode's state for one topic of one subscription: the delivery
+    in flight, and the message waiting for it to be acked, as
+    C{(message, seq)}; either may be C{None}.
+    """
+
+    __slots__ = ("inflight", "waiting")
+
+    def __init__(self):
         self.inflight = None
         self.waiting = None
 
@@ -205,15 +220,19 @@ class Outbox:
             self._enqueue(subscription, message, seq)
 
     def _offerLatest(self, subscription, message, seq):
-        if subscription.inflight is None and not self.paused:
+        topic = message.topic
+        slot = subscription.latest.get(topic)
+        if slot is None:
+            slot = subscription.latest[topic] = _LatestSlot()
+        if slot.inflight is None and slot.waiting is None and not self.paused:
             self._send(subscription, message, seq)
             return
-        if subscription.waiting is not None:
-            replaced, _ = subscription.waiting
+        if slot.waiting is not None:
+            replaced, _ = slot.waiting
             self.ledger.replaced(self.sid, replaced, message)
-        elif subscription.inflight is None:
-            self._latestReady.append(subscription)
-        subscription.waiting = (message, seq)
+        elif slot.inflight is None:
+            self._latestReady.append((subscription, topic))
+        slot.waiting = (message, seq)
 
     def _enqueue(self, subscription, message, seq):
         size = len(message.payload)
@@ -294,10 +313,11 @@ class Outbox:
         Drop what waits for C{subscription} in C{latest} mode: it will never
         be sent.  What is in flight may still be acked.
         """
-        if subscription.waiting is not None:
-            message, _ = subscription.waiting
-            subscription.waiting = None
-            self.ledger.dropped(self.sid, subscription, message, DISCONNECTED)
+        for slot in subscription.latest.values():
+            if slot.waiting is not None:
+                message, _ = slot.waiting
+                slot.waiting = None
+                self.ledger.dropped(self.sid, subscription, message, DISCONNECTED)
 
     # Sending
 
@@ -313,7 +333,9 @@ class Outbox:
         if delivery.windowed:
             self._windowUsed += 1
         else:
-            subscription.inflight = delivery
+            # setdefault: a message queued in `all` mode may be sent after
+            # the subscription switched to `latest`.
+            subscription.latest.setdefault(message.topic, _LatestSlot()).inflight = delivery
         self.ledger.sent(self.sid, subscription, message, seq, 1)
         self.subscriber.sendMessage(message, subscription.id, seq, deliveryId, False)
         delivery.timer = self.clock.callLater(
@@ -329,9 +351,14 @@ class Outbox:
             self._windowUsed -= 1
         else:
             subscription = delivery.subscription
-            subscription.inflight = None
-            if subscription.waiting is not None:
-                self._latestReady.append(subscription)
+            topic = delivery.message.topic
+            slot = subscription.latest[topic]
+            if slot.inflight is delivery:
+                slot.inflight = None
+            if slot.inflight is None and slot.waiting is None:
+                del subscription.latest[topic]
+            else:
+                self._latestReady.append((subscription, topic))
         self._flush()
 
     def _flush(self):
@@ -341,12 +368,15 @@ class Outbox:
         if self.closed:
             return
         ready, self._latestReady = self._latestReady, []
-        for subscription in ready:
-            if self.paused or subscription.inflight is not None:
-                self._latestReady.append(subscription)
-            elif subscription.waiting is not None:
-                message, seq = subscription.waiting
-                subscription.waiting = None
+        for subscription, topic in ready:
+            slot = subscription.latest.get(topic)
+            if slot is None or slot.waiting is None:
+                continue
+            if self.paused or slot.inflight is not None:
+                self._latestReady.append((subscription, topic))
+            else:
+                message, seq = slot.waiting
+                slot.waiting = None
                 self._send(subscription, message, seq)
         queue = self._queue
         while queue and not self.paused:
@@ -359,7 +389,8 @@ class Outbox:
 
     def _ackTimedOut(self, delivery):
         subscription = delivery.subscription
-        if subscription.mode == LATEST and subscription.waiting is not None:
+        slot = None if delivery.windowed else subscription.latest.get(delivery.message.topic)
+        if slot is not None and slot.waiting is not None:
             # A newer message supersedes the unacked one instead of a resend.
             del self._inflight[delivery.deliveryId]
             self.ledger.dropped(self.sid, subscription, delivery.message, SUPERSEDED)

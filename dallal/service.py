@@ -8,9 +8,11 @@ one resolver).
 """
 
 from twisted.application.service import MultiService, Service
+from twisted.internet.defer import gatherResults
 from twisted.internet.endpoints import serverFromString
 
 from dallal.core import Broker, BrokerConfig
+from dallal.retained import RetainedStore
 from dallal.datagram import MAX_PACKET_SIZE
 from dallal.keepalive import DEFAULT_INTERVAL, PingSweep
 from dallal.tcp import BrokerFactory, formatAddress
@@ -127,10 +129,18 @@ class DallalService(MultiService):
         endpoints with L{listenTCP}.
     """
 
-    def __init__(self, reactor, config=BrokerConfig(), pingInterval=DEFAULT_INTERVAL):
+    def __init__(
+        self, reactor, config=BrokerConfig(), pingInterval=DEFAULT_INTERVAL, dataDir=None
+    ):
+        """
+        @param dataDir: the directory of the retained message store, or
+            C{None} for a broker that keeps no retained messages.
+        @raise dallal.retained.StoreError: the store cannot be opened.
+        """
         MultiService.__init__(self)
         self.reactor = reactor
-        self.broker = Broker(reactor, config)
+        retained = RetainedStore.open(dataDir, reactor) if dataDir is not None else None
+        self.broker = Broker(reactor, config, retained=retained)
         self.sweep = PingSweep(reactor, pingInterval)
         self.factory = BrokerFactory(self.broker, self.sweep)
 
@@ -169,6 +179,8 @@ class DallalService(MultiService):
 
     def stopService(self):
         self.sweep.stop()
-        stopped = MultiService.stopService(self)
+        stopped = [MultiService.stopService(self)]
         self.broker.shutdown()
-        return stopped
+        if self.broker.retained is not None:
+            stopped.append(self.broker.retained.close())
+        return gatherResults(stopped)

@@ -12,7 +12,7 @@ import json
 
 from dallal import wire
 from dallal.delivery import LATEST
-from dallal.errors import RequestError
+from dallal.errors import BAD_ARGUMENTS, RequestError
 
 
 class RequestHandler:
@@ -52,29 +52,92 @@ class RequestHandler:
         self.broker.protocolError(self, error.code, fatal)
 
     def publish(self, request, payload):
+        options = request.options
         try:
+            if options.get("to-matching") == "1":
+                reached = self.broker.publishToMatching(self, request.topic, payload, request.id)
+                self.sendFrame(wire.encodePubAck(request.id, {"topics": str(reached)}))
+                return
             self.broker.publish(self, request.topic, payload, request.id)
+            retain = options.get("retain") == "1"
+            stored = self.broker.retain(request.topic, payload, request.id) if retain else None
         except RequestError as error:
             self.refuse(error)
             return
-        self.sendFrame(wire.encodePubAck(request.id))
+        if stored is None:
+            self.sendFrame(wire.encodePubAck(request.id))
+        else:
+            # A retained message is acked once it is on disk.
+            stored.addCallbacks(
+                lambda _: self.sendFrame(wire.encodePubAck(request.id)), self._storeFailed
+            )
+
+    def _storeFailed(self, failure):
+        failure.trap(RequestError)
+        self.refuse(failure.value)
 
     def _handleSubscribe(self, request):
         try:
-            self.broker.subscribe(
+            subscription = self.broker.subscribe(
                 self, request.topic, request.id, request.options.get("mode", LATEST)
             )
         except RequestError as error:
             self.refuse(error)
             return
         self.sendFrame(wire.encodeSubAck(request.id))
+        self.broker.sendRetained(self, subscription)
+
+    def _handleUnsubscribe(self, request):
+        try:
+            self.broker.unsubscribe(self, request.topic, request.id)
+        except RequestError as error:
+            self.refuse(error)
+            return
+        self.sendFrame(wire.encodeUnsubAck(request.id))
 
     def _handleAck(self, request):
         self.broker.acknowledge(self, request.deliveryId)
 
+    def _sendData(self, verb, requestId, document):
+        payload = json.dumps(document, sort_keys=True).encode("utf-8")
+        self.sendFrame(*wire.encodeData(verb, requestId, payload))
+
     def _handleStats(self, request):
-        payload = json.dumps(self.broker.stats(), sort_keys=True).encode("ascii")
-        self.sendFrame(*wire.encodeStats(request.id, payload))
+        self._sendData(b"STATS", request.id, self.broker.stats())
+
+    def _handleList(self, request):
+        subscriptions = self.broker.subscriptions(self)
+        self._sendData(
+            b"LIST",
+            request.id,
+            {
+                "count": len(subscriptions),
+                "subscriptions": [
+                    {"filter": topicFilter, "mode": mode} for topicFilter, mode in subscriptions
+                ],
+            },
+        )
+
+    def _handleTopics(self, request):
+        maxListed = self.broker.config.maxListed
+        try:
+            limit = min(int(request.options.get("limit", maxListed)), maxListed)
+        except ValueError:
+            self.refuse(RequestError(BAD_ARGUMENTS, "limit must be a number", request.id))
+            return
+        rows, total = self.broker.topics(max(limit, 0))
+        self._sendData(
+            b"TOPICS",
+            request.id,
+            {
+                "total": total,
+                "truncated": total > len(rows),
+                "topics": [
+                    {"topic": name, "retained_bytes": size, "subscribers": subscribers}
+                    for name, size, subscribers in rows
+                ],
+            },
+        )
 
     def _handlePing(self, request):
         self.sendFrame(wire.PONG_FRAME)
@@ -84,7 +147,10 @@ class RequestHandler:
 
     _requestHandlers = {
         wire.Subscribe: _handleSubscribe,
+        wire.Unsubscribe: _handleUnsubscribe,
         wire.Ack: _handleAck,
+        wire.ListSubscriptions: _handleList,
+        wire.Topics: _handleTopics,
         wire.Stats: _handleStats,
         wire.Ping: _handlePing,
         wire.Pong: _handlePong,

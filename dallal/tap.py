@@ -5,6 +5,7 @@ C{twistd dallal}: command-line options and the service they build.
 from twisted.python import usage
 
 from dallal.core import DEFAULT_MAX_PAYLOAD, BrokerConfig
+from dallal.retained import StoreError
 from dallal.delivery import SLOW_CONSUMER_POLICIES, DeliveryConfig
 from dallal.keepalive import DEFAULT_INTERVAL
 from dallal.service import DEFAULT_INTERFACE, DallalService
@@ -43,6 +44,12 @@ class Options(usage.Options):
     )
 
     optParameters = [
+        [
+            "data-dir",
+            None,
+            "dallal-data",
+            "Directory of the retained message store (created if missing).",
+        ],
         [
             "interface",
             None,
@@ -133,10 +140,12 @@ class Options(usage.Options):
 
     optFlags = [
         [
-            "no-message-events",
+            "message-events",
             None,
-            "Do not log an event per message published and delivered "
-            "(connections, subscriptions and errors are still logged).",
+            "Also log an event per message published, delivered, acked, "
+            "replaced or dropped, for the log analytics in spark/; they cut "
+            "throughput several times (docs/PERFORMANCE.md). Connections, "
+            "subscriptions and errors are always logged.",
         ],
     ]
 
@@ -182,7 +191,7 @@ def makeService(options, reactor=None):
         from twisted.internet import reactor
     config = BrokerConfig(
         maxPayload=options["max-payload"],
-        messageEvents=not options["no-message-events"],
+        messageEvents=bool(options["message-events"]),
         delivery=DeliveryConfig(
             maxInflight=options["max-inflight"],
             maxQueued=options["max-queued"],
@@ -192,7 +201,16 @@ def makeService(options, reactor=None):
             maxAttempts=options["max-attempts"],
         ),
     )
-    service = DallalService(reactor, config, pingInterval=options["ping-interval"])
+    try:
+        service = DallalService(
+            reactor,
+            config,
+            pingInterval=options["ping-interval"],
+            dataDir=options["data-dir"],
+        )
+    except StoreError as error:
+        # twistd would show a traceback; the operator needs the reason.
+        raise SystemExit(f"dallal: cannot start: {error}")
     for description in options["tcp"]:
         service.listenTCP(description)
     if options["udp"] is not None:

@@ -11,7 +11,7 @@ from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import ServerFactory
 from zope.interface import implementer
 
-from dallal import wire
+from dallal import __version__, wire
 from dallal.errors import BAD_FRAMING, LINE_TOO_LONG, NO_ID, RequestError
 from dallal.framing import FrameReceiver
 from dallal.interfaces import ISubscriber
@@ -119,10 +119,39 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
             return
         if request is None:
             return
-        if type(request) is wire.Publish:
+        kind = type(request)
+        if kind is wire.Publish:
             self._publishReceived(request)
+        elif kind is wire.Hello:
+            self._helloReceived(request)
+        elif kind is wire.Bye:
+            self._byeReceived()
         else:
             self.handleRequest(request)
+
+    def _helloReceived(self, hello):
+        """
+        The optional hello over TCP: tell the client the broker's limits.
+        """
+        config = self.broker.config
+        self.sendFrame(
+            wire.encodeHelloReply(
+                hello.id,
+                {
+                    "version": __version__,
+                    "ping": f"{self.sweep.interval:g}",
+                    "max-payload": str(config.maxPayload),
+                    "max-topic": str(config.maxTopicLength),
+                },
+            )
+        )
+
+    def _byeReceived(self):
+        """
+        A graceful disconnect: answer BYE, then close once it is written.
+        """
+        self.sendFrame(wire.BYE_FRAME)
+        self.transport.loseConnection()
 
     def _publishReceived(self, request):
         try:
@@ -174,6 +203,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
                         seq,
                         deliveryId,
                         redelivered,
+                        message.retained,
                     ),
                     payload,
                     wire.CRLF,

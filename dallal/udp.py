@@ -178,7 +178,13 @@ class UdpSession(RequestHandler):
     def sendMessage(self, message, subscriptionId, seq, deliveryId, redelivered):
         payload = message.payload
         header = wire.encodeMessageHeader(
-            message.wireTopic, len(payload), subscriptionId, seq, deliveryId, redelivered
+            message.wireTopic,
+            len(payload),
+            subscriptionId,
+            seq,
+            deliveryId,
+            redelivered,
+            message.retained,
         )
         self.protocol.sendTo(b"".join((header, payload, wire.CRLF)), self.address)
 
@@ -331,7 +337,7 @@ class BrokerDatagramProtocol(DatagramProtocol):
         try:
             line, rest = datagram.splitDatagram(data, self.broker.config.maxControlLine)
             line, clientId, token = datagram.takeIdentity(line)
-            request = wire.parseDatagramRequest(line)
+            request = wire.parseRequest(line)
         except RequestError as error:
             self._refuse(error, address)
             return

@@ -8,7 +8,7 @@ PROTOCOL.md is the reference; this module is its code.  Nothing here knows
 about sockets: the TCP and UDP transports both call it.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dallal.errors import (
     BAD_ARGUMENTS,
@@ -36,6 +36,23 @@ class Publish:
 class Subscribe:
     id: str
     topic: str
+    options: dict
+
+
+@dataclass(frozen=True, slots=True)
+class Unsubscribe:
+    id: str
+    topic: str
+
+
+@dataclass(frozen=True, slots=True)
+class ListSubscriptions:
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    id: str
     options: dict
 
 
@@ -151,6 +168,34 @@ def _parseStats(tokens):
     return Stats(_requestId(tokens[1]))
 
 
+def _parseUnsub(tokens):
+    if len(tokens) != 3:
+        raise RequestError(
+            BAD_ARGUMENTS,
+            "usage: UNSUB <id> <topic-filter>",
+            _requestId(tokens[1]) if len(tokens) > 1 else NO_ID,
+        )
+    requestId = _requestId(tokens[1])
+    return Unsubscribe(requestId, _text(tokens[2], "topic filter", requestId))
+
+
+def _parseList(tokens):
+    if len(tokens) != 2:
+        raise RequestError(
+            BAD_ARGUMENTS,
+            "usage: LIST <id>",
+            _requestId(tokens[1]) if len(tokens) > 1 else NO_ID,
+        )
+    return ListSubscriptions(_requestId(tokens[1]))
+
+
+def _parseTopics(tokens):
+    if len(tokens) < 2:
+        raise RequestError(BAD_ARGUMENTS, "usage: TOPICS <id> [limit=N]")
+    requestId = _requestId(tokens[1])
+    return Topics(requestId, _options(tokens[2:], requestId))
+
+
 def _parsePing(tokens):
     return _PING
 
@@ -159,39 +204,7 @@ def _parsePong(tokens):
     return _PONG
 
 
-_PARSERS = {
-    b"PUB": _parsePub,
-    b"SUB": _parseSub,
-    b"ACK": _parseAckRequest,
-    b"STATS": _parseStats,
-    b"PING": _parsePing,
-    b"PONG": _parsePong,
-}
-
-
-def parseRequest(line):
-    """
-    Parse one control line from a client.
-
-    @param line: the line without its line end.
-    @return: a L{Publish}, L{Subscribe}, L{Ack}, L{Stats}, L{Ping} or
-        L{Pong}; C{None} for a
-        blank line (ignored, so that a person typing into C{nc} may press
-        enter twice).
-    @raise RequestError: the line is not a valid request.
-    """
-    tokens = line.split()
-    if not tokens:
-        return None
-    verb = tokens[0]
-    parser = _PARSERS.get(verb) or _PARSERS.get(verb.upper())
-    if parser is None:
-        shown = verb[:32].decode("ascii", "replace")
-        raise RequestError(BAD_COMMAND, f"unknown command {shown!r}")
-    return parser(tokens)
-
-
-# Over UDP only (PROTOCOL.md, "UDP"): a client's HELLO, and its BYE.
+# A client's HELLO (required over UDP, optional over TCP) and its BYE.
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,19 +255,42 @@ def _parseBye(tokens):
     return _BYE
 
 
-_DATAGRAM_PARSERS = {b"HELLO": _parseHello, b"BYE": _parseBye}
+
+_PARSERS = {
+    b"PUB": _parsePub,
+    b"SUB": _parseSub,
+    b"UNSUB": _parseUnsub,
+    b"ACK": _parseAckRequest,
+    b"LIST": _parseList,
+    b"TOPICS": _parseTopics,
+    b"STATS": _parseStats,
+    b"PING": _parsePing,
+    b"PONG": _parsePong,
+    b"HELLO": _parseHello,
+    b"BYE": _parseBye,
+}
 
 
-def parseDatagramRequest(line):
+def parseRequest(line):
     """
-    Parse one control line from a UDP client: L{parseRequest}, plus
-    L{Hello} and L{Bye}, which only exist over UDP.
+    Parse one control line from a client.
+
+    @param line: the line without its line end.
+    @return: a L{Publish}, L{Subscribe}, L{Ack}, L{Stats}, L{Ping} or
+        L{Pong}; C{None} for a
+        blank line (ignored, so that a person typing into C{nc} may press
+        enter twice).
+    @raise RequestError: the line is not a valid request.
     """
     tokens = line.split()
-    parser = _DATAGRAM_PARSERS.get(tokens[0].upper()) if tokens else None
-    if parser is not None:
-        return parser(tokens)
-    return parseRequest(line)
+    if not tokens:
+        return None
+    verb = tokens[0]
+    parser = _PARSERS.get(verb) or _PARSERS.get(verb.upper())
+    if parser is None:
+        shown = verb[:32].decode("ascii", "replace")
+        raise RequestError(BAD_COMMAND, f"unknown command {shown!r}")
+    return parser(tokens)
 
 
 # Server to client.
@@ -263,7 +299,9 @@ PING_FRAME = b"PING\r\n"
 PONG_FRAME = b"PONG\r\n"
 
 
-def encodeMessageHeader(topic, size, subscriptionId, seq, deliveryId, redelivered):
+def encodeMessageHeader(
+    topic, size, subscriptionId, seq, deliveryId, redelivered, retained=False
+):
     """
     The control line of a C{MSG} frame; the payload and a CRLF follow it.
 
@@ -275,22 +313,37 @@ def encodeMessageHeader(topic, size, subscriptionId, seq, deliveryId, redelivere
         line += b" id=" + deliveryId.encode("ascii")
     if redelivered:
         line += b" redelivered=1"
+    if retained:
+        line += b" retained=1"
     return line + CRLF
 
 
-def encodeStats(requestId, payload):
-    """
-    The answer to C{STATS}: a JSON payload of the broker's counters.
-    """
-    return (b"STATS %s %d\r\n" % (requestId.encode("ascii"), len(payload)), payload, CRLF)
+# Answers that carry a JSON document as their payload.
+DATA_REPLIES = (b"STATS", b"LIST", b"TOPICS")
 
 
-def encodePubAck(requestId):
-    return b"PUBACK %s\r\n" % (requestId.encode("ascii"),)
+def encodeData(verb, requestId, payload):
+    """
+    The answer to C{STATS}, C{LIST} or C{TOPICS}: C{<verb> <id> <size>}
+    and a JSON payload.
+    """
+    return (b"%s %s %d\r\n" % (verb, requestId.encode("ascii"), len(payload)), payload, CRLF)
+
+
+def encodePubAck(requestId, options=None):
+    """
+    @param options: C{key=value} options, as text (C{topics=} for a publish
+        to every matching topic).
+    """
+    return b"PUBACK %s%s\r\n" % (requestId.encode("ascii"), _encodeOptions(options or {}))
 
 
 def encodeSubAck(requestId):
     return b"SUBACK %s\r\n" % (requestId.encode("ascii"),)
+
+
+def encodeUnsubAck(requestId):
+    return b"UNSUBACK %s\r\n" % (requestId.encode("ascii"),)
 
 
 def encodeError(requestId, code, reason):
@@ -317,7 +370,8 @@ class MessageHeader:
 
 
 @dataclass(frozen=True, slots=True)
-class StatsHeader:
+class DataHeader:
+    verb: str
     id: str
     size: int
 
@@ -325,11 +379,24 @@ class StatsHeader:
 @dataclass(frozen=True, slots=True)
 class PubAck:
     id: str
+    options: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class SubAck:
     id: str
+    options: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class UnsubAck:
+    id: str
+    options: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ByeReply:
+    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,19 +416,28 @@ def _parseMsg(tokens):
     )
 
 
-def _parseStatsReply(tokens):
+def _parseDataReply(tokens):
     if len(tokens) != 3:
-        raise RequestError(BAD_ARGUMENTS, "usage: STATS <id> <size>")
-    return StatsHeader(_requestId(tokens[1]), _size(tokens[2], NO_ID))
+        verb = tokens[0].decode("ascii")
+        raise RequestError(BAD_ARGUMENTS, f"usage: {verb} <id> <size>")
+    return DataHeader(
+        tokens[0].decode("ascii"), _requestId(tokens[1]), _size(tokens[2], NO_ID)
+    )
 
 
 def _parseAck(kind):
     def parse(tokens):
-        if len(tokens) != 2:
-            raise RequestError(BAD_ARGUMENTS, f"usage: {kind.__name__.upper()} <id>")
-        return kind(_requestId(tokens[1]))
+        if len(tokens) < 2:
+            raise RequestError(
+                BAD_ARGUMENTS, f"usage: {kind.__name__.upper()} <id> [key=value ...]"
+            )
+        return kind(_requestId(tokens[1]), _options(tokens[2:], NO_ID))
 
     return parse
+
+
+def _parseByeReply(tokens):
+    return ByeReply()
 
 
 def _parseErr(line):
@@ -374,43 +450,30 @@ def _parseErr(line):
     )
 
 
-_REPLY_PARSERS = {
-    b"MSG": _parseMsg,
-    b"PUBACK": _parseAck(PubAck),
-    b"SUBACK": _parseAck(SubAck),
-    b"STATS": _parseStatsReply,
-    b"PING": _parsePing,
-    b"PONG": _parsePong,
-}
-
-
-def parseReply(line):
-    """
-    Parse one control line from the server.
-
-    @return: a L{MessageHeader} or L{StatsHeader} (a payload follows),
-        L{PubAck}, L{SubAck}, L{Error}, L{Ping} or L{Pong}; C{None} for a
-        blank line.
-    @raise RequestError: the line is not a frame this client understands.
-    """
-    tokens = line.split()
-    if not tokens:
-        return None
-    if tokens[0] == b"ERR":
-        return _parseErr(line)
-    parser = _REPLY_PARSERS.get(tokens[0])
-    if parser is None:
-        shown = tokens[0][:32].decode("ascii", "replace")
-        raise RequestError(BAD_COMMAND, f"unknown frame {shown!r} from the server")
-    return parser(tokens)
-
-
 def encodePublish(requestId, topic, payload):
     """
     A C{PUB} frame, as a sequence of byte strings to write.
     """
     return (
         b"PUB %s %s %d\r\n" % (requestId.encode("ascii"), topic.encode("utf-8"), len(payload)),
+        payload,
+        CRLF,
+    )
+
+
+def encodePublishOptions(requestId, topic, payload, options):
+    """
+    A C{PUB} frame with C{key=value} options (C{retain=1},
+    C{to-matching=1}), as a sequence of byte strings to write.
+    """
+    return (
+        b"PUB %s %s %d%s\r\n"
+        % (
+            requestId.encode("ascii"),
+            topic.encode("utf-8"),
+            len(payload),
+            _encodeOptions(options),
+        ),
         payload,
         CRLF,
     )
@@ -427,8 +490,15 @@ def encodeAck(deliveryId):
     return b"ACK %s\r\n" % (deliveryId.encode("ascii"),)
 
 
-def encodeStatsRequest(requestId):
-    return b"STATS %s\r\n" % (requestId.encode("ascii"),)
+def encodeDataRequest(verb, requestId, options=None):
+    """
+    C{STATS}, C{LIST} or C{TOPICS}, with C{key=value} options as text.
+    """
+    return b"%s %s%s\r\n" % (verb, requestId.encode("ascii"), _encodeOptions(options or {}))
+
+
+def encodeUnsubscribe(requestId, topicFilter):
+    return b"UNSUB %s %s\r\n" % (requestId.encode("ascii"), topicFilter.encode("utf-8"))
 
 
 def _encodeOptions(options):
@@ -465,12 +535,37 @@ def _parseHelloReply(tokens):
     return HelloReply(_requestId(tokens[1]), _options(tokens[2:], NO_ID))
 
 
-def parseDatagramReply(line):
+_REPLY_PARSERS = {
+    b"MSG": _parseMsg,
+    b"PUBACK": _parseAck(PubAck),
+    b"SUBACK": _parseAck(SubAck),
+    b"UNSUBACK": _parseAck(UnsubAck),
+    b"STATS": _parseDataReply,
+    b"LIST": _parseDataReply,
+    b"TOPICS": _parseDataReply,
+    b"BYE": _parseByeReply,
+    b"HELLO": _parseHelloReply,
+    b"PING": _parsePing,
+    b"PONG": _parsePong,
+}
+
+
+def parseReply(line):
     """
-    Parse one control line from a broker over UDP: L{parseReply}, plus
-    L{HelloReply}.
+    Parse one control line from the server.
+
+    @return: a L{MessageHeader} or L{DataHeader} (a payload follows),
+        L{PubAck}, L{SubAck}, L{UnsubAck}, L{HelloReply}, L{ByeReply},
+        L{Error}, L{Ping} or L{Pong}; C{None} for a blank line.
+    @raise RequestError: the line is not a frame this client understands.
     """
     tokens = line.split()
-    if tokens and tokens[0] == b"HELLO":
-        return _parseHelloReply(tokens)
-    return parseReply(line)
+    if not tokens:
+        return None
+    if tokens[0] == b"ERR":
+        return _parseErr(line)
+    parser = _REPLY_PARSERS.get(tokens[0])
+    if parser is None:
+        shown = tokens[0][:32].decode("ascii", "replace")
+        raise RequestError(BAD_COMMAND, f"unknown frame {shown!r} from the server")
+    return parser(tokens)

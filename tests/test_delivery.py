@@ -766,3 +766,23 @@ def test_clientStatsParsesTheReply():
     body = json.dumps(stats).encode("ascii")
     client.dataReceived(b"STATS 1 %d\r\n%s\r\n" % (len(body), body))
     assert results == [stats]
+
+
+def test_latestKeepsOneSlotPerTopicOfAWildcardSubscription():
+    """
+    In C{latest} mode a message replaces only a waiting message on the same
+    topic: through a wildcard subscription, messages on different topics
+    each get delivered.
+    """
+    bench = Bench()
+    subscriber = bench.subscribe(LATEST, topic="w/#")
+    bench.publish(b"a1", topic="w/a")
+    bench.publish(b"b1", topic="w/b")
+    bench.publish(b"a2", topic="w/a")
+    bench.publish(b"a3", topic="w/a")
+    first = subscriber.take()
+    assert [sent.payload for sent in first] == [b"a1", b"b1"]
+    bench.ack(subscriber, *[sent.id for sent in first])
+    assert subscriber.takePayloads() == [b"a3"]
+    assert bench.counters()["replaced"] == 1
+    bench.assertAccountsAgree()
