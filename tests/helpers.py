@@ -53,7 +53,11 @@ class BrokerHarness:
     events collected in C{events}.
     """
 
-    def __init__(self, config=BrokerConfig()):
+    def __init__(self, config=BrokerConfig(messageEvents=True)):
+        """
+        @param config: the broker's; by default with per-message events
+            (C{publish}, C{deliver}, ...) on, for tests to look at.
+        """
         self.clock = Clock()
         self.events = []
         logger = Logger(namespace=NAMESPACE, observer=self.events.append)

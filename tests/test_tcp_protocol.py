@@ -10,7 +10,8 @@ import pytest
 from dallal.core import BrokerConfig
 from helpers import PING_INTERVAL, REPO, BrokerHarness, decodeFrames, messages, splitAt
 
-SMALL_MAX_PAYLOAD = 16
+# A broker that refuses payloads over 16 bytes, for the tests of that limit.
+SMALL_MAX_PAYLOAD_CONFIG = BrokerConfig(maxPayload=16, messageEvents=True)
 
 
 def test_publishIsAcknowledged(harness):
@@ -189,7 +190,7 @@ NON_FATAL_ERRORS = [
     "request_, error", NON_FATAL_ERRORS, ids=[error.decode() for _, error in NON_FATAL_ERRORS]
 )
 def test_errorKeepsConnectionOpen(request_, error):
-    harness = BrokerHarness(BrokerConfig(maxPayload=SMALL_MAX_PAYLOAD))
+    harness = BrokerHarness(SMALL_MAX_PAYLOAD_CONFIG)
     client = harness.connect()
     client.send(request_)
     answer = client.received()
@@ -212,7 +213,7 @@ def test_payloadTooLargeAcrossReads():
     A too-large payload is skipped however it arrives, and the frame after
     it is read normally.
     """
-    harness = BrokerHarness(BrokerConfig(maxPayload=SMALL_MAX_PAYLOAD))
+    harness = BrokerHarness(SMALL_MAX_PAYLOAD_CONFIG)
     client = harness.connect()
     skipped = b"PUB 9 news 1\r\nx\r\n" * 1000
     client.send(b"PUB 1 news %d\r\n" % len(skipped))
@@ -229,7 +230,7 @@ def test_hugeAnnouncedSize():
     An absurd size is refused at once, without waiting for the bytes, and
     the connection stays open (PROTOCOL.md: the bytes are skipped).
     """
-    harness = BrokerHarness(BrokerConfig(maxPayload=SMALL_MAX_PAYLOAD))
+    harness = BrokerHarness(SMALL_MAX_PAYLOAD_CONFIG)
     client = harness.connect()
     client.send(b"PUB 6 news 999999999999\r\n")
     assert client.received().startswith(b"ERR 6 PAYLOAD_TOO_LARGE ")
@@ -239,7 +240,7 @@ def test_hugeAnnouncedSize():
 
 
 def test_largestPayloadAccepted():
-    harness = BrokerHarness(BrokerConfig(maxPayload=SMALL_MAX_PAYLOAD))
+    harness = BrokerHarness(SMALL_MAX_PAYLOAD_CONFIG)
     client = harness.connect()
     client.send(b"PUB 1 news 16\r\n" + b"y" * 16 + b"\r\n")
     assert client.received() == b"PUBACK 1\r\n"
@@ -435,7 +436,7 @@ SESSION = b"".join(
 
 
 def sessionOutput(chunks):
-    client = BrokerHarness(BrokerConfig(maxPayload=SMALL_MAX_PAYLOAD)).connect()
+    client = BrokerHarness(SMALL_MAX_PAYLOAD_CONFIG).connect()
     client.send(*chunks)
     assert not client.closing
     return client.received()
