@@ -183,6 +183,9 @@ NON_FATAL_ERRORS = [
         b"PUB 6 news 17\r\nSUB 9 x\r\nPING\r\n12\r\n",
         b"ERR 6 PAYLOAD_TOO_LARGE ",
     ),
+    (b"UNSUB 7 news\r\n", b"ERR 7 NOT_SUBSCRIBED "),
+    # This broker has no store for retained messages.
+    (b"PUB 8 news 2 retain=1\r\nhi\r\n", b"ERR 8 STORE_FAILED "),
 ]
 
 
