@@ -1,0 +1,135 @@
+"""
+docs/EVENTS.md is the contract between the broker and the log analytics:
+every event the broker emits, with its fields in order, must be described
+there, and every counter it logs must be in its counter table.
+"""
+
+import re
+from pathlib import Path
+
+from twisted.internet.defer import succeed
+
+from dallal.delivery import ALL, FIRE, LATEST, DeliveryConfig
+from dallal.core import BrokerConfig
+from helpers import PING_INTERVAL, BrokerHarness
+
+ROOT = Path(__file__).resolve().parent.parent
+CATALOGUE = ROOT / "docs" / "EVENTS.md"
+
+_EVENT_ROW = re.compile(r"^\| `(?P<name>[a-z_]+)` \| (?P<level>[a-z]+) \| (?P<fields>[^|]*) \|")
+_COUNTER_ROW = re.compile(r"^\| `(?P<name>[a-z_<>]+)` \| [^|]* \|$")
+_FIELD = re.compile(r"`([a-z_]+)`")
+
+
+def catalogue():
+    """
+    The events of docs/EVENTS.md, name -> (level, [field names in order]),
+    and the names of its counters.
+    """
+    events, counters = {}, set()
+    for line in CATALOGUE.read_text().splitlines():
+        event = _EVENT_ROW.match(line)
+        if event:
+            events[event["name"]] = (event["level"], _FIELD.findall(event["fields"]))
+            continue
+        counter = _COUNTER_ROW.match(line)
+        if counter:
+            counters.add(counter["name"])
+    return events, counters
+
+
+def emittedInSource():
+    """
+    The names of the events the broker's code emits, read from its calls to
+    C{EventLog.emit}.
+    """
+    names = set()
+    for path in (ROOT / "dallal").glob("*.py"):
+        names.update(re.findall(r'\.emit\(\s*"([a-z_]+)"', path.read_text()))
+    return names
+
+
+class RetainedStub:
+    """
+    A retained store holding one message, enough to make the broker emit
+    its C{retained} event.
+    """
+
+    def match(self, topicFilter):
+        return [("kept/one", b"retained payload")]
+
+    def set(self, topic, payload):
+        return succeed(None)
+
+
+def exerciseEveryEvent():
+    """
+    Drive a broker on a clock through every per-session event it has.
+
+    @return: the harness, with the events collected.
+    """
+    harness = BrokerHarness(
+        BrokerConfig(
+            messageEvents=True,
+            delivery=DeliveryConfig(maxQueued=1, ackTimeout=1.0, maxAttempts=2),
+        )
+    )
+    harness.broker.retained = RetainedStub()
+    publisher = harness.connect()
+    latest, every, fired, silent = (harness.connect() for _ in range(4))
+    latest.send(b"SUB 1 news\r\n")
+    every.send(b"SUB 2 news mode=" + ALL.encode() + b"\r\n")
+    fired.send(b"SUB 3 news mode=" + FIRE.encode() + b"\r\n")
+    silent.send(b"SUB 4 kept/# mode=" + LATEST.encode() + b"\r\n")
+    for number in range(4):
+        publisher.send(b"PUB p%d news 5\r\nhello\r\n" % (number,))
+    latest.send(b"ACK 1\r\n")
+    every.send(b"UNSUB 9 news\r\n")
+    publisher.send(b"BOGUS\r\n")
+    harness.clock.advance(1.0)
+    harness.clock.advance(1.0)
+    # Nobody answers pings: reported, then dropped at the third miss.
+    for _ in range(4):
+        harness.clock.advance(PING_INTERVAL)
+    harness.broker.shutdown()
+    return harness
+
+
+def test_everyEmittedEventIsCatalogued():
+    events, _ = catalogue()
+    assert emittedInSource() <= set(events), emittedInSource() - set(events)
+
+
+def test_eventsCarryTheCataloguedFieldsInOrder():
+    events, counters = catalogue()
+    harness = exerciseEveryEvent()
+    seen = set()
+    for event in harness.events:
+        name = event.get("dallal_event")
+        if name is None:
+            continue
+        seen.add(name)
+        level, fields = events[name]
+        assert event["log_level"].name == level, name
+        emitted = [key for key in harness.fields(name)[0]]
+        if name == "stats":
+            unknown = {
+                counter
+                for counter in emitted
+                if counter not in counters and not counter.startswith("dropped_")
+            }
+            assert not unknown, unknown
+        else:
+            assert emitted == fields, (name, emitted, fields)
+    # The scenario must reach every per-session event, or the check above
+    # proves less than it claims; `listening` comes from the service.
+    assert seen == set(events) - {"listening"}, set(events) - {"listening"} - seen
+
+
+def test_statsCountersAreCatalogued():
+    _, counters = catalogue()
+    harness = exerciseEveryEvent()
+    (stats,) = harness.fields("stats")
+    reasons = {name for name in stats if name.startswith("dropped_")}
+    assert "dropped_<reason>" in counters
+    assert set(stats) - reasons <= counters, set(stats) - reasons - counters
