@@ -22,7 +22,7 @@ def test_publishIsAcknowledged(harness):
 
 def test_protocolSession(harness):
     """
-    The session of PROTOCOL.md, byte for byte on the publisher's side.
+    The session of PROTOCOL.md, byte for byte.
     """
     subscriber = harness.connect()
     subscriber.send(b"SUB 1 news\r\n")
@@ -35,7 +35,11 @@ def test_protocolSession(harness):
         b"ERR 8 BAD_TOPIC '+' and '#' are reserved for subscription wildcards\r\n"
         b"PONG\r\n"
     )
-    assert messages(subscriber.received()) == [(b"news", b"hello world")]
+    assert subscriber.received() == b"MSG news 11 sub=1 seq=1 id=1\r\nhello world\r\n"
+    subscriber.send(b"ACK 1\r\n")
+    # Acked: when the ack timeout is over, the next ping is all it gets.
+    harness.clock.advance(PING_INTERVAL)
+    assert subscriber.received() == b"PING\r\n"
 
 
 def test_typedIntoNetcat(harness):
