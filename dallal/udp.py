@@ -33,8 +33,8 @@ from twisted.internet.error import MessageLengthError
 from twisted.internet.protocol import DatagramProtocol
 from zope.interface import implementer
 
-from dallal import datagram, wire
-from dallal.errors import BAD_TOKEN, NO_ID, NO_SESSION, RequestError
+from dallal import __version__, datagram, wire
+from dallal.errors import BAD_TOKEN, NO_ID, NO_SESSION, PAYLOAD_TOO_LARGE, RequestError
 from dallal.interfaces import ISubscriber
 from dallal.keepalive import IPingable
 from dallal.session import RequestHandler
@@ -118,7 +118,10 @@ class UdpSession(RequestHandler):
         self.moveTo(address)
         # Request id -> the answer sent, for retries of that request.
         self._answers = OrderedDict()
-        self._answering = None
+        # The id of the request being carried out, and whether to remember
+        # its answer.
+        self._answering = NO_ID
+        self._remember = False
 
     def moveTo(self, address):
         self.address = address
@@ -137,26 +140,39 @@ class UdpSession(RequestHandler):
             self.broker.counters["duplicates"] += 1
             self.protocol.sendTo(answer, self.address)
             return
-        self._answering = requestId
+        self._answering = requestId or NO_ID
+        self._remember = requestId is not None
         try:
             if type(request) is wire.Publish:
                 self.publish(request, datagram.payloadOf(rest, request.size, request.id))
             else:
-                datagram.checkNothingAfter(rest, requestId or NO_ID)
+                datagram.checkNothingAfter(rest, self._answering)
                 self.handleRequest(request)
         except RequestError as error:
             self.refuse(error)
         finally:
-            self._answering = None
+            self._answering = NO_ID
+            self._remember = False
 
     # RequestHandler
 
     def sendFrame(self, *chunks):
         data = b"".join(chunks)
-        if self._answering is not None and len(chunks) == 1:
+        if len(data) > datagram.MAX_DATAGRAM:
+            # An answer with a payload (a long TOPICS, say) that no datagram
+            # can carry: say so, rather than let the client resend in vain.
+            self.refuse(
+                RequestError(
+                    PAYLOAD_TOO_LARGE,
+                    f"the answer of {len(data)} bytes does not fit in a datagram",
+                    self._answering,
+                )
+            )
+            return
+        if self._remember and len(chunks) == 1:
             # One-line answers (PUBACK, SUBACK, ...) are remembered; answers
-            # with a payload (STATS) are to read-only requests, cheaper to
-            # answer afresh than to keep.
+            # with a payload (STATS, LIST, ...) are to read-only requests,
+            # cheaper to answer afresh than to keep.
             self._answers[self._answering] = data
             if len(self._answers) > REMEMBERED_ANSWERS:
                 self._answers.popitem(last=False)
@@ -164,7 +180,7 @@ class UdpSession(RequestHandler):
 
     def refuse(self, error, fatal=False):
         # A refused request is not remembered: its retry is judged again.
-        self._answering = None
+        self._remember = False
         RequestHandler.refuse(self, error, fatal)
 
     def pongReceived(self):
@@ -372,6 +388,8 @@ class BrokerDatagramProtocol(DatagramProtocol):
             return
         self._settle(session, address)
         if type(request) is wire.Bye:
+            # Answered as over TCP; a client need not wait for it.
+            session.sendFrame(wire.BYE_FRAME)
             self.endSession(session, "closed")
             return
         session.requestReceived(request, rest)
@@ -412,8 +430,10 @@ class BrokerDatagramProtocol(DatagramProtocol):
                 hello.id,
                 {
                     "token": echoed,
+                    "version": __version__,
                     "ping": f"{self.sweep.interval:g}",
                     "max-payload": str(self.maxPayload),
+                    "max-topic": str(self.broker.config.maxTopicLength),
                     "session": "resumed" if resumed else "new",
                 },
             )

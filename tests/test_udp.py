@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 
-from dallal import udp
+from dallal import __version__, udp
 from dallal.client import DallalDatagramClient, SessionLost
 from dallal.datagram import MAX_PAYLOAD
 from helpers import PING_INTERVAL, BrokerHarness, messages
@@ -152,7 +152,8 @@ def test_helloWithTheTokenStartsASession(harness):
     alice = harness.peer(40001)
     answer = alice.hello("me")
     assert answer == (
-        b"HELLO 2 token=%s ping=10 max-payload=65000 session=new\r\n" % alice.token
+        b"HELLO 2 token=%s version=%s ping=10 max-payload=65000 max-topic=256 "
+        b"session=new\r\n" % (alice.token, __version__.encode())
     )
     assert harness.fields("connect") == [
         {"session": 1, "client": "127.0.0.1:40001", "transport": "udp"}
@@ -182,6 +183,7 @@ def test_sessionOverUdp(harness):
     assert line == b"STATS 5 %d" % (len(payload) - 2)
     assert json.loads(payload)["acked"] == 1
     alice.request(b"BYE")
+    assert alice.received() == [b"BYE\r\n"]
     assert harness.fields("disconnect") == [
         {
             "session": 1,
@@ -530,6 +532,24 @@ def test_largestPayloadArrivesWhole(harness):
     first, _, redelivered = alice.received()
     assert len(redelivered) <= 65507
     assert messages(first) == messages(redelivered) == [(topic, payload)]
+
+
+def test_answerTooLargeForADatagramIsRefused(harness, monkeypatch):
+    """
+    An answer with a payload that no datagram can carry is replaced by an
+    error, which the client's retries get too.
+    """
+    alice = harness.peer(40001)
+    alice.hello()
+    stats = harness.broker.stats
+    monkeypatch.setattr(
+        harness.broker, "stats", lambda: {**stats(), "padding": "x" * MAX_PAYLOAD * 2}
+    )
+    alice.request(b"STATS 5")
+    alice.request(b"STATS 5")
+    assert [answer.split()[:3] for answer in alice.received()] == [
+        [b"ERR", b"5", b"PAYLOAD_TOO_LARGE"]
+    ] * 2
 
 
 def test_tcpMessageTooLargeForUdpIsDroppedAndCounted(harness):
