@@ -734,9 +734,10 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
             resend.cancel()
         return _ClientSession._takePending(self, requestId)
 
-    def publish(self, topic, payload):
+    def publish(self, topic, payload, retain=False):
         """
-        Publish C{payload} (bytes) on C{topic}.
+        Publish C{payload} (bytes) on C{topic}, and with C{retain} keep it as
+        the topic's retained message (see L{_ClientSession.publish}).
 
         @return: a Deferred that fires with C{None} on the broker's PubAck.
         @raise ValueError: the message does not fit in a datagram.
@@ -748,7 +749,7 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
             )
         if len(topic.encode("utf-8")) > MAX_TOPIC_LENGTH:
             raise ValueError(f"topic is longer than {MAX_TOPIC_LENGTH} bytes")
-        return _ClientSession.publish(self, topic, payload)
+        return _ClientSession.publish(self, topic, payload, retain)
 
     # Health
 
