@@ -840,7 +840,9 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
     # Datagrams from the broker
 
     def datagramReceived(self, data, address):
-        if address != self.brokerAddress:
+        # A datagram read after close() would reach a handler told the
+        # client is closed.
+        if address != self.brokerAddress or self._stopped:
             return
         try:
             line, rest = datagram.splitDatagram(data, len(data))
