@@ -1,0 +1,3 @@
+"""
+Spark analytics over Dallal broker logs; spark/report.py is the command.
+"""

@@ -1,0 +1,110 @@
+"""
+Broker log lines to typed events, with Spark's native functions only.
+
+The input is the text twistd writes (docs/EVENTS.md, "Format"): one entry
+per line, C{<time> [<system>] <text>}, where the broker's events are the
+entries of system C{dallal#<level>} whose text starts with C{event=}.
+Continuation lines of multi-line entries (tracebacks) start with a tab.
+Every line is classified as one of L{KINDS}; only events carry fields.
+
+No Python runs on executors: everything here is a Catalyst expression, so
+the job needs nothing shipped to them and runs at JVM speed.
+"""
+
+from pyspark.sql import functions as F
+
+EVENT = "event"
+OTHER = "other"
+CONTINUATION = "continuation"
+UNPARSED = "unparsed"
+KINDS = (EVENT, OTHER, CONTINUATION, UNPARSED)
+
+# twistd's classic text format: time to the second with the UTC offset (or
+# "-" for an entry without a time), the system in brackets, the text.
+TWISTD_LINE = (
+    r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[+-]\d{4})?|-) \[([^\]]*)\] ?(.*)$"
+)
+TWISTD_TIME_FORMAT = "yyyy-MM-dd'T'HH:mm:ssZ"
+EVENT_SYSTEM = r"^dallal#(\w+)$"
+
+INT_FIELDS = (
+    "mid", "bytes", "session", "subscribers", "seq", "attempt", "by",
+    "missed", "subscriptions",
+)
+FLOAT_FIELDS = ("latency",)
+BOOL_FIELDS = ("fatal",)
+TEXT_FIELDS = ("topic", "client", "transport", "mode", "reason", "code", "address")
+# Keys of every event rather than fields of some: not counters of `stats`.
+ENVELOPE_KEYS = ("event", "t")
+
+# Unparsed lines keep their text, cut to this, for the report's examples.
+UNPARSED_EXAMPLE_LENGTH = 200
+
+
+def readLines(spark, paths):
+    """
+    The lines of every file under C{paths}: files, globs or directories
+    (every file in them); compressed files are read by their extension.
+    """
+    return spark.read.text(list(paths))
+
+
+def _field(name, sqlType):
+    return F.expr(f"try_cast(fields['{name}'] AS {sqlType})").alias(name)
+
+
+def parseLines(lines):
+    """
+    One row per input line: its C{kind}, and for events their typed fields.
+
+    A field missing from an event, or whose value does not parse as its
+    type, is null.  C{t} falls back on twistd's one-second time when an
+    event has none.  C{stats} is the counters of a C{stats} event; C{raw}
+    the text of an unparsed line.
+    """
+    value = F.col("value")
+    isTwistdLine = value.rlike(TWISTD_LINE)
+    system = F.regexp_extract(value, TWISTD_LINE, 2)
+    text = F.regexp_extract(value, TWISTD_LINE, 3)
+    level = F.regexp_extract(system, EVENT_SYSTEM, 1)
+    isEvent = isTwistdLine & (level != "") & text.startswith("event=")
+    isContinuation = value.startswith("\t")
+    classified = lines.select(
+        F.when(isEvent, F.lit(EVENT))
+        .when(isTwistdLine, F.lit(OTHER))
+        .when(isContinuation, F.lit(CONTINUATION))
+        .otherwise(F.lit(UNPARSED))
+        .alias("kind"),
+        F.when(isEvent, level).alias("level"),
+        F.when(isEvent, F.str_to_map(text, F.lit(" "), F.lit("="))).alias("fields"),
+        F.when(isEvent, F.regexp_extract(value, TWISTD_LINE, 1)).alias("stamp"),
+        F.when(
+            ~isTwistdLine & ~isContinuation,
+            F.substring(value, 1, UNPARSED_EXAMPLE_LENGTH),
+        ).alias("raw"),
+    )
+    envelope = ", ".join(f"'{key}'" for key in ENVELOPE_KEYS)
+    return classified.select(
+        "kind",
+        "level",
+        F.col("fields")["event"].alias("event"),
+        F.coalesce(
+            F.expr("try_cast(fields['t'] AS DOUBLE)"),
+            F.unix_micros(
+                F.try_to_timestamp(F.col("stamp"), F.lit(TWISTD_TIME_FORMAT))
+            ) / 1e6,
+        ).alias("t"),
+        *(_field(name, "BIGINT") for name in INT_FIELDS),
+        *(_field(name, "DOUBLE") for name in FLOAT_FIELDS),
+        *(_field(name, "BOOLEAN") for name in BOOL_FIELDS),
+        *(F.col("fields")[name].alias(name) for name in TEXT_FIELDS),
+        F.when(
+            F.col("fields")["event"] == "stats",
+            F.expr(
+                "transform_values("
+                f"map_filter(fields, (k, v) -> NOT array_contains(array({envelope}), k)),"
+                " (k, v) -> try_cast(v AS BIGINT))"
+            ),
+        ).alias("stats"),
+        "raw",
+    )

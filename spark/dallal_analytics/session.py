@@ -1,0 +1,139 @@
+"""
+A quiet SparkSession for the report, embedded or under spark-submit.
+
+Embedded (C{python spark/report.py}), this module starts the JVM itself: it
+pins the Python executables, binds to 127.0.0.1 for local masters, points
+log4j at the errors-only configuration beside this file and filters the one
+line the JVM prints on standard error that no logging setting silences.
+Under C{spark-submit} the JVM already runs with the submitter's options, so
+only settings that are still missing are added.
+"""
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+LOG4J_CONFIGURATION = Path(__file__).with_name("log4j2.properties")
+
+# Spark adds --add-modules=jdk.incubator.vector to every JVM it starts, and
+# the JVM announces it on standard error before any logging exists.
+JVM_NOISE = (b"WARNING: Using incubator modules:",)
+
+LOCAL_SHUFFLE_PARTITIONS = 4
+
+
+def isLocalMaster(master):
+    """
+    Whether every executor runs on this machine (C{local}, C{local[4]},
+    C{local-cluster[...]}).
+    """
+    return master is not None and master.startswith("local")
+
+
+def launchedBySparkSubmit():
+    """
+    spark-submit starts the JVM first and tells Python where its gateway is.
+    """
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def _forwardStderr(stream, destination):
+    for line in stream:
+        if not line.startswith(JVM_NOISE):
+            destination.write(line)
+            destination.flush()
+
+
+def _launchQuietGateway(conf):
+    """
+    Start the JVM with its standard error passed through a filter thread.
+    """
+    from pyspark.java_gateway import launch_gateway
+
+    gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+    # The JVM writes to this pipe for as long as it lives; the thread ends
+    # when it exits and closes it.
+    threading.Thread(
+        target=_forwardStderr,
+        args=(gateway.proc.stderr, sys.stderr.buffer),
+        name="jvm-stderr",
+        daemon=True,
+    ).start()
+    return gateway
+
+
+def buildSession(master=None, appName="dallal-report", shufflePartitions=None,
+                 driverMemory=None, tmpDir=None):
+    """
+    Start (or join) the SparkSession the report runs on.
+
+    @param master: the master URL; C{None} keeps spark-submit's, or runs
+        C{local[*]} when embedded.
+    @param shufflePartitions: C{None} means a few for local masters and
+        Spark's default elsewhere.
+    @param driverMemory: e.g. C{"2g"}; only effective when embedded, since
+        spark-submit has already sized its JVM.
+    @param tmpDir: where Spark keeps its scratch files and warehouse, instead
+        of the system's temporary folder and the working directory.
+    """
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+    from pyspark import SparkConf
+    from pyspark.core.context import SparkContext
+    from pyspark.sql import SparkSession
+
+    submitted = launchedBySparkSubmit()
+    if submitted:
+        # Connect to spark-submit's JVM first so that SparkConf() sees its
+        # settings and ours only fill the gaps.
+        SparkContext._ensure_initialized()
+    conf = SparkConf()
+    if master is not None:
+        conf.set("spark.master", master)
+    elif not submitted:
+        conf.set("spark.master", "local[*]")
+    effectiveMaster = conf.get("spark.master")
+    local = isLocalMaster(effectiveMaster)
+    if local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+    log4j = f"-Dlog4j2.configurationFile={LOG4J_CONFIGURATION.as_uri()}"
+    javaOptions = [log4j]
+    if tmpDir is not None:
+        javaOptions.append(f"-Djava.io.tmpdir={tmpDir}")
+        conf.set("spark.local.dir", str(tmpDir))
+        conf.set("spark.sql.warehouse.dir", str(Path(tmpDir) / "warehouse"))
+    defaults = {
+        "spark.app.name": appName,
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.driver.extraJavaOptions": " ".join(javaOptions),
+    }
+    if local:
+        # Executors of local-cluster masters are JVMs of this machine too;
+        # remote ones would not find the file.
+        defaults["spark.executor.extraJavaOptions"] = " ".join(javaOptions)
+        defaults["spark.sql.shuffle.partitions"] = str(
+            shufflePartitions or LOCAL_SHUFFLE_PARTITIONS
+        )
+    elif shufflePartitions:
+        defaults["spark.sql.shuffle.partitions"] = str(shufflePartitions)
+    if driverMemory:
+        defaults["spark.driver.memory"] = driverMemory
+    for key, value in defaults.items():
+        conf.setIfMissing(key, value)
+    # str_to_map fails the whole job on a repeated key under the default
+    # EXCEPTION policy; one odd line must not do that.
+    conf.set("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
+
+    if not submitted and SparkContext._gateway is None:
+        SparkContext(conf=conf, gateway=_launchQuietGateway(conf))
+    session = SparkSession.builder.config(conf=conf).getOrCreate()
+    # Under spark-submit log4j was configured by the submitter: quiet what
+    # follows at least.
+    session.sparkContext.setLogLevel("ERROR")
+    return session

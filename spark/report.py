@@ -1,0 +1,412 @@
+"""
+Analytics over Dallal broker logs, on Spark.
+
+    python spark/report.py LOGS... --out DIR [--window 1m] [--master URL]
+    spark-submit spark/report.py LOGS... --out DIR --master spark://host:7077
+
+LOGS are twistd log files (C{twistd --logfile=PATH dallal}), rotated ones
+included, as files, globs or directories.  DIR receives a Parquet table per
+question under C{tables/}, C{summary.json} and C{report.html}.
+docs/ANALYTICS.md describes them.
+"""
+
+import argparse
+import json
+import math
+import re
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+# Run as a script (python or spark-submit), this file's folder is first on
+# sys.path: that is how dallal_analytics is found, wherever the working
+# directory is.
+from dallal_analytics import htmlreport, parse, questions
+from dallal_analytics.session import buildSession
+
+DEFAULT_WINDOW_SECONDS = 60
+UNPARSED_EXAMPLES = 5
+TOP = 10
+# The connections chart draws about this many steps, whatever --window is.
+CHART_STEPS = 200
+
+UNITS = {"s": 1, "m": 60, "h": 3600}
+WINDOW = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|second|seconds|m|min|minute|minutes|h|hour|hours)?\s*$")
+
+TRANSPORT_MEASURES = ("publishes", "deliveries", "redeliveries", "bytes_in", "bytes_out")
+
+# The broker counters still comparable for a run logged with
+# --no-message-events: those that count no messages.
+CONNECTION_COUNTERS = {"connections_total", "errors", "pings_missed", "clients_dropped"}
+
+
+def windowSeconds(text):
+    """
+    C{90}, C{30s}, C{5m}, C{1 minute}, C{2h}: seconds, for C{--window}.
+    """
+    match = WINDOW.match(text)
+    if not match or float(match.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(
+            f"window must be a positive duration such as 30s, 5m or 1h, got {text!r}"
+        )
+    unit = (match.group(2) or "s")[0]
+    return float(match.group(1)) * UNITS[unit]
+
+
+class Progress:
+    """
+    One line per stage on standard error, with its duration.
+    """
+
+    def __init__(self, stream=sys.stderr, enabled=True):
+        self.stream = stream
+        self.enabled = enabled
+        self.started = time.monotonic()
+
+    @contextmanager
+    def stage(self, name):
+        begun = time.monotonic()
+        yield
+        if self.enabled:
+            now = time.monotonic()
+            print(
+                f"dallal-report: {name} done in {now - begun:.1f} s "
+                f"({now - self.started:.1f} s in all)",
+                file=self.stream,
+                flush=True,
+            )
+
+
+class Tables:
+    """
+    Writes the report's Parquet tables and reads them back, so that what is
+    derived from a table does not recompute it.
+    """
+
+    def __init__(self, spark, outDir):
+        self.spark = spark
+        self.root = Path(outDir) / "tables"
+
+    def write(self, name, frame):
+        path = str(self.root / name)
+        frame.write.mode("overwrite").parquet(path)
+        # With the schema given, reading back starts no job to infer it.
+        return self.spark.read.schema(frame.schema).parquet(path)
+
+
+def _rows(frame):
+    return [row.asDict(recursive=True) for row in frame.collect()]
+
+
+def _sortedRows(frame, key):
+    """
+    The rows of a small table in C{key} order (nulls first), sorted here: a
+    distributed sort would cost Spark a sampling job and a shuffle.
+    """
+    return sorted(_rows(frame), key=lambda row: (row[key] is not None, row[key]))
+
+
+def chartStep(runRows):
+    """
+    Whole seconds that cut the log's time span into about L{CHART_STEPS}.
+    """
+    times = [row[name] for row in runRows for name in ("first_event", "last_event")
+             if row[name] is not None]
+    if not times:
+        return 1
+    span = (max(times) - min(times)).total_seconds()
+    return max(1, math.ceil(span / CHART_STEPS))
+
+
+def counterMismatches(runRows):
+    """
+    Where a run's last C{stats} event disagrees with what its events add up
+    to: C{[{"run", "counter", "broker", "log"}]}.
+    """
+    names = dict(questions.COUNTERS_FROM_EVENTS, inflight="inflight")
+    mismatches = []
+    for run in runRows:
+        counters = run["counters"]
+        if not counters:
+            continue
+        fromLog = {column: run[column] for column in questions.COUNTERS_FROM_EVENTS.values()}
+        fromLog["inflight"] = run["matched"] - sum(
+            run[name] for name in questions.OUTCOME_COUNTS
+        )
+        messageEventsLogged = run["publishes"] > 0 or not counters.get("published")
+        for counter, column in sorted(names.items()):
+            if counter not in counters:
+                continue
+            if not messageEventsLogged and counter not in CONNECTION_COUNTERS:
+                continue
+            if counters[counter] != fromLog[column]:
+                mismatches.append(
+                    {"run": run["run"], "counter": counter,
+                     "broker": counters[counter], "log": fromLog[column]}
+                )
+    return mismatches
+
+
+def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None):
+    """
+    Analyse the logs at C{paths} into C{outDir}; return the summary.
+
+    The parsed lines are cached once and every question reads the cache;
+    tables that others derive from are read back from their Parquet files.
+    """
+    from pyspark.sql import functions as F
+
+    col = F.col
+    progress = progress or Progress(enabled=False)
+    outDir = Path(outDir)
+    outDir.mkdir(parents=True, exist_ok=True)
+    tables = Tables(spark, outDir)
+
+    with progress.stage("read and parse"):
+        lines = parse.parseLines(parse.readLines(spark, paths)).cache()
+        survey = _rows(questions.lineSurvey(lines, parse.KINDS))[0]
+        starts = questions.brokerStarts(lines, survey.pop("listening"))
+        unparsedExamples = [
+            row.raw for row in lines.where(col("kind") == parse.UNPARSED)
+            .select("raw").limit(UNPARSED_EXAMPLES).collect()
+        ] if survey[parse.UNPARSED] else []
+        events = questions.assignRuns(lines, starts)
+
+    with progress.stage("sessions"):
+        sessionTable = tables.write("sessions", questions.sessions(events, len(starts)))
+        sessionTransports = sessionTable.select(
+            "run", "session", col("transport").alias("session_transport")
+        )
+        connectionTable = tables.write("connections", questions.connections(sessionTable))
+        byWindow = tables.write(
+            "connections_by_window", questions.connectionsByWindow(connectionTable, window)
+        )
+
+    with progress.stage("traffic"):
+        activity = questions.messageActivity(events, sessionTransports).cache()
+        trafficTable = tables.write("traffic", questions.traffic(activity, window))
+        topicTable = tables.write("topics", questions.topics(activity))
+        activity.unpersist()
+        publisherTable = tables.write(
+            "publishers", questions.publishers(events, sessionTransports)
+        )
+
+    with progress.stage("latency"):
+        ackFrame = questions.acks(events, sessionTransports).cache()
+        latencyTable = tables.write("latency", questions.latency(ackFrame))
+        histogramTable = tables.write(
+            "latency_histogram", questions.latencyHistogram(ackFrame)
+        )
+        overallLatency = _rows(questions.overallLatency(ackFrame))[0]
+        ackFrame.unpersist()
+
+    with progress.stage("loss account"):
+        deliveryTable = tables.write("deliveries", questions.deliveries(events))
+        messageTable = tables.write("messages", questions.messages(events, deliveryTable))
+        lossTable = tables.write("loss_account", questions.lossAccount(messageTable))
+
+    with progress.stage("health"):
+        errorTable = tables.write("errors", questions.errors(events))
+        healthTable = tables.write("health", questions.health(events, window))
+        runTable = tables.write(
+            "runs", questions.runs(events, messageTable, connectionTable)
+        )
+    lines.unpersist()
+
+    with progress.stage("summary and HTML"):
+        # The per-topic and per-code tables are small: what the summary and
+        # the page need of them is computed here rather than by more jobs.
+        runRows = _sortedRows(runTable, "run")
+        topicRows = _rows(topicTable)
+        topicRows.sort(key=lambda row: (-row["publishes"], -row["deliveries"], row["topic"] or ""))
+        lossRows = _rows(lossTable)
+        errorRows = _rows(errorTable)
+        summary = summarize(
+            window=window,
+            survey=survey,
+            starts=starts,
+            unparsedExamples=unparsedExamples,
+            runRows=runRows,
+            topicRows=topicRows,
+            lossRows=lossRows,
+            errorRows=errorRows,
+            overallLatency=overallLatency,
+            sessionKinds=_rows(sessionTable.groupBy("transport", "end_reason").count()),
+            transports=_rows(trafficTable.groupBy("transport").agg(
+                *(F.sum(name).alias(name) for name in TRANSPORT_MEASURES)
+            )),
+        )
+        (outDir / "summary.json").write_text(
+            json.dumps(summary, indent=2, sort_keys=True) + "\n"
+        )
+        connectionStep = chartStep(runRows)
+        htmlreport.write(
+            outDir / "report.html",
+            summary,
+            traffic=_sortedRows(
+                trafficTable.groupBy("window_start").agg(
+                    F.sum("publishes").alias("publishes"),
+                    F.sum("deliveries").alias("deliveries"),
+                ),
+                "window_start",
+            ),
+            histogram=_sortedRows(histogramTable, "bucket"),
+            connections=_sortedRows(
+                questions.connectionsByWindow(connectionTable, connectionStep),
+                "window_start",
+            ),
+            connectionStep=connectionStep,
+            topics=topicRows[:TOP],
+            publishers=_rows(publisherTable.orderBy(
+                col("publishes").desc(), col("bytes").desc()).limit(TOP)),
+            latency=sorted(
+                _rows(latencyTable),
+                key=lambda row: (-row["acks"], row["topic"] or "", row["transport"]),
+            )[:TOP],
+            loss=sorted(lossRows, key=lambda row: (-row["matched"], row["topic"] or ""))[:TOP],
+            errors=sorted(errorRows, key=lambda row: -row["errors"])[:TOP],
+            health=_sortedRows(healthTable, "window_start"),
+            runs=runRows,
+        )
+    return summary
+
+
+def summarize(window, survey, starts, unparsedExamples, runRows, topicRows, lossRows,
+              errorRows, overallLatency, sessionKinds, transports):
+    """
+    summary.json: the totals, from the rows the report collected.
+    """
+    def total(rows, name):
+        return sum(row[name] or 0 for row in rows)
+
+    def tally(rows, key, name):
+        counts = {}
+        for row in rows:
+            counts[row[key]] = counts.get(row[key], 0) + row[name]
+        return counts
+
+    peak = max(runRows, key=lambda row: row["peak_connections"], default=None)
+    sessionsByTransport = tally(sessionKinds, "transport", "count")
+    trafficByTransport = {row["transport"]: row for row in transports}
+    return {
+        "publishes": total(topicRows, "publishes"),
+        "retained": total(runRows, "retained"),
+        "deliveries": total(topicRows, "deliveries"),
+        "redeliveries": total(topicRows, "redeliveries"),
+        "bytes_in": total(topicRows, "bytes_in"),
+        "bytes_out": total(topicRows, "bytes_out"),
+        "matched": total(lossRows, "matched"),
+        **{name: total(lossRows, name) for name in questions.OUTCOME_COUNTS},
+        "dropped_by_reason": {
+            reason: total(lossRows, f"dropped_{reason}") for reason in questions.DROP_REASONS
+        },
+        "inflight": total(lossRows, "inflight"),
+        "messages_without_publish": total(runRows, "messages_without_publish"),
+        "sessions": total(sessionKinds, "count"),
+        "peak_connections": peak["peak_connections"] if peak else 0,
+        "peak_connections_at": htmlreport.isoformat(peak["peak_at"]) if peak else None,
+        "session_end_reasons": {
+            reason or "still_connected": count
+            for reason, count in tally(sessionKinds, "end_reason", "count").items()
+        },
+        "errors": total(errorRows, "errors"),
+        "errors_by_code": tally(errorRows, "code", "errors"),
+        "pings_missed": total(runRows, "pings_missed"),
+        "clients_dropped": total(runRows, "clients_dropped"),
+        "latency": {
+            name: overallLatency[name] for name in ("acks", "p50", "p95", "p99", "mean", "max")
+        },
+        "unparsed_lines": survey[parse.UNPARSED],
+        "lines": survey,
+        "unparsed_examples": unparsedExamples,
+        "runs": len(starts),
+        "first_event_at": htmlreport.isoformat(min(
+            (row["first_event"] for row in runRows if row["first_event"]), default=None
+        )),
+        "last_event_at": htmlreport.isoformat(max(
+            (row["last_event"] for row in runRows if row["last_event"]), default=None
+        )),
+        "window_seconds": window,
+        "topics": {
+            row["topic"]: {name: value for name, value in row.items() if name != "topic"}
+            for row in topicRows
+        },
+        "transports": {
+            transport: dict(
+                {name: (trafficByTransport.get(transport) or {}).get(name, 0)
+                 for name in TRANSPORT_MEASURES},
+                sessions=sessionsByTransport.get(transport, 0),
+            )
+            for transport in sorted(set(trafficByTransport) | set(sessionsByTransport))
+        },
+        "counter_mismatches": counterMismatches(runRows),
+    }
+
+
+def parseArguments(argv):
+    parser = argparse.ArgumentParser(
+        prog="report.py",
+        description="Analyse Dallal broker logs (twistd --logfile=...) with Spark: "
+        "Parquet tables, summary.json and report.html in --out.",
+    )
+    parser.add_argument(
+        "logs", nargs="+", metavar="LOGS",
+        help="log files, globs or directories (twistd.log, twistd.log.1, ...)",
+    )
+    parser.add_argument("--out", required=True, help="the folder to write the report in")
+    parser.add_argument(
+        "--window", type=windowSeconds, default=DEFAULT_WINDOW_SECONDS, metavar="DURATION",
+        help="the time window of the traffic and health tables: 30s, 1m, 1h "
+        "(default 1m)",
+    )
+    parser.add_argument(
+        "--master",
+        help="the Spark master URL (default: spark-submit's, or local[*] when "
+        "run with python)",
+    )
+    parser.add_argument(
+        "--shuffle-partitions", type=int, metavar="N",
+        help="spark.sql.shuffle.partitions (default 4 for local masters, "
+        "Spark's elsewhere)",
+    )
+    parser.add_argument(
+        "--driver-memory", default="2g",
+        help="the driver JVM's heap when run with python (default 2g)",
+    )
+    parser.add_argument(
+        "--quiet", action="store_true", help="no progress lines on standard error"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parseArguments(argv)
+    spark = buildSession(
+        master=args.master,
+        shufflePartitions=args.shuffle_partitions,
+        driverMemory=args.driver_memory,
+    )
+    from pyspark.errors import AnalysisException
+
+    try:
+        summary = runReport(
+            spark, args.logs, args.out, args.window, Progress(enabled=not args.quiet)
+        )
+    except AnalysisException as error:
+        if error.getCondition() != "PATH_NOT_FOUND":
+            raise
+        print(f"dallal-report: {error.getMessage()}", file=sys.stderr)
+        return 2
+    finally:
+        spark.stop()
+    out = Path(args.out)
+    print(f"{summary['publishes']} publishes, {summary['deliveries']} deliveries, "
+          f"{summary['sessions']} sessions, {summary['unparsed_lines']} unparsed lines")
+    print(f"report: {out / 'report.html'}")
+    print(f"summary: {out / 'summary.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

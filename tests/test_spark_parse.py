@@ -1,0 +1,168 @@
+"""
+Parsing twistd log lines into typed events (spark/dallal_analytics/parse.py),
+on lines written exactly per docs/EVENTS.md.  The lines of a real broker are
+parsed in test_spark_end_to_end.py.
+"""
+
+import gzip
+
+import pytest
+
+pytest_plugins = ["conftest_spark"]
+
+T = 1795292899.729858  # 2026-11-21T20:28:19.729858Z
+
+
+def parsedRows(spark, path):
+    from dallal_analytics import parse
+
+    return [row.asDict() for row in parse.parseLines(parse.readLines(spark, [str(path)])).collect()]
+
+
+def events(spark, path):
+    from dallal_analytics import parse
+
+    return [row for row in parsedRows(spark, path) if row["kind"] == parse.EVENT]
+
+
+def test_every_documented_event(spark, tmp_path, logLines):
+    e = logLines.event
+    client = dict(session=3, client="127.0.0.1:50124")
+    lines = [
+        e(T, "listening", transport="tcp", address="[::1]:1373"),
+        e(T, "connect", **client, transport="tcp"),
+        e(T, "disconnect", **client, transport="udp", reason="missed_pings", subscriptions=2),
+        e(T, "subscribe", **client, topic="a/b", mode="latest"),
+        e(T, "stats", connections=1, published=7, dropped_queue_full=2),
+        e(T, "ping_missed", "warn", **client, missed=2),
+        e(T, "client_dropped", "warn", **client, missed=3),
+        e(T, "protocol_error", "warn", **client, code="BAD_FRAMING", fatal=True),
+        e(T, "publish", mid=7, topic="a/b", bytes=11, **client, transport="tcp", subscribers=2),
+        e(T, "deliver", mid=7, topic="a/b", **client, mode="all", seq=4, attempt=2),
+        e(T, "ack", mid=7, topic="a/b", session=3, latency=0.004512),
+        e(T, "replace", mid=7, topic="a/b", session=3, by=8),
+        e(T, "drop", "warn", mid=7, topic="a/b", session=3, reason="redelivery_limit"),
+    ]
+    rows = {row["event"]: row for row in events(spark, logLines.write(tmp_path / "twistd.log", lines))}
+    assert len(rows) == len(lines)
+    assert all(row["t"] == pytest.approx(T, abs=1e-6) for row in rows.values())
+    assert rows["listening"]["address"] == "[::1]:1373"
+    assert (rows["disconnect"]["reason"], rows["disconnect"]["subscriptions"]) == ("missed_pings", 2)
+    assert rows["subscribe"]["mode"] == "latest"
+    assert rows["stats"]["stats"] == {"connections": 1, "published": 7, "dropped_queue_full": 2}
+    assert (rows["ping_missed"]["level"], rows["ping_missed"]["missed"]) == ("warn", 2)
+    assert (rows["protocol_error"]["code"], rows["protocol_error"]["fatal"]) == ("BAD_FRAMING", True)
+    publish = rows["publish"]
+    assert (publish["mid"], publish["topic"], publish["bytes"], publish["subscribers"]) == (
+        7, "a/b", 11, 2,
+    )
+    assert (publish["session"], publish["client"], publish["transport"]) == (
+        3, "127.0.0.1:50124", "tcp",
+    )
+    deliver = rows["deliver"]
+    assert (deliver["mode"], deliver["seq"], deliver["attempt"]) == ("all", 4, 2)
+    assert rows["ack"]["latency"] == pytest.approx(0.004512)
+    assert rows["replace"]["by"] == 8
+    assert rows["drop"]["reason"] == "redelivery_limit"
+    # Only stats events carry counters.
+    assert all(row["stats"] is None for name, row in rows.items() if name != "stats")
+
+
+def test_lines_that_are_not_events(spark, tmp_path, logLines):
+    from dallal_analytics import parse
+
+    lines = [
+        logLines.foreign(T, "twisted.scripts._twistd_unix.UnixAppLogger#info", "twistd starting up."),
+        logLines.foreign(T, "-", "BrokerFactory starting on 1373"),
+        logLines.event(T, "connect", session=1, client="127.0.0.1:1", transport="tcp"),
+        # A failure logged by the broker's namespace is not an event, and its
+        # traceback continues on tab-indented lines.
+        logLines.foreign(T, "dallal.keepalive.PingSweep#critical", "ping sweep stopped"),
+        logLines.foreign(T, "dallal#critical", "Unhandled Error"),
+        "\tTraceback (most recent call last):",
+        "\tbuiltins.ValueError: event=publish mid=1",
+        # Neither a twistd line nor a continuation: counted, not fatal.
+        "garbage event=publish mid=2",
+        '\x1e{"dallal_event": "connect"}',
+        "",
+        logLines.event(T + 1, "disconnect", session=1, client="127.0.0.1:1", transport="tcp",
+                       reason="closed", subscriptions=0),
+    ]
+    rows = parsedRows(spark, logLines.write(tmp_path / "twistd.log", lines))
+    assert [row["kind"] for row in rows] == [
+        parse.OTHER, parse.OTHER, parse.EVENT, parse.OTHER, parse.OTHER,
+        parse.CONTINUATION, parse.CONTINUATION,
+        parse.UNPARSED, parse.UNPARSED, parse.UNPARSED, parse.EVENT,
+    ]
+    assert [row["event"] for row in rows if row["kind"] == parse.EVENT] == ["connect", "disconnect"]
+    assert rows[7]["raw"] == "garbage event=publish mid=2"
+    assert all(row["event"] is None for row in rows if row["kind"] != parse.EVENT)
+
+
+def test_missing_or_malformed_fields_are_null(spark, tmp_path, logLines):
+    lines = [
+        # A publish and a deliver as brokers before acknowledged delivery
+        # logged them.
+        logLines.event(T, "publish", mid=1, topic="news", bytes=11, client="127.0.0.1:2",
+                       subscribers=1),
+        logLines.event(T, "deliver", mid=1, topic="news", session=1, client="127.0.0.1:1"),
+        logLines.event(T, "ack", mid="seven", topic="news", session=1, latency="fast"),
+        # A repeated key: the last one counts.
+        logLines.event(T, "ping_missed", "warn", session=1, client="127.0.0.1:1", missed=1) + " missed=2",
+        # No t: twistd's own second is the time.
+        "2026-11-21T20:28:19+0000 [dallal#info] event=connect session=4 client=127.0.0.1:4 transport=tcp",
+    ]
+    rows = events(spark, logLines.write(tmp_path / "twistd.log", lines))
+    publish, deliver, ack, missed, connect = rows
+    assert (publish["session"], publish["transport"], publish["mid"]) == (None, None, 1)
+    assert (deliver["mode"], deliver["seq"], deliver["attempt"]) == (None, None, None)
+    assert (ack["mid"], ack["latency"], ack["topic"]) == (None, None, "news")
+    assert missed["missed"] == 2
+    assert connect["t"] == 1795292899.0
+
+
+def test_rotated_files_as_directory_glob_or_list(spark, tmp_path, logLines):
+    from dallal_analytics import parse
+
+    folder = tmp_path / "logs"
+    for index, suffix in enumerate(("", ".1", ".2")):
+        logLines.write(folder / f"twistd.log{suffix}", [
+            logLines.event(T - index, "connect", session=index + 1, client="127.0.0.1:1",
+                           transport="tcp"),
+        ])
+    # A rotated file compressed by logrotate is read as well.
+    with gzip.open(folder / "twistd.log.3.gz", "wt") as compressed:
+        compressed.write(logLines.event(T - 3, "connect", session=4, client="127.0.0.1:1",
+                                        transport="tcp") + "\n")
+
+    def sessions(paths):
+        frame = parse.parseLines(parse.readLines(spark, paths))
+        return sorted(row.session for row in frame.where("kind = 'event'").collect())
+
+    assert sessions([str(folder)]) == [1, 2, 3, 4]
+    assert sessions([str(folder / "twistd.log*")]) == [1, 2, 3, 4]
+    assert sessions([str(folder / "twistd.log.1"), str(folder / "twistd.log")]) == [1, 2]
+
+
+def test_sessions_are_told_apart_across_broker_starts(spark, tmp_path, logLines):
+    from dallal_analytics import parse, questions
+
+    def start(t):
+        # One start logs a listening event per listener, nothing between.
+        return [
+            logLines.event(t, "listening", transport="tcp", address="127.0.0.1:1373"),
+            logLines.event(t + 0.001, "listening", transport="udp", address="127.0.0.1:1234"),
+        ]
+
+    def session(t):
+        return logLines.event(t, "connect", session=1, client="127.0.0.1:1", transport="tcp")
+
+    lines = [session(T - 5), *start(T), session(T + 1), *start(T + 10), session(T + 11)]
+    path = logLines.write(tmp_path / "twistd.log", lines)
+    parsed = parse.parseLines(parse.readLines(spark, [str(path)]))
+    listening = questions.lineSurvey(parsed, parse.KINDS).first().listening
+    starts = questions.brokerStarts(parsed, listening)
+    assert starts == pytest.approx([T, T + 10])
+    connects = questions.assignRuns(parsed, starts).where("event = 'connect'")
+    # The session before the first start belongs to a run the log missed.
+    assert sorted((row.run, row.session) for row in connects.collect()) == [(0, 1), (1, 1), (2, 1)]

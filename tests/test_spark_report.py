@@ -1,0 +1,232 @@
+"""
+The report over a hand-written log (tests/conftest_spark.py) whose answers
+are known: summary.json, the Parquet tables and the HTML page.
+"""
+
+import argparse
+import json
+import re
+
+import pytest
+
+pytest_plugins = ["conftest_spark"]
+
+
+@pytest.fixture(scope="module")
+def report(spark, handWrittenLogs, tmp_path_factory):
+    """
+    The report of the hand-written log: its folder and summary.
+    """
+    import report as reportModule
+
+    out = tmp_path_factory.mktemp("report")
+    summary = reportModule.runReport(spark, [str(handWrittenLogs)], out)
+    return out, summary
+
+
+def table(spark, out, name):
+    return [row.asDict() for row in spark.read.parquet(str(out / "tables" / name)).collect()]
+
+
+def test_summary_counts(report, handWrittenSummary):
+    out, summary = report
+    written = json.loads((out / "summary.json").read_text())
+    assert written == summary
+    for key, expected in handWrittenSummary.items():
+        if key == "topics":
+            assert {
+                topic: {name: values[name] for name in ("publishes", "deliveries")}
+                for topic, values in written["topics"].items()
+            } == expected
+        else:
+            assert written[key] == expected, key
+
+
+def test_loss_account_adds_up(report):
+    _, summary = report
+    assert summary["matched"] == sum(
+        summary[name] for name in ("acked", "fired", "replaced", "dropped", "inflight")
+    )
+    assert summary["messages_without_publish"] == 0
+
+
+def test_latency_percentiles(report):
+    _, summary = report
+    latency = summary["latency"]
+    assert latency["acks"] == 4
+    assert latency["p50"] == pytest.approx(0.51)
+    assert latency["p99"] == pytest.approx(2.0)
+    assert latency["max"] == pytest.approx(2.0)
+
+
+def test_latency_per_topic_and_transport(spark, report):
+    out, _ = report
+    rows = {(row["topic"], row["transport"]): row for row in table(spark, out, "latency")}
+    assert set(rows) == {("news", "tcp"), ("weather", "tcp")}
+    assert rows["news", "tcp"]["acks"] == 2
+    assert rows["news", "tcp"]["p50"] == pytest.approx(0.004)
+    assert rows["weather", "tcp"]["acks"] == 2
+    assert rows["weather", "tcp"]["p95"] == pytest.approx(1.0)
+
+
+def test_story_of_every_subscriber(spark, report):
+    out, _ = report
+    stories = {
+        (row["run"], row["mid"], row["session"]): (row["outcome"], row["drop_reason"])
+        for row in table(spark, out, "deliveries")
+    }
+    assert stories == {
+        (1, 1, 1): ("acked", None),
+        (1, 1, 2): ("fired", None),
+        (1, 2, 1): ("acked", None),
+        (1, 2, 2): ("fired", None),
+        (1, 3, 3): ("replaced", None),
+        (1, 4, 3): ("acked", None),
+        (1, 5, 1): ("dropped", "disconnected"),
+        (1, 5, 2): ("fired", None),
+        (2, 1, 1): ("acked", None),
+        (2, 2, 1): ("inflight", None),
+        (2, 3, 1): ("dropped", "queue_full"),
+    }
+
+
+def test_messages_account(spark, report):
+    out, _ = report
+    rows = {(row["run"], row["mid"]): row for row in table(spark, out, "messages")}
+    assert len(rows) == 8
+    second = rows[1, 2]
+    assert (second["subscribers"], second["acked"], second["fired"], second["redeliveries"]) == (
+        2, 1, 1, 1,
+    )
+    assert second["bytes_out"] == 15
+    assert rows[2, 2]["inflight"] == 1
+    retained = rows[2, 1]
+    assert (retained["retained"], retained["subscribers"], retained["acked"]) == (True, 1, 1)
+    assert retained["publisher"] is None
+
+
+def test_traffic_per_window_topic_and_transport(spark, report, handWrittenStart):
+    out, _ = report
+    rows = {
+        (row["window_start"].timestamp() - handWrittenStart, row["topic"], row["transport"]): row
+        for row in table(spark, out, "traffic")
+    }
+    assert set(rows) == {
+        (0, "news", "tcp"), (0, "news", "udp"), (0, "weather", "tcp"),
+        (180, "news", "tcp"), (180, "weather", "tcp"),
+    }
+    news = rows[0, "news", "tcp"]
+    assert (news["publishes"], news["deliveries"], news["redeliveries"]) == (3, 3, 1)
+    assert (news["bytes_in"], news["bytes_out"]) == (36, 41)
+    assert (news["publishers"], news["subscribers"]) == (1, 1)
+    udp = rows[0, "news", "udp"]
+    assert (udp["publishes"], udp["deliveries"], udp["subscribers"]) == (0, 3, 1)
+
+
+def test_top_publishers(spark, report):
+    out, _ = report
+    rows = {(row["run"], row["session"]): row for row in table(spark, out, "publishers")}
+    assert rows[1, 4]["publishes"] == 5
+    assert rows[1, 4]["topics"] == 2
+    assert rows[1, 4]["bytes"] == 46
+    assert rows[2, 2]["client"] == "127.0.0.1:50102"
+
+
+def test_sessions(spark, report):
+    out, _ = report
+    rows = {(row["run"], row["session"]): row for row in table(spark, out, "sessions")}
+    dropped = rows[1, 2]
+    assert dropped["transport"] == "udp"
+    assert dropped["end_reason"] == "expired"
+    assert dropped["pings_missed"] == 2
+    assert dropped["dropped_for_pings"] is True
+    assert dropped["duration"] == pytest.approx(38.501)
+    assert rows[2, 1]["end_reason"] is None
+    assert rows[1, 4]["errors"] == 2
+
+
+def test_concurrent_connections(spark, report):
+    out, _ = report
+    levels = sorted(
+        (row["t"], row["connections"]) for row in table(spark, out, "connections")
+    )
+    # The first run closes its four sessions; the second starts from zero
+    # and ends with one still connected.
+    assert [level for _, level in levels] == [1, 2, 3, 4, 3, 2, 1, 0, 1, 2, 1]
+
+
+def test_errors_and_health(spark, report):
+    out, _ = report
+    errors = {row["code"]: row for row in table(spark, out, "errors")}
+    assert errors["BAD_FRAMING"]["fatal"] == 1
+    assert errors["BAD_TOPIC"]["fatal"] == 0
+    assert errors["BAD_TOPIC"]["client"] == "127.0.0.1:50004"
+    health = table(spark, out, "health")
+    assert [(row["pings_missed"], row["clients_dropped"], row["errors"]) for row in health] == [
+        (2, 1, 2)
+    ]
+
+
+def test_runs_pair_with_stats(spark, report):
+    out, _ = report
+    runs = {row["run"]: row for row in table(spark, out, "runs")}
+    assert runs[1]["addresses"] == ["127.0.0.1:1373", "[::1]:1234"]
+    assert runs[1]["counters"]["published"] == 5
+    assert runs[2]["counters"] is None
+
+
+def test_html_report_is_self_contained(report):
+    out, _ = report
+    page = (out / "report.html").read_text()
+    assert page.count("<svg") == 3
+    for title in ("Traffic over time", "Publish-to-ack latency", "Concurrent connections"):
+        assert f"<title>{title}</title>" in page
+    assert "<script" not in page
+    # The only URL is the SVG namespace: nothing is fetched.
+    assert set(re.findall(r"https?://[^\"' ]+", page)) == {"http://www.w3.org/2000/svg"}
+    assert "this line is no log line" in page
+
+
+def test_report_escapes_what_the_log_says(report):
+    from dallal_analytics import htmlreport
+
+    _, summary = report
+    hostile = "<script>alert(1)</script>"
+    page = htmlreport.render(
+        dict(summary, errors_by_code={hostile: 1}),
+        traffic=[], histogram=[], connections=[], connectionStep=1,
+        topics=[{"topic": hostile, "publishes": 1}], publishers=[], latency=[], loss=[],
+        errors=[], health=[], runs=[],
+    )
+    assert "<script" not in page
+    assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;") == 2
+
+
+@pytest.mark.parametrize(
+    "text, seconds",
+    [("90", 90), ("30s", 30), ("5m", 300), ("1 minute", 60), ("2h", 7200), ("0.5s", 0.5)],
+)
+def test_window_durations(text, seconds):
+    import report as reportModule
+
+    assert reportModule.windowSeconds(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["0", "-1m", "5 parsecs", ""])
+def test_bad_window_durations(text):
+    import report as reportModule
+
+    with pytest.raises(argparse.ArgumentTypeError):
+        reportModule.windowSeconds(text)
+
+
+def test_counter_mismatches_name_the_counter():
+    import report as reportModule
+    from dallal_analytics import questions
+
+    run = dict.fromkeys(questions.COUNTERS_FROM_EVENTS.values(), 0)
+    run.update(run=1, publishes=2, matched=2, acked=1, counters={"published": 3, "acked": 1,
+                                                                  "inflight": 1})
+    assert reportModule.counterMismatches([run]) == [
+        {"run": 1, "counter": "published", "broker": 3, "log": 2}
+    ]
