@@ -18,6 +18,7 @@ free, so a burst of retained publishes costs a few disk syncs, not one each.
 import heapq
 import os
 import sqlite3
+from threading import Thread
 from typing import NamedTuple
 
 from twisted.internet.defer import Deferred, fail
@@ -79,6 +80,20 @@ class _Unsettled:
         self.durable = durable
 
 
+
+class _DaemonThreadPool(ThreadPool):
+    """
+    A thread pool whose thread does not keep the process alive.
+
+    The broker closes the store when it stops; a program that forgets to
+    (or dies first) must still be able to exit.  Nothing acked is lost if
+    the thread dies with it: an unfinished SQLite transaction rolls back,
+    and a write is only acked once committed.
+    """
+
+    def threadFactory(self, **kwargs):
+        return Thread(daemon=True, **kwargs)
+
 class RetainedStore:
     """
     The retained messages of a broker, in memory and in an SQLite file.
@@ -105,7 +120,7 @@ class RetainedStore:
         self._queue = []
         self._writing = False
         self._closed = None
-        self._pool = ThreadPool(1, 1, name="dallal-retained")
+        self._pool = _DaemonThreadPool(1, 1, name="dallal-retained")
         self._pool.start()
 
     @classmethod
