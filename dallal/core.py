@@ -478,22 +478,21 @@ class Broker:
     # Health
 
     def pingMissed(self, subscriber, missed):
-        self.counters["pings_missed"] += 1
-        self.events.emit(
-            "ping_missed",
-            LogLevel.warn,
-            session=self.sessionId(subscriber),
-            client=subscriber.peer,
-            missed=missed,
-        )
+        """
+        Record that a client let a ping go unanswered for an interval.
+        """
+        self._keepaliveEvent("ping_missed", "pings_missed", subscriber, missed)
 
     def clientDropped(self, subscriber, missed):
         """
         Record that a client is being dropped for not answering pings.
         """
-        self.counters["clients_dropped"] += 1
+        self._keepaliveEvent("client_dropped", "clients_dropped", subscriber, missed)
+
+    def _keepaliveEvent(self, name, counter, subscriber, missed):
+        self.counters[counter] += 1
         self.events.emit(
-            "client_dropped",
+            name,
             LogLevel.warn,
             session=self.sessionId(subscriber),
             client=subscriber.peer,

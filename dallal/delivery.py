@@ -418,6 +418,20 @@ class Outbox:
         )
 
 
+# The counters the ledger keeps (docs/EVENTS.md describes them).
+DELIVERY_COUNTERS = (
+    "matched",
+    "delivered",
+    "fired",
+    "redelivered",
+    "acked",
+    "replaced",
+    "dropped",
+    "inflight",
+    *("dropped_" + reason for reason in DROP_REASONS),
+)
+
+
 class Ledger:
     """
     The broker's accounting of deliveries: counters and per-message events.
@@ -430,19 +444,8 @@ class Ledger:
     def __init__(self, counters, events):
         self.counters = counters
         self.events = events
-        for name in (
-            "matched",
-            "delivered",
-            "fired",
-            "redelivered",
-            "acked",
-            "replaced",
-            "dropped",
-            "inflight",
-        ):
+        for name in DELIVERY_COUNTERS:
             counters[name] = 0
-        for reason in DROP_REASONS:
-            counters["dropped_" + reason] = 0
 
     def matched(self, message):
         self.counters["matched"] += 1

@@ -193,21 +193,8 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
 
     def sendMessage(self, message, subscriptionId, seq, deliveryId, redelivered):
         if self._attached and not self.transport.disconnecting:
-            payload = message.payload
             self.transport.writeSequence(
-                (
-                    wire.encodeMessageHeader(
-                        message.wireTopic,
-                        len(payload),
-                        subscriptionId,
-                        seq,
-                        deliveryId,
-                        redelivered,
-                        message.retained,
-                    ),
-                    payload,
-                    wire.CRLF,
-                )
+                wire.encodeMessage(message, subscriptionId, seq, deliveryId, redelivered)
             )
 
     def disconnect(self, reason):

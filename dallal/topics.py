@@ -18,20 +18,31 @@ class TopicError(ValueError):
     """
 
 
+def checkName(name, maxLength, what):
+    """
+    What topics and subscription filters have in common: 1 to C{maxLength}
+    bytes of UTF-8, no whitespace, no control characters.
+
+    @param what: C{"topic"} or C{"filter"}, for the reason.
+    @raise TopicError: with a reason a person can act on.
+    """
+    if not name:
+        raise TopicError(f"{what} is empty")
+    size = len(name.encode("utf-8"))
+    if size > maxLength:
+        raise TopicError(f"{what} is {size} bytes, longer than {maxLength}")
+    # isprintable() lets the ASCII space through, and only that space.
+    if not name.isprintable() or " " in name:
+        raise TopicError(f"{what} contains a control or whitespace character")
+
+
 def checkTopic(topic, maxLength=MAX_TOPIC_LENGTH):
     """
-    Check a topic a client wants to publish to or subscribe on.
+    Check a topic a client wants to publish to.
 
     @raise TopicError: with a reason a person can act on.
     """
-    if not topic:
-        raise TopicError("topic is empty")
-    size = len(topic.encode("utf-8"))
-    if size > maxLength:
-        raise TopicError(f"topic is {size} bytes, longer than {maxLength}")
-    # isprintable() lets the ASCII space through, and only that space.
-    if not topic.isprintable() or " " in topic:
-        raise TopicError("topic contains a control or whitespace character")
+    checkName(topic, maxLength, "topic")
     if WILDCARDS.intersection(topic):
         raise TopicError("'+' and '#' are reserved for subscription wildcards")
     if topic.startswith("$"):

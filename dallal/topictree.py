@@ -24,7 +24,7 @@ matches cost, however many entries the tree holds.
 
 from collections.abc import MutableMapping
 
-from dallal.topics import MAX_TOPIC_LENGTH, WILDCARDS, TopicError
+from dallal.topics import MAX_TOPIC_LENGTH, WILDCARDS, TopicError, checkName
 
 SEPARATOR = "/"
 SINGLE_LEVEL = "+"
@@ -38,14 +38,7 @@ def checkFilter(topicFilter, maxLength=MAX_TOPIC_LENGTH):
 
     @raise TopicError: with a reason a person can act on.
     """
-    if not topicFilter:
-        raise TopicError("filter is empty")
-    size = len(topicFilter.encode("utf-8"))
-    if size > maxLength:
-        raise TopicError(f"filter is {size} bytes, longer than {maxLength}")
-    # isprintable() lets the ASCII space through, and only that space.
-    if not topicFilter.isprintable() or " " in topicFilter:
-        raise TopicError("filter contains a control or whitespace character")
+    checkName(topicFilter, maxLength, "filter")
     if not WILDCARDS.intersection(topicFilter):
         return
     levels = topicFilter.split(SEPARATOR)

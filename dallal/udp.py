@@ -192,17 +192,8 @@ class UdpSession(RequestHandler):
     # ISubscriber
 
     def sendMessage(self, message, subscriptionId, seq, deliveryId, redelivered):
-        payload = message.payload
-        header = wire.encodeMessageHeader(
-            message.wireTopic,
-            len(payload),
-            subscriptionId,
-            seq,
-            deliveryId,
-            redelivered,
-            message.retained,
-        )
-        self.protocol.sendTo(b"".join((header, payload, wire.CRLF)), self.address)
+        frame = wire.encodeMessage(message, subscriptionId, seq, deliveryId, redelivered)
+        self.protocol.sendTo(b"".join(frame), self.address)
 
     def disconnect(self, reason):
         # Datagrams from the client find no session from now on; the broker,

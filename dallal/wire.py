@@ -318,6 +318,24 @@ def encodeMessageHeader(
     return line + CRLF
 
 
+def encodeMessage(message, subscriptionId, seq, deliveryId, redelivered):
+    """
+    A whole C{MSG} frame for a L{dallal.core.Message}, as the byte strings
+    to write: its control line, its payload (not copied), a CRLF.
+    """
+    payload = message.payload
+    header = encodeMessageHeader(
+        message.wireTopic,
+        len(payload),
+        subscriptionId,
+        seq,
+        deliveryId,
+        redelivered,
+        message.retained,
+    )
+    return (header, payload, CRLF)
+
+
 # Answers that carry a JSON document as their payload.
 DATA_REPLIES = (b"STATS", b"LIST", b"TOPICS")
 

@@ -22,7 +22,15 @@ from zope.interface.verify import verifyObject
 
 from dallal.client import DallalClientProtocol, ReceivedMessage
 from dallal.core import BrokerConfig
-from dallal.delivery import ALL, DISCONNECT, DROP_REASONS, FIRE, LATEST, DeliveryConfig
+from dallal.delivery import (
+    ALL,
+    DELIVERY_COUNTERS,
+    DISCONNECT,
+    DROP_REASONS,
+    FIRE,
+    LATEST,
+    DeliveryConfig,
+)
 from dallal.interfaces import ISubscriber
 from helpers import BrokerHarness, decodeFrames
 
@@ -32,18 +40,6 @@ ACK_TIMEOUT = 2.0
 # What a message's story can end with, besides a `deliver` in fire mode.
 ENDING_EVENTS = ("ack", "replace", "drop")
 
-# The counters that describe deliveries, for before/after comparisons.
-DELIVERY_COUNTERS = (
-    "matched",
-    "delivered",
-    "fired",
-    "redelivered",
-    "acked",
-    "replaced",
-    "dropped",
-    "inflight",
-    *("dropped_" + reason for reason in DROP_REASONS),
-)
 
 
 def harnessWith(**limits):
