@@ -1,5 +1,6 @@
 """
-The C{dallal} command: publish and subscribe from a shell.
+The C{dallal} command: publish and subscribe from a shell, list the
+broker's topics, and talk to it interactively (C{shell}, C{chat}).
 
     dallal [connection options] <host> <port> <command> [command options] ...
 
@@ -12,6 +13,7 @@ import os
 import sys
 
 import json
+import textwrap
 
 from twisted.internet import defer, error as netError
 from twisted.internet.endpoints import HostnameEndpoint
@@ -19,8 +21,19 @@ from twisted.internet.task import deferLater, react
 from twisted.python.failure import Failure
 
 from dallal import __version__
-from dallal.client import ServerError, SessionLost, connect, connectUDP
+from dallal.chat import Chat, checkName, defaultName
+from dallal.client import (
+    DallalClientProtocol,
+    ServerError,
+    SessionLost,
+    connect,
+    connectUDP,
+)
+from dallal.console import openConsole
 from dallal.delivery import MODES
+from dallal.errors import BAD_TOPIC
+from dallal.shell import Shell, describeReach, formatTopics, helpLines as shellHelpLines
+from dallal.topics import WILDCARDS, checkTopic
 
 DEFAULT_TIMEOUT = 10.0
 
@@ -52,7 +65,8 @@ def _timeout(text):
 def buildParser():
     parser = argparse.ArgumentParser(
         prog="dallal",
-        description="Publish to and subscribe on a Dallal broker.",
+        description="Publish to and subscribe on a Dallal broker, list its topics, "
+        "or talk to it interactively (shell, chat).",
         epilog="Options about the connection come before <host>; options of a "
         "command come after its name: dallal 127.0.0.1 1373 publish --timeout 2 "
         "news hello. 'dallal <host> <port> <command> --help' describes a command.",
@@ -86,9 +100,26 @@ def buildParser():
         "publish",
         help="publish one message",
         description=f"Publish a message; prints '{PUBLISHED}' once the broker "
-        "acknowledges it.",
+        "acknowledges it.  A topic is made of levels separated by '/' "
+        "(weather/minnesota); the wildcards + and # only go in the filters of "
+        "subscriptions and of --to-matching.",
     )
     addTimeout(publish)
+    how = publish.add_mutually_exclusive_group()
+    how.add_argument(
+        "--retain",
+        action="store_true",
+        help="also keep it as the topic's retained message, which every new "
+        "subscription to the topic receives, across broker restarts; an empty "
+        "message clears it",
+    )
+    how.add_argument(
+        "--to-matching",
+        action="store_true",
+        help="the topic is a filter (WEATHER/# or a/+/c): publish on every "
+        "existing topic it matches (topics with a retained message or a "
+        "subscriber by name), and print on a second line how many it reached",
+    )
     publish.add_argument(
         "--count",
         type=_positiveInt,
@@ -105,14 +136,16 @@ def buildParser():
         help="wait this long between publishes; 0 (the default) sends them "
         "all at once, pipelined",
     )
-    publish.add_argument("topic")
+    publish.add_argument("topic", help="a topic; with --to-matching a topic filter")
     publish.add_argument("message")
 
     subscribe = commands.add_parser(
         "subscribe",
         help="print the messages published on topics",
         description="Subscribe on one or more topics and print each message as "
-        "'<topic>: <message>' until interrupted.",
+        "'<topic>: <message>' until interrupted.  A topic may be a filter: + "
+        "matches one level (a/+ gets a/x, not a/x/y), # every level below (a/# "
+        "gets a, a/x and a/x/y).  The topics' retained messages come first.",
     )
     addTimeout(subscribe)
     subscribe.add_argument(
@@ -132,7 +165,88 @@ def buildParser():
     )
     addTimeout(stats)
     stats.add_argument("--json", action="store_true", help="print them as JSON")
+
+    topics = commands.add_parser(
+        "topics",
+        help="list the broker's topics",
+        description="List the topics the broker knows (those with a retained "
+        "message, and those clients subscribe to, filters included) with the "
+        "size of their retained message and their number of subscribers; a "
+        "last line says when some were left out.",
+    )
+    addTimeout(topics)
+    topics.add_argument(
+        "--limit",
+        type=_positiveInt,
+        default=None,
+        metavar="N",
+        help="list at most N topics, in alphabetical order (the broker lists "
+        "at most 1000)",
+    )
+    topics.add_argument("--json", action="store_true", help="print them as JSON")
+
+    shell = commands.add_parser(
+        "shell",
+        help="an interactive session with slash commands",
+        # The list of slash commands keeps its lines.
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="\n\n".join(
+            [
+                _paragraph(
+                    "One connection to the broker, driven by commands read from "
+                    "standard input, one per line:"
+                ),
+                "\n".join("  " + line for line in shellHelpLines()),
+                _paragraph(
+                    "Messages print as '<topic>: <message>' as they arrive.  On a "
+                    "terminal the line being typed stays below them, with history "
+                    "(Up, Down) and editing; from a pipe there is no prompt, errors "
+                    "go to standard error, and the end of the input disconnects.  "
+                    "Exit status 0 after /disc or the end of input, 1 if the "
+                    "connection fails or is lost."
+                ),
+            ]
+        ),
+    )
+    addTimeout(shell)
+
+    chat = commands.add_parser(
+        "chat",
+        help="chat with others on a topic",
+        description="Two-way chat: each line read is published on the topic as "
+        "'<name>: <line>', and every line others publish there is printed as "
+        "it comes (one's own are not printed again).  The end of input (Ctrl-D, "
+        "or Ctrl-C on a terminal) leaves.",
+    )
+    addTimeout(chat)
+    chat.add_argument(
+        "--name",
+        type=_name,
+        default=None,
+        help="the name your lines are signed with (default: user@host)",
+    )
+    chat.add_argument("topic", type=_plainTopic, help="the topic to chat on (no wildcards)")
     return parser
+
+
+def _paragraph(text):
+    return textwrap.fill(text, width=79)
+
+
+def _name(text):
+    try:
+        checkName(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error))
+    return text
+
+
+def _plainTopic(text):
+    try:
+        checkTopic(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{text!r}: {error}")
+    return text
 
 
 def _positiveInt(text):
@@ -178,13 +292,21 @@ def _timedOut(result, timeout):
     return result
 
 
+def _cause(error):
+    """
+    The error itself, when the first of several pipelined requests failed.
+    """
+    if isinstance(error, defer.FirstError):
+        return error.subFailure.value
+    return error
+
+
 def describe(failure, args):
     """
     One line saying why a command failed, for standard error.
     """
     where = f"{args.host}:{args.port}"
-    if isinstance(failure, defer.FirstError):
-        failure = failure.subFailure.value
+    failure = _cause(failure)
     if isinstance(failure, defer.TimeoutError):
         return f"no answer from the broker at {where} within {args.timeout:g} seconds"
     if isinstance(failure, netError.ConnectionRefusedError):
@@ -202,9 +324,12 @@ def describe(failure, args):
     return f"{type(failure).__name__}: {failure}"
 
 
-def _fail(line, error, args):
+def _fail(line, error, args, hint=None):
     print(line, flush=True)
-    print(f"dallal: {describe(error, args)}", file=sys.stderr, flush=True)
+    reason = describe(error, args)
+    if hint is not None:
+        reason = f"{reason} ({hint})"
+    print(f"dallal: {reason}", file=sys.stderr, flush=True)
     raise SystemExit(1)
 
 
@@ -226,6 +351,28 @@ def _connect(reactor, args, deadline):
     return deadline.wait(connecting)
 
 
+def _publishOnce(client, args, payload):
+    if args.to_matching:
+        return client.publishToMatching(args.topic, payload)
+    return client.publish(args.topic, payload, retain=args.retain)
+
+
+def _publishHint(error, args):
+    """
+    What to do instead, when a wildcard made the broker refuse the topic.
+    """
+    error = _cause(error)
+    refusedFilter = (
+        isinstance(error, ServerError)
+        and error.code == BAD_TOPIC
+        and not args.to_matching
+        and not WILDCARDS.isdisjoint(args.topic)
+    )
+    if refusedFilter:
+        return "publish --to-matching publishes on every topic a filter matches"
+    return None
+
+
 async def publishCommand(reactor, args):
     # fsencode gives back the exact bytes the shell passed.
     payload = os.fsencode(args.message)
@@ -235,14 +382,16 @@ async def publishCommand(reactor, args):
         for number in range(args.count):
             if number and args.every:
                 await deferLater(reactor, args.every)
-            acks.append(client.publish(args.topic, payload))
+            acks.append(_publishOnce(client, args, payload))
         # The time limit runs from the last publish sent.
-        await Deadline(reactor, args.timeout).wait(
+        answers = await Deadline(reactor, args.timeout).wait(
             defer.gatherResults(acks, consumeErrors=True)
         )
     except Exception as error:
-        _fail(PUBLISH_FAILED, error, args)
+        _fail(PUBLISH_FAILED, error, args, _publishHint(error, args))
     print(PUBLISHED, flush=True)
+    if args.to_matching:
+        print(describeReach(args.topic, answers), flush=True)
     await client.close()
 
 
@@ -312,28 +461,106 @@ async def subscribeCommand(reactor, args):
     raise SystemExit(1)
 
 
-async def statsCommand(reactor, args):
+def _exitWith(error, args):
+    print(f"dallal: {describe(error, args)}", file=sys.stderr, flush=True)
+    raise SystemExit(1)
+
+
+async def _query(reactor, args, ask):
+    """
+    Connect, ask the broker one question, print the answer as JSON if the
+    user asked for it, and close.
+
+    @param ask: called with the client, returns a Deferred of the answer.
+    @return: the answer, when it is to be printed otherwise.
+    """
     deadline = Deadline(reactor, args.timeout)
     try:
         client = await _connect(reactor, args, deadline)
-        stats = await deadline.wait(client.stats())
+        answer = await deadline.wait(ask(client))
     except Exception as error:
-        print(f"dallal: {describe(error, args)}", file=sys.stderr, flush=True)
-        raise SystemExit(1)
+        _exitWith(error, args)
+    await client.close()
     if args.json:
-        print(json.dumps(stats, sort_keys=True, indent=2), flush=True)
-    else:
+        print(json.dumps(answer, sort_keys=True, indent=2), flush=True)
+        return None
+    return answer
+
+
+async def statsCommand(reactor, args):
+    stats = await _query(reactor, args, lambda client: client.stats())
+    if stats is not None:
         width = max(map(len, stats))
         for name in sorted(stats):
             print(f"{name:<{width}}  {stats[name]}")
         sys.stdout.flush()
-    await client.close()
+
+
+async def topicsCommand(reactor, args):
+    topics = await _query(reactor, args, lambda client: client.topics(args.limit))
+    if topics is not None:
+        for line in formatTopics(topics):
+            print(line)
+        sys.stdout.flush()
+
+
+def _sayBye(client):
+    # Over TCP the broker answers BYE and closes; over UDP close() says BYE.
+    if isinstance(client, DallalClientProtocol):
+        return client.bye
+    return client.close
+
+
+async def _consoleCommand(reactor, args, prompt, makeSession):
+    """
+    Run a L{dallal.shell.ConsoleSession} on standard input and output.
+
+    @param makeSession: called with the client, the console and the
+        function that says BYE; returns the session.
+    """
+    try:
+        client = await _connect(reactor, args, Deadline(reactor, args.timeout))
+    except Exception as error:
+        _exitWith(error, args)
+    console = openConsole(
+        reactor, prompt, lambda console: makeSession(client, console, _sayBye(client))
+    )
+    session = console.handler
+    session.start()
+    status = await session.finished
+    await console.close()
+    if status:
+        raise SystemExit(status)
+
+
+async def shellCommand(reactor, args):
+    await _consoleCommand(
+        reactor,
+        args,
+        "dallal> ",
+        lambda client, console, sayBye: Shell(reactor, client, console, args.timeout, sayBye),
+    )
+
+
+async def chatCommand(reactor, args):
+    name = args.name if args.name is not None else defaultName()
+    await _consoleCommand(
+        reactor,
+        args,
+        f"{name}: ",
+        lambda client, console, sayBye: Chat(
+            reactor, client, console, args.timeout, sayBye, args.topic, name
+        ),
+    )
 
 
 COMMANDS = {
     "publish": publishCommand,
     "subscribe": subscribeCommand,
     "stats": statsCommand,
+    "topics": topicsCommand,
+    "shell": shellCommand,
+    "chat": chatCommand,
 }
 
 

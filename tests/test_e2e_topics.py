@@ -1,0 +1,345 @@
+"""
+End to end: topic filters, retained messages, publishing to every matching
+topic, the topics list, and the interactive shell and chat, through the
+real C{dallal} command against the real C{twistd dallal}; every wait
+bounded.
+"""
+
+import fcntl
+import json
+import os
+import re
+import select
+import struct
+import subprocess
+import termios
+import time
+
+from twisted.conch.insults.helper import TerminalBuffer
+from twisted.conch.insults.insults import ClientProtocol
+from twisted.internet.testing import StringTransport
+
+from helpers import COMMAND_TIMEOUT, DALLAL, BrokerProcess, dallal, subscriber
+
+PUBLISHED = b"your message published successfully\n"
+PUBLISH_FAILED = b"your message publishing failed\n"
+
+
+def publish(port, *arguments):
+    result = dallal("127.0.0.1", port, "publish", *arguments)
+    assert (result.stderr, result.returncode) == (b"", 0)
+    return result.stdout
+
+
+def waitForLine(process, line):
+    """
+    Wait until C{process} has printed C{line} (bytes, without its line end).
+    """
+    process.waitFor(b"(?m)^" + re.escape(line) + b"\n", COMMAND_TIMEOUT)
+
+
+def runShell(port, commands):
+    """
+    Run C{dallal shell} with C{commands} piped to its standard input.
+    """
+    return subprocess.run(
+        [DALLAL, "127.0.0.1", str(port), "shell"],
+        input=commands,
+        capture_output=True,
+        timeout=COMMAND_TIMEOUT,
+    )
+
+
+def test_singleLevelWildcard(broker):
+    """
+    C{a/+} matches one level: a/x, not a/x/y nor a itself; C{a/#} matches a
+    and every level below it.
+    """
+    onePlus = subscriber(broker.port, "a/+")
+    allBelow = subscriber(broker.port, "a/#")
+    try:
+        for topic in ("a/x/y", "a", "a/x", "b/x", "a/z"):
+            publish(broker.port, topic, f"on {topic}")
+        waitForLine(onePlus, b"a/z: on a/z")
+        waitForLine(allBelow, b"a/z: on a/z")
+        assert onePlus.output == b"subscribing on a/+\na/x: on a/x\na/z: on a/z\n"
+        assert allBelow.output == (
+            b"subscribing on a/#\na/x/y: on a/x/y\na: on a\na/x: on a/x\na/z: on a/z\n"
+        )
+    finally:
+        assert onePlus.terminate() == 0
+        assert allBelow.terminate() == 0
+
+
+def test_retainedMessageOutlivesTheBroker(tmp_path):
+    """
+    A retained message is on disk once published (under the broker's
+    ./dallal-data), so a broker started afresh in the same folder still
+    gives it to new subscribers; an empty retained message clears one.
+    """
+    first = BrokerProcess.plugin(tmp_path)
+    try:
+        assert publish(first.port, "--retain", "news/today", "sunny") == PUBLISHED
+        assert publish(first.port, "--retain", "news/old", "stale") == PUBLISHED
+        assert publish(first.port, "--retain", "news/old", "") == PUBLISHED
+    finally:
+        first.stop()
+    second = BrokerProcess.plugin(tmp_path)
+    try:
+        listener = subscriber(second.port, "news/#")
+        try:
+            publish(second.port, "news/end", "live")
+            waitForLine(listener, b"news/end: live")
+            assert listener.output == (
+                b"subscribing on news/#\nnews/today: sunny\nnews/end: live\n"
+            )
+        finally:
+            assert listener.terminate() == 0
+    finally:
+        second.stop()
+
+
+def test_publishToMatchingAndTopics(broker):
+    """
+    C{publish --to-matching} reaches every existing topic the filter
+    matches (subscribed by name, or retained) and says how many; a plain
+    publish refuses a filter and says what to use; C{topics} lists them.
+    """
+    listener = subscriber(broker.port, "WEATHER/MN", "WEATHER/WI")
+    try:
+        assert publish(broker.port, "--retain", "WEATHER/TX", "hot") == PUBLISHED
+        assert publish(broker.port, "--to-matching", "WEATHER/#", "storm") == (
+            PUBLISHED + b"published on 3 topics\n"
+        )
+        waitForLine(listener, b"WEATHER/WI: storm")
+        assert listener.output == (
+            b"subscribing on WEATHER/MN WEATHER/WI\nWEATHER/MN: storm\nWEATHER/WI: storm\n"
+        )
+        assert publish(broker.port, "--to-matching", "NEWS/+", "quiet") == (
+            PUBLISHED + b"no topic matches NEWS/+\n"
+        )
+
+        refused = dallal("127.0.0.1", broker.port, "publish", "WEATHER/+", "storm")
+        assert (refused.stdout, refused.returncode) == (PUBLISH_FAILED, 1)
+        assert refused.stderr == (
+            b"dallal: the broker refused the request: BAD_TOPIC: '+' and '#' are "
+            b"reserved for subscription wildcards (publish --to-matching publishes "
+            b"on every topic a filter matches)\n"
+        )
+
+        table = dallal("127.0.0.1", broker.port, "topics")
+        assert (table.stdout, table.stderr, table.returncode) == (
+            b"TOPIC       RETAINED  SUBSCRIBERS\n"
+            b"WEATHER/MN  -         1\n"
+            b"WEATHER/TX  3 bytes   0\n"
+            b"WEATHER/WI  -         1\n",
+            b"",
+            0,
+        )
+        first = dallal("127.0.0.1", broker.port, "topics", "--limit", "1")
+        assert first.stdout == (
+            b"TOPIC       RETAINED  SUBSCRIBERS\n"
+            b"WEATHER/MN  -         1\n"
+            b"(showing 1 of 3 topics)\n"
+        )
+        asJson = dallal("127.0.0.1", broker.port, "topics", "--json", "--limit", "1")
+        assert json.loads(asJson.stdout) == {
+            "topics": [{"topic": "WEATHER/MN", "retained_bytes": None, "subscribers": 1}],
+            "total": 3,
+            "truncated": True,
+        }
+    finally:
+        assert listener.terminate() == 0
+
+
+def test_shellFromAPipe(broker):
+    """
+    Commands piped in are carried out in order, with no prompt and no
+    terminal control sequences; errors (the broker's and the user's) go to
+    standard error, one line each, and the shell goes on; /disc leaves with
+    exit status 0.
+    """
+    tooLarge = b"x" * (1024 * 1024 + 1)
+    result = runShell(
+        broker.port,
+        b"/sub a/+\n/SUB b all\n/sub a/#/b\n/pub a/x hi there\n/pub a/y %s\n/list\n"
+        b"/unsub a/+\n/unsub nope\n/list\n/frobnicate\n/disc\n/list\n" % tooLarge,
+    )
+    assert result.stdout == (
+        b"subscribed to a/+\n"
+        b"subscribed to b\n"
+        b"a/x: hi there\n"
+        b"published on a/x\n"
+        b"2 subscriptions:\n"
+        b"  a/+ (latest)\n"
+        b"  b (all)\n"
+        b"unsubscribed from a/+\n"
+        b"1 subscription:\n"
+        b"  b (all)\n"
+        b"disconnected\n"
+    )
+    assert result.stderr == (
+        b"error: '#' must be the last level of a filter (BAD_TOPIC)\n"
+        b"error: payload of 1048577 bytes is larger than the maximum of 1048576 "
+        b"(PAYLOAD_TOO_LARGE)\n"
+        b"error: not subscribed to 'nope' (NOT_SUBSCRIBED)\n"
+        b"error: unknown command /frobnicate; /help lists the commands\n"
+    )
+    assert result.returncode == 0
+
+
+def test_shellEndOfInputLeaves(broker):
+    result = runShell(broker.port, b"/sub x\r\n/list\r\n")
+    assert (result.stdout, result.stderr, result.returncode) == (
+        b"subscribed to x\n1 subscription:\n  x (latest)\ndisconnected\n",
+        b"",
+        0,
+    )
+
+
+class Conversation:
+    """
+    A running C{dallal} command we type into and read from through file
+    descriptors (a pipe each way, or a pseudo-terminal), reading only when
+    something is there, until a deadline.
+    """
+
+    def __init__(self, process, readFrom, writeTo):
+        self.process = process
+        self.readFrom = readFrom
+        self.writeTo = writeTo
+        self.output = b""
+
+    def type(self, data):
+        os.write(self.writeTo, data)
+
+    def expect(self, pattern, timeout=COMMAND_TIMEOUT):
+        """
+        Read until the output matches C{pattern}.
+        """
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, self.output):
+            remaining = deadline - time.monotonic()
+            readable, _, _ = select.select([self.readFrom], [], [], max(remaining, 0))
+            chunk = os.read(self.readFrom, 65536) if readable else b""
+            assert chunk, (
+                f"no {pattern!r} within {timeout} s; exit status "
+                f"{self.process.poll()}; output: {self.output[-2000:]!r}"
+            )
+            self.output += chunk
+
+    def wait(self):
+        """
+        Wait for the command to exit, killing it if it does not in time.
+
+        @return: its exit status.
+        """
+        try:
+            return self.process.wait(COMMAND_TIMEOUT)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait(COMMAND_TIMEOUT)
+
+
+def chatter(port, name):
+    process = subprocess.Popen(
+        [DALLAL, "127.0.0.1", str(port), "chat", "--name", name, "room"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    conversation = Conversation(process, process.stdout.fileno(), process.stdin.fileno())
+    conversation.expect(re.escape(f"chatting on room as {name}\n".encode()))
+    return conversation
+
+
+def test_chatBetweenTwoProcesses(broker):
+    """
+    Each side sees the other's lines signed with the other's name, and not
+    its own lines.
+    """
+    alice = chatter(broker.port, "alice")
+    try:
+        bob = chatter(broker.port, "bob")
+        try:
+            alice.type(b"hello bob\n")
+            bob.expect(b"alice: hello bob\n")
+            bob.type(b"hi alice\n")
+            alice.expect(b"bob: hi alice\n")
+            bob.process.stdin.close()
+            assert bob.wait() == 0
+            bob.expect(b"disconnected\n")
+        finally:
+            bob.process.kill()
+        alice.process.stdin.close()
+        assert alice.wait() == 0
+        alice.expect(b"disconnected\n")
+    finally:
+        alice.process.kill()
+    assert alice.output == b"chatting on room as alice\nbob: hi alice\ndisconnected\n"
+    assert bob.output == b"chatting on room as bob\nalice: hello bob\ndisconnected\n"
+
+
+def screen(output, columns=80):
+    """
+    What a terminal shows after receiving C{output}: its non-blank rows.
+    """
+    terminal = ClientProtocol(TerminalBuffer)
+    terminal.makeConnection(StringTransport())
+    terminal.terminal.width = columns
+    terminal.terminal.reset()
+    terminal.dataReceived(output)
+    return [row.rstrip() for row in bytes(terminal.terminal).decode().split("\n") if row.strip()]
+
+
+def test_shellOnATerminal(broker):
+    """
+    On a terminal a message that arrives while a line is half typed is
+    printed on its own line, and the prompt and the partial input are drawn
+    again below it; the line can then be finished.  When the shell ends,
+    the terminal is as it was: echo and line editing back, blocking.
+    """
+    master, slave = os.openpty()
+    try:
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+        before = termios.tcgetattr(slave)
+        process = subprocess.Popen(
+            [DALLAL, "127.0.0.1", str(broker.port), "shell"],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            start_new_session=True,
+        )
+        shell = Conversation(process, master, master)
+        try:
+            shell.expect(re.escape(b"connected; /help lists the commands\r\ndallal> "))
+            shell.type(b"/sub news\r")
+            shell.expect(re.escape(b"subscribed to news\r\ndallal> "))
+            shell.type(b"/pub news hel")
+            shell.expect(re.escape(b"dallal> /pub news hel"))
+            assert publish(broker.port, "news", "from elsewhere") == PUBLISHED
+            shell.expect(re.escape(b"news: from elsewhere\r\ndallal> /pub news hel"))
+            assert screen(shell.output)[-2:] == ["news: from elsewhere", "dallal> /pub news hel"]
+            shell.type(b"lo\r")
+            shell.expect(re.escape(b"published on news\r\ndallal> "))
+            assert screen(shell.output)[-5:] == [
+                "news: from elsewhere",
+                "dallal> /pub news hello",
+                "news: hello",
+                "published on news",
+                "dallal>",
+            ]
+            # Ctrl-D on an empty line.
+            shell.type(b"\x04")
+            shell.expect(re.escape(b"disconnected\r\n"))
+            assert shell.wait() == 0
+        finally:
+            process.kill()
+            process.wait(COMMAND_TIMEOUT)
+        assert screen(shell.output)[-1] == "disconnected"
+        assert termios.tcgetattr(slave) == before
+        assert not fcntl.fcntl(slave, fcntl.F_GETFL) & os.O_NONBLOCK
+    finally:
+        os.close(master)
+        os.close(slave)
