@@ -526,6 +526,7 @@ async def _consoleCommand(reactor, args, prompt, makeSession):
         reactor, prompt, lambda console: makeSession(client, console, _sayBye(client))
     )
     session = console.handler
+    reactor.addSystemEventTrigger("before", "shutdown", session.interrupted)
     session.start()
     status = await session.finished
     await console.close()

@@ -112,7 +112,8 @@ class ConsoleSession:
     says BYE.
 
     @ivar finished: fires with the exit status once the session is over:
-        0 when the user left, 1 when the connection was lost.
+        0 when the user left or stopped the process, 1 when the connection
+        was lost.
     """
 
     def __init__(self, clock, client, console, timeout, sayBye):
@@ -183,6 +184,15 @@ class ConsoleSession:
             return
         self.console.printLine("disconnected")
         self.finished.callback(0)
+
+    def interrupted(self):
+        """
+        The process is told to stop (Ctrl-C from a pipe, SIGTERM): that is
+        the user's way out, not a failure to report.
+        """
+        self._leaving = True
+        if not self.finished.called:
+            self.finished.callback(0)
 
     def _disconnected(self, _):
         if self._leaving:

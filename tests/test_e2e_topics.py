@@ -293,53 +293,91 @@ def screen(output, columns=80):
     return [row.rstrip() for row in bytes(terminal.terminal).decode().split("\n") if row.strip()]
 
 
+class TerminalShell(Conversation):
+    """
+    C{dallal shell} on a pseudo-terminal of 80 columns, which the test keeps
+    open after the shell exits to see the state it left it in.
+    """
+
+    def __init__(self, port):
+        master, self.terminal = os.openpty()
+        fcntl.ioctl(self.terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+        self.settings = termios.tcgetattr(self.terminal)
+        process = subprocess.Popen(
+            [DALLAL, "127.0.0.1", str(port), "shell"],
+            stdin=self.terminal,
+            stdout=self.terminal,
+            stderr=self.terminal,
+            start_new_session=True,
+        )
+        Conversation.__init__(self, process, master, master)
+        self.expect(re.escape(b"connected; /help lists the commands\r\ndallal> "))
+
+    def close(self):
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(COMMAND_TIMEOUT)
+        os.close(self.readFrom)
+        os.close(self.terminal)
+
+    def assertGivenBack(self):
+        """
+        The terminal is as it was: echo and line editing back, blocking.
+        """
+        assert termios.tcgetattr(self.terminal) == self.settings
+        assert not fcntl.fcntl(self.terminal, fcntl.F_GETFL) & os.O_NONBLOCK
+
+
 def test_shellOnATerminal(broker):
     """
     On a terminal a message that arrives while a line is half typed is
     printed on its own line, and the prompt and the partial input are drawn
-    again below it; the line can then be finished.  When the shell ends,
-    the terminal is as it was: echo and line editing back, blocking.
+    again below it; the line can then be finished.  Ctrl-D leaves, and gives
+    the terminal back as it was.
     """
-    master, slave = os.openpty()
+    shell = TerminalShell(broker.port)
     try:
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
-        before = termios.tcgetattr(slave)
-        process = subprocess.Popen(
-            [DALLAL, "127.0.0.1", str(broker.port), "shell"],
-            stdin=slave,
-            stdout=slave,
-            stderr=slave,
-            start_new_session=True,
-        )
-        shell = Conversation(process, master, master)
-        try:
-            shell.expect(re.escape(b"connected; /help lists the commands\r\ndallal> "))
-            shell.type(b"/sub news\r")
-            shell.expect(re.escape(b"subscribed to news\r\ndallal> "))
-            shell.type(b"/pub news hel")
-            shell.expect(re.escape(b"dallal> /pub news hel"))
-            assert publish(broker.port, "news", "from elsewhere") == PUBLISHED
-            shell.expect(re.escape(b"news: from elsewhere\r\ndallal> /pub news hel"))
-            assert screen(shell.output)[-2:] == ["news: from elsewhere", "dallal> /pub news hel"]
-            shell.type(b"lo\r")
-            shell.expect(re.escape(b"published on news\r\ndallal> "))
-            assert screen(shell.output)[-5:] == [
-                "news: from elsewhere",
-                "dallal> /pub news hello",
-                "news: hello",
-                "published on news",
-                "dallal>",
-            ]
-            # Ctrl-D on an empty line.
-            shell.type(b"\x04")
-            shell.expect(re.escape(b"disconnected\r\n"))
-            assert shell.wait() == 0
-        finally:
-            process.kill()
-            process.wait(COMMAND_TIMEOUT)
+        shell.type(b"/sub news\r")
+        shell.expect(re.escape(b"subscribed to news\r\ndallal> "))
+        shell.type(b"/pub news hel")
+        shell.expect(re.escape(b"dallal> /pub news hel"))
+        assert publish(broker.port, "news", "from elsewhere") == PUBLISHED
+        shell.expect(re.escape(b"news: from elsewhere\r\ndallal> /pub news hel"))
+        assert screen(shell.output)[-2:] == ["news: from elsewhere", "dallal> /pub news hel"]
+        shell.type(b"lo\r")
+        shell.expect(re.escape(b"published on news\r\ndallal> "))
+        assert screen(shell.output)[-5:] == [
+            "news: from elsewhere",
+            "dallal> /pub news hello",
+            "news: hello",
+            "published on news",
+            "dallal>",
+        ]
+        # Ctrl-D on an empty line.
+        shell.type(b"\x04")
+        shell.expect(re.escape(b"disconnected\r\n"))
+        assert shell.wait() == 0
         assert screen(shell.output)[-1] == "disconnected"
-        assert termios.tcgetattr(slave) == before
-        assert not fcntl.fcntl(slave, fcntl.F_GETFL) & os.O_NONBLOCK
+        shell.assertGivenBack()
     finally:
-        os.close(master)
-        os.close(slave)
+        shell.close()
+
+
+def test_shellOnATerminalStoppedBySigterm(broker):
+    """
+    SIGTERM stops the shell quietly, with exit status 0, and the terminal
+    is given back all the same.
+    """
+    shell = TerminalShell(broker.port)
+    try:
+        shell.type(b"/pub news hal")
+        shell.expect(re.escape(b"dallal> /pub news hal"))
+        shell.process.terminate()
+        assert shell.wait() == 0
+        shell.assertGivenBack()
+        # The last thing it writes takes the prompt off the screen.
+        shell.expect(re.escape(b"\r\x1b[K"))
+        assert screen(shell.output)[-1] == "connected; /help lists the commands"
+        assert b"error" not in shell.output
+    finally:
+        shell.close()

@@ -320,6 +320,18 @@ def test_brokerGoneIsReportedOnce(shell):
     assert shell.console.taken() == []
 
 
+def test_interruptedFinishesQuietly(shell):
+    """
+    Stopped by a signal, the session ends with status 0, and the connection
+    the reactor then closes is not reported as lost.
+    """
+    shell.type("/list")
+    shell.session.interrupted()
+    shell.brokerCloses()
+    assert shell.status == [0]
+    assert shell.console.taken() == []
+
+
 def test_greetingOnATerminalOnly():
     session = Session(Shell)
     session.console.interactive = True
