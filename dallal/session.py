@@ -53,13 +53,19 @@ class RequestHandler:
 
     def publish(self, request, payload):
         options = request.options
+        retain = options.get("retain") == "1"
         try:
             if options.get("to-matching") == "1":
+                if retain:
+                    raise RequestError(
+                        BAD_ARGUMENTS,
+                        "retain=1 and to-matching=1 do not go together: retain names one topic",
+                        request.id,
+                    )
                 reached = self.broker.publishToMatching(self, request.topic, payload, request.id)
                 self.sendFrame(wire.encodePubAck(request.id, {"topics": str(reached)}))
                 return
             self.broker.publish(self, request.topic, payload, request.id)
-            retain = options.get("retain") == "1"
             stored = self.broker.retain(request.topic, payload, request.id) if retain else None
         except RequestError as error:
             self.refuse(error)
@@ -120,12 +126,13 @@ class RequestHandler:
 
     def _handleTopics(self, request):
         maxListed = self.broker.config.maxListed
-        try:
-            limit = min(int(request.options.get("limit", maxListed)), maxListed)
-        except ValueError:
-            self.refuse(RequestError(BAD_ARGUMENTS, "limit must be a number", request.id))
+        limit = request.options.get("limit", str(maxListed))
+        if not limit.isdigit():
+            self.refuse(
+                RequestError(BAD_ARGUMENTS, "limit must be a whole number", request.id)
+            )
             return
-        rows, total = self.broker.topics(max(limit, 0))
+        rows, total = self.broker.topics(min(int(limit), maxListed))
         self._sendData(
             b"TOPICS",
             request.id,

@@ -470,3 +470,21 @@ def test_sessionSplitAnywhere():
     for position in range(1, len(SESSION)):
         assert sessionOutput(splitAt(SESSION, [position])) == expected, position
     assert sessionOutput(SESSION[i : i + 1] for i in range(len(SESSION))) == expected
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        b"PUB 6 a/# 2 to-matching=1 retain=1\r\nhi\r\n",
+        b"TOPICS 6 limit=-1\r\n",
+        b"TOPICS 6 limit=many\r\n",
+    ],
+)
+def test_conflictingOrMalformedOptionsAreRefused(request_):
+    """
+    Options that contradict each other, or a limit that is not a whole
+    number, get a clear BAD_ARGUMENTS instead of being half obeyed.
+    """
+    client = BrokerHarness().connect()
+    client.send(request_)
+    assert client.received().startswith(b"ERR 6 BAD_ARGUMENTS ")
