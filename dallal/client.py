@@ -149,6 +149,18 @@ def checkToken(value, what):
         raise ValueError(f"{what} {value!r} is empty or contains whitespace")
 
 
+def _ackable(deliveryId):
+    """
+    Whether a delivery id can go back in an C{ACK}: 1 to 64 printable ASCII
+    characters, as every id of the protocol.
+    """
+    return (
+        0 < len(deliveryId) <= wire.MAX_ID_LENGTH
+        and deliveryId.isascii()
+        and deliveryId.isprintable()
+    )
+
+
 class _ClientSession:
     """
     What a client does whatever carries its frames: requests matched to
@@ -373,6 +385,13 @@ class _ClientSession:
             return
         options = header.options
         deliveryId = options.get("id")
+        if deliveryId is not None and not _ackable(deliveryId):
+            # The broker's ids are printable ASCII: this one could not be
+            # acked, so the message would come back for ever.
+            self._log.warn(
+                "dropping a message whose delivery id cannot be acked: {id!r}", id=deliveryId
+            )
+            return
         subscription = self._subscriptions.get(options.get("sub"))
         try:
             seq = int(options.get("seq", "0"))
@@ -437,7 +456,8 @@ class _ClientSession:
             return
         try:
             document = json.loads(payload)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
+            # RecursionError: nested deeper than the parser goes.
             deferred.errback(
                 ClientProtocolError(f"unreadable {header.verb} payload: {e}")
             )
