@@ -15,11 +15,20 @@ import subprocess
 import termios
 import time
 
+import pytest
 from twisted.conch.insults.helper import TerminalBuffer
 from twisted.conch.insults.insults import ClientProtocol
 from twisted.internet.testing import StringTransport
 
-from helpers import COMMAND_TIMEOUT, DALLAL, BrokerProcess, dallal, subscriber
+from helpers import (
+    COMMAND_TIMEOUT,
+    DALLAL,
+    LOOPBACK_ANY_PORT,
+    TWISTD,
+    BrokerProcess,
+    dallal,
+    subscriber,
+)
 
 PUBLISHED = b"your message published successfully\n"
 PUBLISH_FAILED = b"your message publishing failed\n"
@@ -381,3 +390,34 @@ def test_shellOnATerminalStoppedBySigterm(broker):
         assert b"error" not in shell.output
     finally:
         shell.close()
+
+
+@pytest.mark.parametrize(
+    "makeStore, reason",
+    [
+        (lambda directory: (directory / "dallal-data").write_text("a file"), b"dallal-data"),
+        (
+            lambda directory: (directory / "dallal-data").mkdir()
+            or (directory / "dallal-data" / "retained.sqlite3").write_bytes(b"\0garbage" * 512),
+            b"retained.sqlite3",
+        ),
+    ],
+    ids=["not a directory", "corrupt"],
+)
+def test_unusableStoreStopsTheBrokerAtStart(tmp_path, makeStore, reason):
+    """
+    A data directory that cannot hold the store, or a store that is not a
+    database, stops twistd at start with a one-line reason naming the path,
+    not a traceback.
+    """
+    makeStore(tmp_path)
+    result = subprocess.run(
+        [TWISTD, "-n", "--pidfile=", "dallal", "--tcp", LOOPBACK_ANY_PORT],
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=COMMAND_TIMEOUT,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert b"dallal: cannot start:" in output and reason in output, output
+    assert b"Traceback" not in output, output

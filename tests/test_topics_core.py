@@ -1,0 +1,194 @@
+"""
+Filters, retained messages, UNSUB, LIST, TOPICS and publishes to every
+matching topic, through the broker's TCP protocol on a clock (PROTOCOL.md,
+"Topics and filters" and "Retained messages").
+"""
+
+import json
+
+from twisted.internet.defer import succeed
+
+from dallal.retained import RetainedStats
+from dallal.topictree import TopicMap
+from helpers import BrokerHarness, decodeFrames
+
+
+class MemoryRetained:
+    """
+    The retained store's interface, in memory: writes are durable at once.
+    """
+
+    def __init__(self):
+        self.messages = TopicMap()
+
+    def set(self, topic, payload):
+        if payload:
+            self.messages[topic] = payload
+        else:
+            self.messages.pop(topic, None)
+        return succeed(None)
+
+    def get(self, topic):
+        return self.messages.get(topic)
+
+    def match(self, topicFilter):
+        return self.messages.match(topicFilter)
+
+    def list(self, limit):
+        return [(topic, len(self.messages[topic])) for topic in sorted(self.messages)[:limit]]
+
+    @property
+    def stats(self):
+        return RetainedStats(len(self.messages), sum(map(len, self.messages.values())))
+
+
+def harnessWithRetained():
+    harness = BrokerHarness()
+    harness.broker.retained = MemoryRetained()
+    return harness
+
+
+def messages(client):
+    """
+    C{(topic, payload, options)} of each MSG written to the client since the
+    last call.
+    """
+    return messagesIn(client.received())
+
+
+def messagesIn(written):
+    """
+    C{(topic, payload, options)} of each MSG in C{written}.
+    """
+    return [
+        (
+            frame.arguments[0].decode(),
+            frame.payload,
+            dict(argument.split(b"=", 1) for argument in frame.arguments if b"=" in argument),
+        )
+        for frame in decodeFrames(written)
+        if frame.verb == b"MSG"
+    ]
+
+
+def document(written, verb):
+    """
+    The JSON payload of the one C{<verb> <id> <size>} answer in C{written},
+    the bytes a client received.
+    """
+    start = written.index(verb + b" ")
+    header, rest = written[start:].split(b"\r\n", 1)
+    size = int(header.split(b" ")[2])
+    return json.loads(rest[:size])
+
+
+def publish(client, topic, payload, options=b""):
+    client.send(b"PUB p %s %d%s\r\n%s\r\n" % (topic, len(payload), options, payload))
+
+
+def test_wildcardSubscriptionsFollowTheRules():
+    harness = BrokerHarness()
+    subscriber, publisher = harness.connect(), harness.connect()
+    subscriber.send(b"SUB 1 a/+ mode=fire\r\nSUB 2 b/# mode=fire\r\n")
+    subscriber.received()
+    for topic in (b"a/x", b"a/x/y", b"a", b"b", b"b/c/d", b"c"):
+        publish(publisher, topic, b"m")
+    assert [topic for topic, _, _ in messages(subscriber)] == ["a/x", "b", "b/c/d"]
+
+
+def test_overlappingFiltersDeliverOnceThroughTheStrongestMode():
+    """
+    Two filters of one connection matching a message: it arrives once, with
+    the sub= of the subscription whose mode promises the most.
+    """
+    harness = BrokerHarness()
+    subscriber, publisher = harness.connect(), harness.connect()
+    subscriber.send(b"SUB f a/# mode=fire\r\nSUB k a/+ mode=all\r\n")
+    subscriber.received()
+    publish(publisher, b"a/b", b"once")
+    ((topic, payload, options),) = messages(subscriber)
+    assert (topic, payload, options[b"sub"]) == ("a/b", b"once", b"k")
+
+
+def test_retainedMessagesReachNewSubscriptionsAfterTheirSubAck():
+    harness = harnessWithRetained()
+    publisher = harness.connect()
+    publish(publisher, b"w/a", b"sunny", b" retain=1")
+    publish(publisher, b"w/b", b"rain", b" retain=1")
+    publish(publisher, b"w/b", b"snow", b" retain=1")
+    assert publisher.received() == b"PUBACK p\r\n" * 3
+    subscriber = harness.connect()
+    subscriber.send(b"SUB 1 w/# mode=fire\r\n")
+    written = subscriber.received()
+    assert written.startswith(b"SUBACK 1\r\n")
+    received = messagesIn(written)
+    assert sorted((topic, payload) for topic, payload, _ in received) == [
+        ("w/a", b"sunny"),
+        ("w/b", b"snow"),
+    ]
+    assert all(options[b"retained"] == b"1" for _, _, options in received)
+
+
+def test_anEmptyRetainedPublishClearsTheTopic():
+    harness = harnessWithRetained()
+    publisher = harness.connect()
+    publish(publisher, b"w/a", b"sunny", b" retain=1")
+    publish(publisher, b"w/a", b"", b" retain=1")
+    subscriber = harness.connect()
+    subscriber.send(b"SUB 1 w/a\r\n")
+    assert subscriber.received() == b"SUBACK 1\r\n"
+
+
+def test_aBrokerWithoutAStoreRefusesRetainedPublishes():
+    client = BrokerHarness().connect()
+    publish(client, b"w/a", b"x", b" retain=1")
+    assert client.received().startswith(b"ERR p STORE_FAILED ")
+
+
+def test_unsubscribeAndList():
+    harness = BrokerHarness()
+    subscriber, publisher = harness.connect(), harness.connect()
+    subscriber.send(b"SUB 1 a mode=fire\r\nSUB 2 b/# mode=all\r\nUNSUB 3 a\r\nUNSUB 4 a\r\n")
+    written = subscriber.received()
+    assert written == (
+        b"SUBACK 1\r\nSUBACK 2\r\nUNSUBACK 3\r\n"
+        b"ERR 4 NOT_SUBSCRIBED not subscribed to 'a'\r\n"
+    )
+    publish(publisher, b"a", b"gone")
+    assert messages(subscriber) == []
+    subscriber.send(b"LIST 5\r\n")
+    assert document(subscriber.received(), b"LIST") == {
+        "count": 1,
+        "subscriptions": [{"filter": "b/#", "mode": "all"}],
+    }
+
+
+def test_topicsListsRetainedTopicsAndFiltersBounded():
+    harness = harnessWithRetained()
+    client = harness.connect()
+    publish(client, b"t/1", b"abc", b" retain=1")
+    client.send(b"SUB 1 t/+ mode=fire\r\nSUB 2 t/1 mode=fire\r\nTOPICS 3 limit=2\r\n")
+    assert document(client.received(), b"TOPICS") == {
+        "total": 2,
+        "truncated": False,
+        "topics": [
+            {"topic": "t/+", "retained_bytes": None, "subscribers": 1},
+            {"topic": "t/1", "retained_bytes": 3, "subscribers": 1},
+        ],
+    }
+    client.send(b"TOPICS 4 limit=1\r\n")
+    assert document(client.received(), b"TOPICS")["truncated"] is True
+
+
+def test_publishToMatchingReachesExistingTopicsOnly():
+    harness = harnessWithRetained()
+    publisher, subscriber = harness.connect(), harness.connect()
+    publish(publisher, b"w/kept", b"k", b" retain=1")
+    subscriber.send(b"SUB 1 w/named mode=fire\r\nSUB 2 w/+/deep mode=fire\r\n")
+    subscriber.received()
+    publisher.received()
+    publish(publisher, b"w/#", b"all", b" to-matching=1")
+    assert publisher.received() == b"PUBACK p topics=2\r\n"
+    assert [(topic, payload) for topic, payload, _ in messages(subscriber)] == [
+        ("w/named", b"all")
+    ]
