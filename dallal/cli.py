@@ -28,6 +28,7 @@ from dallal.client import (
     SessionLost,
     connect,
     connectUDP,
+    tlsEndpoint,
 )
 from dallal.console import openConsole
 from dallal.delivery import MODES
@@ -72,10 +73,25 @@ def buildParser():
         "news hello. 'dallal <host> <port> <command> --help' describes a command.",
     )
     parser.add_argument("--version", action="version", version=f"dallal {__version__}")
-    parser.add_argument(
+    transport = parser.add_mutually_exclusive_group()
+    transport.add_argument(
         "--udp",
         action="store_true",
         help="talk to the broker over UDP instead of TCP",
+    )
+    transport.add_argument(
+        "--tls",
+        action="store_true",
+        help="talk to the broker over TLS (its --tcp ssl:... port); its "
+        "certificate must be for <host> and signed by a CA of --cafile, or of "
+        "the system's roots",
+    )
+    parser.add_argument(
+        "--cafile",
+        metavar="CA",
+        default=None,
+        help="with --tls: a PEM file of the CA certificate(s) to trust instead "
+        "of the system's",
     )
     parser.add_argument("host", help="the broker's host name or address")
     parser.add_argument(
@@ -319,9 +335,34 @@ def describe(failure, args):
         return f"the broker at {where} closed the connection"
     if isinstance(failure, ServerError):
         return f"the broker refused the request: {failure}"
+    tls = _tlsReason(failure, args.host)
+    if tls is not None:
+        return f"TLS with the broker at {where} failed: {tls}"
     if isinstance(failure, ValueError):
         return str(failure)
     return f"{type(failure).__name__}: {failure}"
+
+
+def _tlsReason(error, host):
+    """
+    Why a TLS connection failed, in words, or C{None} if C{error} is not
+    about TLS.
+    """
+    module = type(error).__module__
+    if module.startswith("OpenSSL"):
+        # pyOpenSSL's errors are lists of (library, function, reason).
+        reasons = [
+            entry[-1]
+            for entry in (error.args[0] if error.args and isinstance(error.args[0], list) else [])
+            if isinstance(entry, tuple) and entry and entry[-1]
+        ]
+        reason = "; ".join(reasons) or str(error) or type(error).__name__
+        if "certificate verify failed" in reasons:
+            reason += " (the broker's certificate is not signed by a trusted CA: see --cafile)"
+        return reason
+    if module.startswith("service_identity"):
+        return f"the broker's certificate is not for {host} (its subjectAltName does not name it)"
+    return None
 
 
 def _fail(line, error, args, hint=None):
@@ -346,6 +387,12 @@ def _connect(reactor, args, deadline):
             )
 
         connecting = connectUDP(reactor, args.host, args.port, onPongMissed=reportPongMissed)
+    elif args.tls:
+        try:
+            endpoint = tlsEndpoint(reactor, args.host, args.port, args.cafile)
+        except ImportError:
+            raise ValueError("--tls needs pyOpenSSL: pip install 'twisted[tls]'")
+        connecting = connect(reactor, endpoint)
     else:
         connecting = connect(reactor, HostnameEndpoint(reactor, args.host, args.port))
     return deadline.wait(connecting)
@@ -566,7 +613,10 @@ COMMANDS = {
 
 
 def main(argv=None):
-    args = buildParser().parse_args(argv)
+    parser = buildParser()
+    args = parser.parse_args(argv)
+    if args.cafile is not None and not args.tls:
+        parser.error("--cafile goes with --tls")
 
     def run(reactor):
         return defer.ensureDeferred(COMMANDS[args.command](reactor, args))

@@ -23,6 +23,7 @@ the broker asks for.
 
 import itertools
 import json
+import re
 import secrets
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -908,6 +909,47 @@ def connect(reactor, endpoint):
     if isinstance(endpoint, str):
         endpoint = clientFromString(reactor, endpoint)
     return connectProtocol(endpoint, DallalClientProtocol())
+
+
+_PEM_CERTIFICATE = re.compile(
+    rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.DOTALL
+)
+
+
+def tlsEndpoint(reactor, host, port, cafile=None):
+    """
+    An endpoint to a broker over TLS (its C{--tcp ssl:...} listener), for
+    L{connect}: the broker's certificate must be signed by a CA of
+    C{cafile}, or of the system's roots, and be for C{host} (a DNS name, or
+    an IP address in the certificate's subjectAltName).
+
+    Twisted's C{tls:host=...:port=...:trustRoots=DIRECTORY} endpoint
+    description does the same with a directory of C{.pem} files.
+
+    @param cafile: the path of a PEM file of one or more CA certificates.
+    @raise ValueError: C{cafile} cannot be read or holds no certificate.
+    @raise ImportError: pyOpenSSL is missing (C{pip install twisted[tls]}).
+    """
+    from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
+    from twisted.internet.ssl import Certificate, optionsForClientTLS, trustRootFromCertificates
+
+    trustRoot = None
+    if cafile is not None:
+        try:
+            with open(cafile, "rb") as file:
+                blocks = _PEM_CERTIFICATE.findall(file.read())
+            certificates = [Certificate.loadPEM(block) for block in blocks]
+        except OSError as error:
+            raise ValueError(f"cannot read the CA file {cafile}: {error.strerror}")
+        except Exception as error:
+            raise ValueError(f"the CA file {cafile} holds an unreadable certificate: {error}")
+        if not certificates:
+            raise ValueError(f"the CA file {cafile} holds no PEM certificate")
+        trustRoot = trustRootFromCertificates(certificates)
+    return wrapClientTLS(
+        optionsForClientTLS(host, trustRoot=trustRoot),
+        HostnameEndpoint(reactor, host, port),
+    )
 
 
 def connectUDP(reactor, host, port, clientId=None, onPongMissed=None):

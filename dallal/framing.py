@@ -76,6 +76,11 @@ class FrameReceiver(LineReceiver):
         self.transport.loseConnection()
 
     def dataReceived(self, data):
+        if self._closing():
+            # The connection is being closed (after a framing error, say):
+            # what else arrives no longer means anything.  A TCP transport
+            # stops reading then, but TLS still delivers what it decrypts.
+            return
         if self._busyReceiving:
             # Re-entered from a callback (for example setLineMode(extra)):
             # the outer call picks this up when its callback returns.

@@ -100,10 +100,23 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         RequestHandler.refuse(self, error, fatal)
         if fatal:
             self._closeReason = "protocol_error"
-            self.transport.loseConnection()
+            self._close()
 
     def pongReceived(self):
         self.sweep.pongReceived(self)
+
+    def _close(self):
+        """
+        Close the connection once what was written is sent.
+
+        The delivery valve is unregistered first: over TLS
+        (L{twisted.protocols.tls}) a connection with a producer registered
+        does not close until the producer is unregistered, so the client
+        would stay connected after the broker's fatal ERR or BYE.
+        """
+        if not self.transport.disconnecting:
+            self.transport.unregisterProducer()
+            self.transport.loseConnection()
 
     # Incoming frames
 
@@ -151,7 +164,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         A graceful disconnect: answer BYE, then close once it is written.
         """
         self.sendFrame(wire.BYE_FRAME)
-        self.transport.loseConnection()
+        self._close()
 
     def _publishReceived(self, request):
         try:
@@ -203,7 +216,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
             # The broker has already detached this session.
             self._attached = False
             self.sweep.remove(self)
-            self.transport.loseConnection()
+            self._close()
         else:
             # A slow consumer's buffer may never drain: don't wait for it.
             self.transport.abortConnection()

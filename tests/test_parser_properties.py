@@ -226,8 +226,10 @@ def serverFrames(data, dataVerbs=(b"STATS", b"LIST", b"TOPICS")):
 
 def runBroker(config, chunks):
     """
-    Feed C{chunks} to a new connection of a broker, one read each, as a
-    socket would: nothing more once the broker closes the connection.
+    Feed C{chunks} to a new connection of a broker, one read each, all of
+    them even once the broker has closed the connection: a TCP transport
+    stops reading then, but TLS goes on delivering what it decrypts until
+    the peer's close_notify.
 
     @return: what the peer sees: the bytes written, whether the connection
         was closed, and the broker's log.
@@ -235,8 +237,6 @@ def runBroker(config, chunks):
     harness = BrokerHarness(config)
     client = harness.connect()
     for chunk in chunks:
-        if client.closing:
-            break
         client.send(chunk)
     written = client.received()
     closing = client.closing
@@ -281,9 +281,10 @@ def test_brokerAnswersTheSameHoweverTheStreamIsCut(config, stream):
     """
     Whatever a client sends, however it is cut into reads: the broker
     writes the same bytes, logs the same events and closes the connection
-    (or not) the same way as for one read; it never raises; what it writes
-    is well-formed frames; every refusal is an ERR that is logged; and it
-    closes a connection only after a fatal ERR, or a BYE.
+    (or not) the same way as for one read (so what arrives after it closed
+    is ignored); it never raises; what it writes is well-formed frames;
+    every refusal is an ERR that is logged; and it closes a connection only
+    after a fatal ERR, or a BYE.
     """
     data, positions = stream
     with noTracebacks():
@@ -327,6 +328,31 @@ def test_brokerStreamRegression():
     checkBrokerOutput(written, closing, harness)
 
 
+def test_brokerIgnoresWhatArrivesAfterItClosed():
+    """
+    Once the broker has closed a connection for a framing error, later
+    reads (which TLS delivers until the client's close_notify) are not
+    acted upon: no subscription, no publish, nothing written.  Before the
+    fix a SUB in a later read was carried out, and a PUB whose payload came
+    in the read after its line was published (seen over a real TLS
+    connection).
+    """
+    harness = BrokerHarness(SMALL)
+    watcher = harness.connect()
+    watcher.send(b"SUB 1 x mode=fire\r\n")
+    client = harness.connect()
+    client.send(b"L" * 100 + b"\r\n")
+    assert client.received() == b"ERR - LINE_TOO_LONG control line longer than 64 bytes\r\n"
+    assert client.closing
+    client.send(b"SUB 10 x\r\n")
+    client.send(b"PUB 11 x 2\r\n")
+    client.send(b"hi\r\n")
+    assert client.received() == b""
+    assert watcher.received() == b"SUBACK 1\r\n"
+    stats = harness.broker.stats()
+    assert (stats["subscriptions"], stats["published"]) == (1, 0)
+
+
 # FrameReceiver on its own: every callback, in order.
 
 
@@ -366,8 +392,6 @@ def record(chunks):
     transport = StringTransport()
     receiver.makeConnection(transport)
     for chunk in chunks:
-        if transport.disconnecting:
-            break
         receiver.dataReceived(chunk)
     return receiver.calls, transport.disconnecting
 
