@@ -353,7 +353,10 @@ def encodePubAck(requestId, options=None):
     @param options: C{key=value} options, as text (C{topics=} for a publish
         to every matching topic).
     """
-    return b"PUBACK %s%s\r\n" % (requestId.encode("ascii"), _encodeOptions(options or {}))
+    if not options:
+        # The common case, once per publish: no options to join.
+        return b"PUBACK %s\r\n" % (requestId.encode("ascii"),)
+    return b"PUBACK %s%s\r\n" % (requestId.encode("ascii"), _encodeOptions(options))
 
 
 def encodeSubAck(requestId):
