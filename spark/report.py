@@ -15,6 +15,7 @@ import json
 import math
 import re
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -56,26 +57,57 @@ def windowSeconds(text):
 
 class Progress:
     """
-    One line per stage on standard error, with its duration.
+    A line on standard error when each stage of the report ends, and while
+    a stage runs longer than C{interval} seconds, a line every C{interval}
+    with the tasks done of the Spark stages running.
     """
 
-    def __init__(self, stream=sys.stderr, enabled=True):
+    def __init__(self, stream=sys.stderr, enabled=True, statusTracker=None, interval=15):
         self.stream = stream
         self.enabled = enabled
+        self.statusTracker = statusTracker
+        self.interval = interval
         self.started = time.monotonic()
+
+    def say(self, text):
+        if self.enabled:
+            print(f"dallal-report: {text}", file=self.stream, flush=True)
 
     @contextmanager
     def stage(self, name):
         begun = time.monotonic()
-        yield
-        if self.enabled:
-            now = time.monotonic()
-            print(
-                f"dallal-report: {name} done in {now - begun:.1f} s "
-                f"({now - self.started:.1f} s in all)",
-                file=self.stream,
-                flush=True,
+        finished = threading.Event()
+        watcher = None
+        if self.enabled and self.statusTracker is not None:
+            watcher = threading.Thread(
+                target=self._watch, args=(name, begun, finished), daemon=True
             )
+            watcher.start()
+        try:
+            yield
+        finally:
+            finished.set()
+            if watcher is not None:
+                watcher.join()
+        now = time.monotonic()
+        self.say(f"{name} done in {now - begun:.1f} s ({now - self.started:.1f} s in all)")
+
+    def _watch(self, name, begun, finished):
+        while not finished.wait(self.interval):
+            stages = [
+                info for info in map(
+                    self.statusTracker.getStageInfo, self.statusTracker.getActiveStageIds()
+                )
+                if info is not None
+            ]
+            if stages:
+                done = sum(info.numCompletedTasks for info in stages)
+                running = sum(info.numActiveTasks for info in stages)
+                total = sum(info.numTasks for info in stages)
+                self.say(
+                    f"{name}: {time.monotonic() - begun:.0f} s, Spark tasks: {done} done, "
+                    f"{running} running, of {total}"
+                )
 
 
 class Tables:
@@ -286,6 +318,10 @@ def summarize(window, survey, starts, unparsedExamples, runRows, topicRows, loss
             counts[row[key]] = counts.get(row[key], 0) + row[name]
         return counts
 
+    def jsonKey(value):
+        # A malformed event may lack its topic or code; JSON keys are text.
+        return "" if value is None else value
+
     peak = max(runRows, key=lambda row: row["peak_connections"], default=None)
     sessionsByTransport = tally(sessionKinds, "transport", "count")
     trafficByTransport = {row["transport"]: row for row in transports}
@@ -311,7 +347,9 @@ def summarize(window, survey, starts, unparsedExamples, runRows, topicRows, loss
             for reason, count in tally(sessionKinds, "end_reason", "count").items()
         },
         "errors": total(errorRows, "errors"),
-        "errors_by_code": tally(errorRows, "code", "errors"),
+        "errors_by_code": {
+            jsonKey(code): count for code, count in tally(errorRows, "code", "errors").items()
+        },
         "pings_missed": total(runRows, "pings_missed"),
         "clients_dropped": total(runRows, "clients_dropped"),
         "latency": {
@@ -329,7 +367,7 @@ def summarize(window, survey, starts, unparsedExamples, runRows, topicRows, loss
         )),
         "window_seconds": window,
         "topics": {
-            row["topic"]: {name: value for name, value in row.items() if name != "topic"}
+            jsonKey(row["topic"]): {name: value for name, value in row.items() if name != "topic"}
             for row in topicRows
         },
         "transports": {
@@ -390,9 +428,10 @@ def main(argv=None):
     from pyspark.errors import AnalysisException
 
     try:
-        summary = runReport(
-            spark, args.logs, args.out, args.window, Progress(enabled=not args.quiet)
+        progress = Progress(
+            enabled=not args.quiet, statusTracker=spark.sparkContext.statusTracker()
         )
+        summary = runReport(spark, args.logs, args.out, args.window, progress)
     except AnalysisException as error:
         if error.getCondition() != "PATH_NOT_FOUND":
             raise

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 pytest_plugins = ["conftest_spark"]
+# Starting the JVM and its first queries take long on a busy machine.
+pytestmark = pytest.mark.timeout(300)
 
 CLUSTER = "local-cluster[2,1,1024]"
 

@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 
 pytest_plugins = ["conftest_spark"]
+# Starting the JVM and its first queries take long on a busy machine.
+pytestmark = pytest.mark.timeout(300)
 
 PING_INTERVAL = 0.3
 STEP_TIMEOUT = 20

@@ -9,6 +9,8 @@ import gzip
 import pytest
 
 pytest_plugins = ["conftest_spark"]
+# Starting the JVM and its first queries take long on a busy machine.
+pytestmark = pytest.mark.timeout(300)
 
 T = 1795292899.729858  # 2026-11-21T20:28:19.729858Z
 
@@ -83,7 +85,7 @@ def test_lines_that_are_not_events(spark, tmp_path, logLines):
         "\tbuiltins.ValueError: event=publish mid=1",
         # Neither a twistd line nor a continuation: counted, not fatal.
         "garbage event=publish mid=2",
-        '\x1e{"dallal_event": "connect"}',
+        '\x1e{"dallal_event": "connect", "log_namesp',
         "",
         logLines.event(T + 1, "disconnect", session=1, client="127.0.0.1:1", transport="tcp",
                        reason="closed", subscriptions=0),
@@ -166,3 +168,43 @@ def test_sessions_are_told_apart_across_broker_starts(spark, tmp_path, logLines)
     connects = questions.assignRuns(parsed, starts).where("event = 'connect'")
     # The session before the first start belongs to a run the log missed.
     assert sorted((row.run, row.session) for row in connects.collect()) == [(0, 1), (1, 1), (2, 1)]
+
+
+def test_json_log_records(spark, tmp_path):
+    """
+    Records of Twisted's jsonFileLogObserver, as the broker's EventLog
+    emits them.
+    """
+    from dallal.events import EventLog
+    from twisted.internet.task import Clock
+    from twisted.logger import Logger, LogLevel, jsonFileLogObserver
+
+    from dallal_analytics import parse
+
+    path = tmp_path / "dallal.json"
+    with open(path, "w") as stream:
+        observer = jsonFileLogObserver(stream)
+        clock = Clock()
+        clock.advance(T)
+        events = EventLog(clock, logger=Logger(namespace="dallal", observer=observer))
+        client = dict(session=3, client="127.0.0.1:50124")
+        events.emit("publish", mid=7, topic="a/b", bytes=11, **client, transport="tcp",
+                    subscribers=2)
+        events.emit("protocol_error", LogLevel.warn, **client, code="BAD_TOPIC", fatal=True)
+        events.emit("ack", mid=7, topic="a/b", session=3, latency=0.0045)
+        events.emit("stats", published=1, acked=1)
+        Logger(namespace="twisted.internet", observer=observer).info("not an event")
+        stream.write("\x1e{this is not JSON\n")
+    rows = parsedRows(spark, path)
+    assert [row["kind"] for row in rows] == [
+        parse.EVENT, parse.EVENT, parse.EVENT, parse.EVENT, parse.OTHER, parse.UNPARSED,
+    ]
+    publish, error, ack, stats = rows[:4]
+    assert (publish["event"], publish["level"], publish["mid"], publish["topic"]) == (
+        "publish", "info", 7, "a/b",
+    )
+    assert publish["t"] == pytest.approx(T, abs=1e-6)
+    assert (publish["transport"], publish["subscribers"]) == ("tcp", 2)
+    assert (error["level"], error["code"], error["fatal"]) == ("warn", "BAD_TOPIC", True)
+    assert ack["latency"] == pytest.approx(0.0045)
+    assert stats["stats"] == {"published": 1, "acked": 1}

@@ -10,6 +10,8 @@ import re
 import pytest
 
 pytest_plugins = ["conftest_spark"]
+# Starting the JVM and its first queries take long on a busy machine.
+pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +187,32 @@ def test_html_report_is_self_contained(report):
     # The only URL is the SVG namespace: nothing is fetched.
     assert set(re.findall(r"https?://[^\"' ]+", page)) == {"http://www.w3.org/2000/svg"}
     assert "this line is no log line" in page
+
+
+def test_odd_event_lines_are_never_fatal(spark, logLines, tmp_path):
+    import report as reportModule
+
+    t = 1795292880.0
+    path = logLines.write(tmp_path / "logs" / "twistd.log", [
+        # No time at all: neither twistd's nor t=.
+        "- [dallal#info] event=connect session=9 client=127.0.0.1:9 transport=tcp",
+        logLines.event(t, "publish", mid="x", bytes="big", session=1),
+        logLines.event(t + 1, "deliver", mid=1, topic="a", session="s"),
+        logLines.event(t + 2, "ack", mid=1, topic="a", session=1),
+        logLines.event(t + 3, "drop", "warn", mid=1, topic="a", session=1, reason="meteorite"),
+        logLines.event(t + 4, "stats", published="many"),
+        logLines.event(t + 5, "unheard_of", colour="blue"),
+        logLines.stamp(t + 6) + " [dallal#info] event=",
+    ])
+    summary = reportModule.runReport(spark, [str(path)], tmp_path / "out")
+    assert summary["lines"] == {
+        "lines": 8, "event": 8, "other": 0, "continuation": 0, "unparsed": 0,
+    }
+    assert (summary["publishes"], summary["deliveries"]) == (1, 1)
+    # mid 1's publish is unreadable: its story is counted apart from the account.
+    assert (summary["messages_without_publish"], summary["dropped"]) == (1, 0)
+    assert summary["sessions"] == 2
+    assert "<svg" in (tmp_path / "out" / "report.html").read_text()
 
 
 def test_report_escapes_what_the_log_says(report):

@@ -71,11 +71,21 @@ def windowStart(seconds, windowSeconds):
 
 def _timesAtOrBefore(times, t):
     """
-    How many of the driver-side C{times} are at or before the column C{t}.
+    How many of the driver-side C{times} (sorted) are at or before the
+    column C{t}: a binary search as nested CASE WHENs, which Spark compiles
+    (a lambda over an array of them would be interpreted for every row).
+    A null C{t} counts as before them all.
     """
-    if not times:
-        return F.lit(0)
-    return F.size(F.filter(F.array(*(F.lit(x) for x in times)), lambda x: x <= t))
+    def search(low, high):
+        # times[:low] are at or before t, times[high:] after it.
+        if low == high:
+            return F.lit(low)
+        middle = (low + high) // 2
+        return F.when(t >= F.lit(times[middle]), search(middle + 1, high)).otherwise(
+            search(low, middle)
+        )
+
+    return search(0, len(times))
 
 
 def brokerStarts(lines, listening):
