@@ -10,7 +10,6 @@ ever raises or logs a traceback.
 """
 
 import json
-import re
 from contextlib import contextmanager
 
 from hypothesis import HealthCheck, given, settings, strategies as st
