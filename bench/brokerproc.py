@@ -133,6 +133,14 @@ class Broker:
 
     # /proc
 
+    def cpuSplit(self):
+        """
+        (user, system) CPU seconds: the broker's Python and its system calls.
+        """
+        with open(f"/proc/{self.pid}/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+        return int(fields[11]) / CLOCK_TICKS, int(fields[12]) / CLOCK_TICKS
+
     def cpuSeconds(self):
         with open(f"/proc/{self.pid}/stat", "rb") as stat:
             fields = stat.read().rpartition(b")")[2].split()

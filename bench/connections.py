@@ -58,19 +58,6 @@ from brokerproc import (  # noqa: E402
 TOPIC = b"conn"
 PAYLOAD = b"hello"
 RECEIVE_SIZE = 4096
-FAILURE_KINDS = {
-    "closed": "closed by the broker before its SUBACK (the broker accepts and "
-    "closes what it cannot keep: Twisted's EMFILE recovery)",
-    "no_suback": "no SUBACK in time (not accepted: the broker's listen queue "
-    "waits on a broker that cannot accept)",
-    "ports": "no ephemeral port left on the source address (EADDRINUSE/"
-    "EADDRNOTAVAIL at bind or connect)",
-    "client_fds": "the client process is out of descriptors (EMFILE)",
-    "refused": "connection refused (ECONNREFUSED)",
-    "reset": "connection reset",
-    "timeout": "connect timed out",
-    "other": "another error",
-}
 
 
 # The load generator: one process holding many subscriber connections.
@@ -361,6 +348,10 @@ class Run:
         self.options = options
         self.series = []
 
+    def tell(self, kind, *rest):
+        for pipe in self.pipes:
+            pipe.send((kind, *rest))
+
     def ask(self, kind, *rest):
         for pipe in self.pipes:
             pipe.send((kind, *rest))
@@ -483,11 +474,11 @@ class Run:
                 available = meminfo("MemAvailable")
                 if available is not None and available < options.min_available * 2**20:
                     memoryStop = True
-                    self.ask("stop_ramp")
+                    self.tell("stop_ramp")
                 if not status["ramping"] and not status["pending"]:
                     break
-                if now > deadline:
-                    self.ask("stop_ramp")
+                if now > deadline and status["ramping"]:
+                    self.tell("stop_ramp")
                     log("  the ramp took longer than --ramp-timeout: stopped")
             rampSeconds = time.monotonic() - started
             status = self.statuses()
@@ -508,10 +499,13 @@ class Run:
                            "broker_emfile_log_lines": emfile,
                            "listen_overflows_during_ramp": overflows,
                            "pings_missed_during_ramp": statsRamp["pings_missed"]})
+            report["stopped_because"] = stopCause(
+                held, target, fds, limitSoft, emfile, status, memoryStop)
             log(f"ramp: {held:,} connections held after {rampSeconds:.1f} s "
                 f"({held / rampSeconds:,.0f}/s); failures {dict(status['failures'])}; "
                 f"worker stop reasons {status['stop_reasons']}")
             backlog = options.backlog or "Twisted's default, 50"
+            log("stopped because: " + report["stopped_because"])
             log(f"broker: {fds:,} descriptors open of its limit {limitSoft:,}; "
                 f"'EMFILE' in its log {emfile:,} times; the machine's listen queue "
                 f"overflowed {overflows:,} times (TcpExt ListenOverflows, the broker's "
@@ -542,12 +536,15 @@ class Run:
                 f"kernel TCP buffers (both ends) {kernelPages * 4096 / 2**20:+.1f} MiB; "
                 f"the broker counts {stats['connections']:,} connections")
 
-            # The idle sweep.
+            # The idle sweep, over a window that starts between two sweeps,
+            # so that it holds exactly --idle-intervals of them.
             interval = options.ping_interval
+            alignSweep(broker, interval, control)
             before = self.statuses()
             statsBefore = control.stats()
             cpuBefore, workerCpuBefore = broker.cpuSeconds(), before["cpu"]
             waitBefore = broker.secondsWaitingForCore()
+            splitBefore = broker.cpuSplit()
             profiler = None
             if options.profile:
                 profiler = subprocess.Popen(
@@ -566,6 +563,9 @@ class Run:
             window = time.monotonic() - t0
             cpu = broker.cpuSeconds() - cpuBefore
             waited = broker.secondsWaitingForCore() - waitBefore
+            splitAfter = broker.cpuSplit()
+            userCpu = splitAfter[0] - splitBefore[0]
+            systemCpu = splitAfter[1] - splitBefore[1]
             if profiler is not None:
                 profiler.wait(30)
             after = self.statuses()
@@ -575,11 +575,12 @@ class Run:
             perSweep = cpu / sweeps
             share = cpu / window
             perConnectionUs = perSweep / max(held, 1) * 1e6
-            at10 = perSweep / 10.0
+            at10 = perConnectionUs * 1e-6 * held / 10.0
             report.update({
                 "idle_window": round(window, 2), "idle_cpu": round(cpu, 3),
                 "idle_cpu_share": round(share, 4), "cpu_per_sweep": round(perSweep, 4),
                 "idle_waiting_for_core": round(waited, 3),
+                "idle_cpu_user": round(userCpu, 3), "idle_cpu_system": round(systemCpu, 3),
                 "cpu_per_connection_per_ping_us": round(perConnectionUs, 2),
                 "cpu_share_at_10s": round(at10, 4),
                 "pings_received": pings, "pings_expected": round(held * sweeps),
@@ -592,9 +593,11 @@ class Run:
             })
             log(f"idle sweep: {window:.1f} s = {sweeps:.1f} ping intervals of {interval:g} s; "
                 f"broker CPU {cpu:.2f} s = {share:.1%} of a core; "
-                f"{perSweep * 1000:.0f} ms per sweep, {perConnectionUs:.1f} us per connection "
-                f"and ping; at the default 10 s interval: {at10:.1%} of a core; "
-                f"the broker waited {waited:.2f} s for a core (the machine's other load)")
+                f"{perSweep * 1000:.0f} ms per sweep; {perConnectionUs:.1f} us per connection "
+                f"and ping; so one sweep of {held:,} connections every 10 s (the default "
+                f"interval) takes {at10:.1%} of a core; "
+                f"the broker waited {waited:.2f} s for a core (the machine's other load); "
+                f"user {userCpu:.2f} s (Python), system {systemCpu:.2f} s (system calls)")
             log(f"  pings received by the subscribers {pings:,} (expected ~{held * sweeps:,.0f}); "
                 f"pings missed in the window {report['pings_missed']:,} "
                 f"(since start {statsAfter['pings_missed']:,}); clients dropped "
@@ -604,6 +607,7 @@ class Run:
 
             # One publish to everyone.
             heldNow = after["held"]
+            publishCpuBefore = broker.cpuSeconds()
             t0 = time.monotonic()
             control.publish(TOPIC, PAYLOAD, timeout=options.deliver_timeout)
             pubAck = time.monotonic() - t0
@@ -613,12 +617,14 @@ class Run:
                 if status["messages"] >= heldNow:
                     break
                 time.sleep(0.05)
+            publishCpu = broker.cpuSeconds() - publishCpuBefore
             times = sorted(t for ts in self.ask("message_times") for t in ts)
             latencies = [t - t0 for t in times]
             report.update({
                 "publish_subscribers": heldNow,
                 "publish_received": len(latencies),
                 "puback_seconds": round(pubAck, 4),
+                "publish_cpu": round(publishCpu, 3),
                 "first_seconds": round(latencies[0], 4) if latencies else None,
                 "median_seconds": round(latencies[len(latencies) // 2], 4) if latencies else None,
                 "last_seconds": round(latencies[-1], 4) if latencies else None,
@@ -628,7 +634,8 @@ class Run:
                     f"{options.deliver_timeout:g} s; PUBACK after {pubAck * 1000:.0f} ms; "
                     f"first after {latencies[0] * 1000:.0f} ms, median "
                     f"{report['median_seconds'] * 1000:.0f} ms, last "
-                    f"{latencies[-1] * 1000:.0f} ms")
+                    f"{latencies[-1] * 1000:.0f} ms; the broker's CPU meanwhile "
+                    f"{publishCpu:.2f} s ({publishCpu / heldNow * 1e6:.0f} us per subscriber)")
             else:
                 log(f"publish: no subscriber received it within {options.deliver_timeout:g} s")
             report["stats_end"] = control.stats()
@@ -660,6 +667,56 @@ class Run:
             else:
                 shutil.rmtree(directory, ignore_errors=True)
         log("reproduce: " + reproduceCommand(options))
+
+
+def alignSweep(broker, interval, control, sample=0.05):
+    """
+    Wait until just after one of the broker's sweeps (a burst of CPU that
+    ends), plus a quarter interval: a window of whole intervals started then
+    holds whole sweeps.  Gives up after three intervals.
+    """
+    deadline = time.monotonic() + 3 * interval
+    previous = broker.cpuSeconds()
+    busy = quiet = 0
+    while time.monotonic() < deadline:
+        time.sleep(sample)
+        now = broker.cpuSeconds()
+        used, previous = now - previous, now
+        if used > sample * 0.3:
+            busy += 1
+            quiet = 0
+        elif busy:
+            quiet += 1
+            if quiet >= 3:
+                break
+    control.pollPings()
+    time.sleep(interval / 4)
+
+
+def stopCause(held, target, fds, limit, emfile, status, memoryStop):
+    """
+    Why the ramp stopped, from what the workers saw and what the broker's
+    /proc and log say.
+    """
+    failures = status["failures"]
+    reasons = [r for r in status["stop_reasons"] if r]
+    if held >= target:
+        return "the target was reached"
+    if memoryStop:
+        return "the machine's available memory fell under --min-available"
+    if fds >= limit - 1:
+        return (
+            f"the broker's descriptor limit (RLIMIT_NOFILE {limit:,}): it has {fds:,} open "
+            f"and logged EMFILE {emfile:,} times; the connections past the limit completed "
+            f"their handshake in the kernel, then the broker accepted and at once closed "
+            f"them (Twisted's EMFILE recovery) or left them in its listen queue: the "
+            f"clients saw {dict(failures)}"
+        )
+    if "ports" in reasons or "addresses" in reasons:
+        return "the source addresses' ephemeral ports ran out"
+    if "client_fds" in reasons:
+        return "the subscriber processes ran out of descriptors"
+    return f"the workers stopped after failures in a row: {reasons}, {dict(failures)}"
 
 
 def listenOverflows():
@@ -840,13 +897,87 @@ def parseArguments(argv):
                         help="ping intervals over which the idle CPU is measured (5)")
     parser.add_argument("--deliver-timeout", type=float, default=30.0,
                         help="seconds for the message to reach everyone (30)")
+    parser.add_argument("--probe-ports", action="store_true",
+                        help="instead: bind sockets to 127.0.0.2 port 0 until its ephemeral "
+                        "ports run out, and say how many there were")
     parser.add_argument("--json", help="also write the report and the ramp's samples here")
     parser.add_argument("--plot", help="also draw broker RSS against connections to this PNG")
     return parser.parse_args(argv)
 
 
+def bindUntilFull(address, limit, pipe):
+    """
+    Bind TCP sockets to (address, 0) until the kernel has no ephemeral port
+    left for the address or this process reaches C{limit}; report how many
+    and what stopped it, then hold them until told to let go.
+    """
+    raiseDescriptorLimit()
+    sockets, error = [], "limit"
+    try:
+        while len(sockets) < limit:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock.bind((address, 0))
+            except OSError as failure:
+                sock.close()
+                error = f"{errno.errorcode.get(failure.errno, failure.errno)}: {failure.strerror}"
+                break
+            sockets.append(sock)
+    except OSError as failure:
+        error = f"{errno.errorcode.get(failure.errno, failure.errno)} (this process's descriptors)"
+    pipe.send((len(sockets), error))
+    pipe.recv()
+    for sock in sockets:
+        sock.close()
+
+
+def probePorts(options):
+    """
+    How many sockets one source address can bind before connecting: its
+    ephemeral ports.  Two processes share the work, since one process may
+    hold fewer descriptors than there are ports.
+    """
+    low, high = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    address = "127.0.0.2"
+    context = multiprocessing.get_context("fork")
+    _, hard = raiseDescriptorLimit()
+    perProcess = hard - 50
+    processes, pipes, results = [], [], []
+    started = time.monotonic()
+    try:
+        for _ in range(-(-(high - low + 2) // perProcess)):
+            mine, theirs = context.Pipe()
+            process = context.Process(target=bindUntilFull, args=(address, perProcess, theirs),
+                                      daemon=True)
+            process.start()
+            pipes.append(mine)
+            processes.append(process)
+            # One after the other: the first takes what it can, the next the rest.
+            if not mine.poll(120):
+                raise BenchError("a binding process did not answer")
+            results.append(mine.recv())
+            if results[-1][1] != "limit":
+                break
+    finally:
+        for pipe in pipes:
+            pipe.send("done")
+        for process in processes:
+            process.join(20)
+    total = sum(count for count, _ in results)
+    log(f"ports: {total:,} sockets bound to {address} port 0 in {len(results)} process(es) "
+        f"({time.monotonic() - started:.1f} s) before {results[-1][1]}; "
+        f"ip_local_port_range {low}-{high} holds {high - low + 1:,} ports")
+
+
 def main(argv=None):
     options = parseArguments(argv)
+    if options.probe_ports:
+        try:
+            probePorts(options)
+        except BenchError as error:
+            print(f"connections.py: {error}", file=sys.stderr)
+            return 1
+        return 0
     try:
         Run(options).main()
     except BenchError as error:
