@@ -287,48 +287,13 @@ def fuzzClient(selector, data):
         check(runClient(chunks) == whole, "client depends on how the stream is cut", data)
 
 
-class Recorder:
-    """
-    Made a L{FrameReceiver} subclass once the target is imported.
-    """
-
-
 def _makeRecorder():
-    global Recorder
-
-    class Recorder(FrameReceiver):
-        MAX_LENGTH = 32
-
-        def __init__(self):
-            self.calls = []
-
-        def lineReceived(self, line):
-            self.calls.append(("line", line))
-            if line[:1] in (b"P", b"D") and line[1:].isdigit():
-                self.expectPayload(int(line[1:]), discard=line[:1] == b"D")
-
-        def payloadReceived(self, payload):
-            self.calls.append(("payload", payload))
-
-        def payloadDiscarded(self, size):
-            self.calls.append(("discarded", size))
-
-        def lineLengthExceeded(self, line):
-            self.calls.append(("too long",))
-            self.transport.loseConnection()
-
-        def payloadTerminatorMissing(self):
-            self.calls.append(("terminator missing",))
-            FrameReceiver.payloadTerminatorMissing(self)
-
-
-def record(chunks):
-    receiver = Recorder()
-    transport = StringTransport()
-    receiver.makeConnection(transport)
-    for chunk in chunks:
-        receiver.dataReceived(chunk)
-    return receiver.calls, transport.disconnecting
+    """
+    The recording L{FrameReceiver} of the property tests, imported once the
+    fuzzed modules are (atheris instruments what is imported under it).
+    """
+    global record
+    from test_parser_properties import record
 
 
 def fuzzFrameReceiver(selector, data):
