@@ -66,6 +66,7 @@ class RotatingLog:
         self._chunks = []
         self._size = 0
         self._stamps = (None, None)
+        self.lastTime = 0.0
 
     def stamp(self, t):
         second = int(t)
@@ -77,6 +78,7 @@ class RotatingLog:
         """
         One log entry; C{text} may hold continuation lines (tab-indented).
         """
+        self.lastTime = max(self.lastTime, t)
         line = f"{self.stamp(t)} [{system}] {text}\n"
         self._chunks.append(line)
         self._size += len(line)
@@ -171,7 +173,16 @@ class Broker:
         self.event(t + 0.0001, "listening", transport="tcp", address="0.0.0.0:1373")
         self.event(t + 0.0002, "listening", transport="udp", address="0.0.0.0:1234")
 
+    def now(self, t):
+        """
+        C{t}, or the time of the last entry if that is later: a publish logs
+        its sends a little after its own time, and what was due meanwhile
+        happens after them, as in a real broker's log.
+        """
+        return max(t, self.log.lastTime)
+
     def event(self, t, name, level="info", **fields):
+        t = self.now(t)
         text = " ".join(f"{key}={value}" for key, value in fields.items())
         self.log.entry(t, f"dallal#{level}", f"event={name} {text} t={t:.6f}")
 
@@ -303,6 +314,7 @@ class Broker:
     def ack(self, t, receiver, topic, mid):
         if not receiver.alive or mid not in receiver.stories:
             return
+        t = self.now(t)
         receiver.stories.discard(mid)
         self.counters["acked"] += 1
         self.event(t, "ack", mid=mid, topic=topic, session=receiver.sid,

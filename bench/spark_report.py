@@ -21,6 +21,7 @@ ratio, and whether the two agree on the summary's totals.
 import argparse
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -259,6 +260,8 @@ def main(argv=None):
             print(f"generated in {seconds:.1f} s")
         files = logFiles(folder)
         size = sum(path.stat().st_size for path in files)
+        # The machine may be shared: say how busy it was.
+        print("load average before: {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()))
         sparkSummary, sparkSeconds = timed(runSpark, folder, work / "report", args.master)
         lines = sparkSummary["lines"]["lines"]
         print(f"{lines:,} lines, {len(files)} files, {size / 1e6:.0f} MB")
@@ -270,6 +273,7 @@ def main(argv=None):
         print(f"python baseline: {baselineSeconds:8.1f} s  "
               f"{baselineLines / baselineSeconds:12,.0f} lines/s")
         print(f"ratio (baseline time / spark time): {baselineSeconds / sparkSeconds:.2f}")
+        print("load average after: {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()))
         disagreements = [
             (key, sparkSummary[key], baseline[key]) for key in COMPARED
             if sparkSummary[key] != baseline[key]
