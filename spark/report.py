@@ -62,7 +62,7 @@ class Progress:
     with the tasks done of the Spark stages running.
     """
 
-    def __init__(self, stream=sys.stderr, enabled=True, statusTracker=None, interval=15):
+    def __init__(self, stream=None, enabled=True, statusTracker=None, interval=15):
         self.stream = stream
         self.enabled = enabled
         self.statusTracker = statusTracker
@@ -71,7 +71,7 @@ class Progress:
 
     def say(self, text):
         if self.enabled:
-            print(f"dallal-report: {text}", file=self.stream, flush=True)
+            print(f"dallal-report: {text}", file=self.stream or sys.stderr, flush=True)
 
     @contextmanager
     def stage(self, name):

@@ -192,26 +192,32 @@ def test_html_report_is_self_contained(report):
 def test_odd_event_lines_are_never_fatal(spark, logLines, tmp_path):
     import report as reportModule
 
-    t = 1795292880.0
+    t = 1795292880.0  # 2026-11-21T20:28:00Z
     path = logLines.write(tmp_path / "logs" / "twistd.log", [
         # No time at all: neither twistd's nor t=.
         "- [dallal#info] event=connect session=9 client=127.0.0.1:9 transport=tcp",
-        logLines.event(t, "publish", mid="x", bytes="big", session=1),
-        logLines.event(t + 1, "deliver", mid=1, topic="a", session="s"),
-        logLines.event(t + 2, "ack", mid=1, topic="a", session=1),
-        logLines.event(t + 3, "drop", "warn", mid=1, topic="a", session=1, reason="meteorite"),
-        logLines.event(t + 4, "stats", published="many"),
-        logLines.event(t + 5, "unheard_of", colour="blue"),
-        logLines.stamp(t + 6) + " [dallal#info] event=",
+        # Values Spark 4 (ANSI) would overflow on in a time or a sum.
+        logLines.stamp(t) + " [dallal#info] event=connect session=2 client=127.0.0.1:2"
+        " transport=tcp t=1e300",
+        logLines.event(t + 1, "publish", mid="x", bytes=10 ** 30, session=1),
+        logLines.event(t + 2, "deliver", mid=1, topic="a", session="s"),
+        logLines.event(t + 3, "ack", mid=1, topic="a", session=1, latency="Infinity"),
+        logLines.event(t + 4, "drop", "warn", mid=1, topic="a", session=1, reason="meteorite"),
+        logLines.event(t + 5, "stats", published="many"),
+        logLines.event(t + 6, "unheard_of", colour="blue"),
+        logLines.stamp(t + 7) + " [dallal#info] event=",
     ])
     summary = reportModule.runReport(spark, [str(path)], tmp_path / "out")
     assert summary["lines"] == {
-        "lines": 8, "event": 8, "other": 0, "continuation": 0, "unparsed": 0,
+        "lines": 9, "event": 9, "other": 0, "continuation": 0, "unparsed": 0,
     }
-    assert (summary["publishes"], summary["deliveries"]) == (1, 1)
+    assert (summary["publishes"], summary["deliveries"], summary["bytes_in"]) == (1, 1, 0)
     # mid 1's publish is unreadable: its story is counted apart from the account.
     assert (summary["messages_without_publish"], summary["dropped"]) == (1, 0)
-    assert summary["sessions"] == 2
+    assert summary["sessions"] == 3
+    assert summary["latency"]["acks"] == 0
+    # The absurd t gave way to twistd's time.
+    assert summary["first_event_at"] == "2026-11-21T20:28:00Z"
     assert "<svg" in (tmp_path / "out" / "report.html").read_text()
 
 

@@ -43,6 +43,13 @@ TEXT_FIELDS = ("topic", "client", "transport", "mode", "reason", "code", "addres
 # Keys of every event rather than fields of some: not counters of `stats`.
 ENVELOPE_KEYS = ("event", "t")
 
+# The largest values believed: integers (a trillion messages or bytes, so
+# that a sum over millions of them still fits in 64 bits), seconds since the
+# epoch (the year 9999), durations (a year).
+MOST_INT = 2 ** 40
+MOST_TIME = 253402300799.0
+MOST_SECONDS = 365 * 86400.0
+
 # Unparsed lines keep their text, cut to this, for the report's examples.
 UNPARSED_EXAMPLE_LENGTH = 200
 
@@ -55,8 +62,14 @@ def readLines(spark, paths):
     return spark.read.text(list(paths))
 
 
-def _field(name, sqlType):
-    return F.expr(f"try_cast(fields['{name}'] AS {sqlType})").alias(name)
+def _typed(name, sqlType, highest):
+    """
+    A field as C{sqlType}, or null if it is not one from 0 to C{highest}:
+    Spark 4 runs in ANSI mode, where one absurd value (t=1e300, bytes of
+    19 digits) would make a time or a sum overflow and fail the whole job.
+    """
+    value = F.expr(f"try_cast(fields['{name}'] AS {sqlType})")
+    return F.when(value.between(0, highest), value)
 
 
 def parseLines(lines):
@@ -123,14 +136,14 @@ def parseLines(lines):
         "level",
         F.col("fields")["event"].alias("event"),
         F.coalesce(
-            F.expr("try_cast(fields['t'] AS DOUBLE)"),
+            _typed("t", "DOUBLE", MOST_TIME),
             F.unix_micros(
                 F.try_to_timestamp(F.col("stamp"), F.lit(TWISTD_TIME_FORMAT))
             ) / 1e6,
         ).alias("t"),
-        *(_field(name, "BIGINT") for name in INT_FIELDS),
-        *(_field(name, "DOUBLE") for name in FLOAT_FIELDS),
-        *(_field(name, "BOOLEAN") for name in BOOL_FIELDS),
+        *(_typed(name, "BIGINT", MOST_INT).alias(name) for name in INT_FIELDS),
+        *(_typed(name, "DOUBLE", MOST_SECONDS).alias(name) for name in FLOAT_FIELDS),
+        *(F.expr(f"try_cast(fields['{name}'] AS BOOLEAN)").alias(name) for name in BOOL_FIELDS),
         *(F.col("fields")[name].alias(name) for name in TEXT_FIELDS),
         F.when(
             F.col("fields")["event"] == "stats",
