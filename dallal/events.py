@@ -4,7 +4,7 @@ The broker's structured log events.
 Every event is a C{twisted.logger} event whose text, as twistd writes it, is
 self-describing and machine-parseable::
 
-    2026-11-21T20:08:19+0000 [dallal#info] event=publish mid=7 topic=a/b ...
+    2026-11-21T20:28:19+0000 [dallal#info] event=publish mid=7 topic=a/b ...
 
 The text is C{event=<name>} followed by C{key=value} fields, none of which
 contains a space, and always a C{t=} field: the event's time in seconds
