@@ -60,7 +60,6 @@ def _importTargets():
     """
     global BrokerConfig, BrokerHarness, DallalClientProtocol, FrameReceiver, udp
     global ConnectionDone, Failure, LogLevel, StringTransport, globalLogPublisher
-    global IPv4Address
 
     import dallal.client
     import dallal.core
@@ -73,7 +72,6 @@ def _importTargets():
     import dallal.udp
     import dallal.wire
 
-    from twisted.internet.address import IPv4Address
     from twisted.internet.error import ConnectionDone
     from twisted.internet.testing import StringTransport
     from twisted.logger import LogLevel, globalLogPublisher
@@ -207,20 +205,6 @@ UDP_ADDRESSES = [("127.0.0.1", 40001), ("127.0.0.1", 40002), ("10.0.0.9", 7), ("
 SECRET = b"a fixed secret for the fuzzer..."
 
 
-class DatagramTransport:
-    def __init__(self):
-        self.written = []
-
-    def write(self, data, address=None):
-        self.written.append((data, address))
-
-    def getHost(self):
-        return IPv4Address("UDP", "127.0.0.1", 1234)
-
-    def stopListening(self):
-        pass
-
-
 def fuzzUdpBroker(selector, data):
     harness = BrokerHarness(SMALL)
     protocol = udp.BrokerDatagramProtocol(harness.broker, harness.sweep, secret=SECRET)
@@ -287,13 +271,14 @@ def fuzzClient(selector, data):
         check(runClient(chunks) == whole, "client depends on how the stream is cut", data)
 
 
-def _makeRecorder():
+def _importTestPieces():
     """
-    The recording L{FrameReceiver} of the property tests, imported once the
-    fuzzed modules are (atheris instruments what is imported under it).
+    The property tests' recording L{FrameReceiver} and fake datagram
+    transport, imported once the fuzzed modules are (atheris instruments
+    what is imported under it).
     """
-    global record
-    from test_parser_properties import record
+    global record, DatagramTransport
+    from test_parser_properties import DatagramTransport, record
 
 
 def fuzzFrameReceiver(selector, data):
@@ -461,7 +446,7 @@ def main():
             _importTargets()
     else:
         _importTargets()
-    _makeRecorder()
+    _importTestPieces()
     SMALL = BrokerConfig(maxControlLine=64, maxPayload=16, messageEvents=True)
     if args.target is not None:
         _only = TARGETS[TARGET_NAMES.index(args.target)]

@@ -28,7 +28,6 @@ import os
 import platform
 import re
 import shlex
-import shutil
 import signal
 import socket
 import statistics
@@ -38,6 +37,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from selectors import EVENT_READ, DefaultSelector
+
+from brokerproc import BROKER_START_TIMEOUT, CLOCK_TICKS, BenchError, twistdExecutable
 
 TOPIC = b"bench"
 PAYLOAD = b"x" * 64
@@ -66,13 +67,6 @@ DELIVERY_WINDOW_BYTES = 4 * 2**20
 # How often a publisher stopped by its delivery window looks again, in
 # seconds: a fraction of the time the broker takes to deliver a window.
 DELIVERY_WINDOW_POLL = 0.0005
-BROKER_START_TIMEOUT = 15.0
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-class BenchError(Exception):
-    pass
-
 
 # The load generator.
 
@@ -351,19 +345,6 @@ def runPublisher(
 
 
 # The broker.
-
-
-def twistdExecutable():
-    """
-    The twistd of this Python, so the broker runs the code being measured.
-    """
-    beside = os.path.join(os.path.dirname(sys.executable), "twistd")
-    if os.path.exists(beside):
-        return beside
-    found = shutil.which("twistd")
-    if found is None:
-        raise BenchError("no twistd found: pip install -e . installs Twisted")
-    return found
 
 
 class Broker:
