@@ -73,10 +73,18 @@ class RequestHandler:
         if stored is None:
             self.sendFrame(wire.encodePubAck(request.id))
         else:
-            # A retained message is acked once it is on disk.
-            stored.addCallbacks(
-                lambda _: self.sendFrame(wire.encodePubAck(request.id)), self._storeFailed
-            )
+            self.answerWhenStored(request.id, stored)
+
+    def answerWhenStored(self, requestId, stored):
+        """
+        Ack a retained message once it is on disk, or refuse it if it could
+        not be stored.
+
+        @param stored: the Deferred of L{dallal.core.Broker.retain}.
+        """
+        stored.addCallbacks(
+            lambda _: self.sendFrame(wire.encodePubAck(requestId)), self._storeFailed
+        )
 
     def _storeFailed(self, failure):
         failure.trap(RequestError)

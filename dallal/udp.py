@@ -53,6 +53,8 @@ MAX_UNPROVEN_ADDRESSES = 10_000
 # Answers remembered per client, so that a retried request is answered
 # again instead of being carried out twice.
 REMEMBERED_ANSWERS = 1024
+# What is remembered for a retained PUB whose answer waits for the store.
+AWAITING_STORE = object()
 # 96 bits of HMAC-SHA256: a forger gets one guess per datagram.
 TOKEN_BYTES = 12
 
@@ -138,7 +140,8 @@ class UdpSession(RequestHandler):
         answer = self._answers.get(requestId)
         if answer is not None:
             self.broker.counters["duplicates"] += 1
-            self.protocol.sendTo(answer, self.address)
+            if answer is not AWAITING_STORE:
+                self.protocol.sendTo(answer, self.address)
             return
         self._answering = requestId or NO_ID
         self._remember = requestId is not None
@@ -173,10 +176,41 @@ class UdpSession(RequestHandler):
             # One-line answers (PUBACK, SUBACK, ...) are remembered; answers
             # with a payload (STATS, LIST, ...) are to read-only requests,
             # cheaper to answer afresh than to keep.
-            self._answers[self._answering] = data
-            if len(self._answers) > REMEMBERED_ANSWERS:
-                self._answers.popitem(last=False)
+            self._rememberAnswer(self._answering, data)
         self.protocol.sendTo(data, self.address)
+
+    def _rememberAnswer(self, requestId, answer):
+        self._answers[requestId] = answer
+        if len(self._answers) > REMEMBERED_ANSWERS:
+            self._answers.popitem(last=False)
+
+    def answerWhenStored(self, requestId, stored):
+        # The message is already published; its answer comes once the store
+        # is written, after this request was handled.  Until then a retry is
+        # ignored (the answer is on its way), afterwards it gets the same
+        # answer: a retried retained PUB is never published twice.  A store
+        # failure is remembered too, since the message did go out.
+        self._rememberAnswer(requestId, AWAITING_STORE)
+        stored.addCallbacks(
+            self._answerStored,
+            self._answerNotStored,
+            callbackArgs=(requestId,),
+            errbackArgs=(requestId,),
+        )
+
+    def _answerStored(self, _, requestId):
+        self._sendLateAnswer(requestId, wire.encodePubAck(requestId))
+
+    def _answerNotStored(self, failure, requestId):
+        failure.trap(RequestError)
+        error = failure.value
+        self._sendLateAnswer(requestId, wire.encodeError(requestId, error.code, error.reason))
+        self.broker.protocolError(self, error.code, False)
+
+    def _sendLateAnswer(self, requestId, answer):
+        if requestId in self._answers:
+            self._answers[requestId] = answer
+        self.protocol.sendTo(answer, self.address)
 
     def refuse(self, error, fatal=False):
         # A refused request is not remembered: its retry is judged again.

@@ -10,11 +10,13 @@ import re
 import pytest
 from hypothesis import given, settings, strategies
 from twisted.internet.address import IPv4Address
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from dallal import __version__, udp
 from dallal.client import DallalDatagramClient, SessionLost
 from dallal.datagram import MAX_PAYLOAD
+from dallal.retained import StoreError
 from helpers import PING_INTERVAL, BrokerHarness, messages
 
 SECRET = b"a fixed secret for the tests...."
@@ -400,6 +402,64 @@ def test_retriedPublishIsPublishedOnce(harness):
     assert publisher.received() == [b"PUBACK 7\r\n"] * 3
     assert len(subscriber.received()) == 1
     assert (harness.counter("published"), harness.counter("duplicates")) == (1, 2)
+
+
+class SlowRetained:
+    """
+    A retained store whose writes finish when the test says so.
+    """
+
+    def __init__(self):
+        self.writes = []
+
+    def set(self, topic, payload):
+        self.writes.append(Deferred())
+        return self.writes[-1]
+
+    def match(self, topicFilter):
+        return []
+
+
+def test_retriedRetainedPublishIsPublishedOnce(harness):
+    """
+    A retained PUB is acked once it is stored: a retry that comes while it
+    is being stored gets no second copy published and no early answer, and a
+    retry after it was stored gets the same PubAck.
+    """
+    harness.broker.retained = SlowRetained()
+    subscriber = harness.peer(40001)
+    subscriber.hello("subscriber")
+    subscriber.request(b"SUB 1 news mode=fire")
+    subscriber.received()
+    publisher = harness.peer(40002)
+    publisher.hello("publisher")
+    publisher.request(b"PUB 7 news 4 retain=1", b"once")
+    publisher.request(b"PUB 7 news 4 retain=1", b"once")
+    assert publisher.received() == []
+    [write] = harness.broker.retained.writes
+    write.callback(None)
+    publisher.request(b"PUB 7 news 4 retain=1", b"once")
+    assert publisher.received() == [b"PUBACK 7\r\n"] * 2
+    assert len(subscriber.received()) == 1
+    assert (harness.counter("published"), harness.counter("duplicates")) == (1, 2)
+
+
+def test_retriedRetainedPublishThatWasNotStoredIsNotPublishedAgain(harness):
+    """
+    A retained PUB whose store write failed was still published: its retry
+    gets the same STORE_FAILED answer, not a second copy.
+    """
+    harness.broker.retained = SlowRetained()
+    publisher = harness.peer(40002)
+    publisher.hello("publisher")
+    publisher.request(b"PUB 7 news 4 retain=1", b"once")
+    harness.broker.retained.writes[0].errback(StoreError("disk full"))
+    publisher.request(b"PUB 7 news 4 retain=1", b"once")
+    answers = publisher.received()
+    assert [answer.split()[:3] for answer in answers] == [[b"ERR", b"7", b"STORE_FAILED"]] * 2
+    assert b"disk full" in answers[0]
+    assert harness.counter("published") == 1
+    assert len(harness.broker.retained.writes) == 1
 
 
 def test_refusedRequestIsJudgedAgainWhenRetried(harness):
