@@ -208,7 +208,7 @@ SECRET = b"a fixed secret for the fuzzer..."
 def fuzzUdpBroker(selector, data):
     harness = BrokerHarness(SMALL)
     protocol = udp.BrokerDatagramProtocol(harness.broker, harness.sweep, secret=SECRET)
-    transport = DatagramTransport()
+    transport = FakeDatagramTransport()
     protocol.makeConnection(transport)
     received = dict.fromkeys(UDP_ADDRESSES, 0)
     proven = set()
@@ -277,8 +277,9 @@ def _importTestPieces():
     transport, imported once the fuzzed modules are (atheris instruments
     what is imported under it).
     """
-    global record, DatagramTransport
-    from test_parser_properties import DatagramTransport, record
+    global record, FakeDatagramTransport
+    from helpers import FakeDatagramTransport
+    from test_parser_properties import record
 
 
 def fuzzFrameReceiver(selector, data):

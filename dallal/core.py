@@ -501,11 +501,16 @@ class Broker:
             missed=missed,
         )
 
-    def protocolError(self, subscriber, code, fatal):
+    def protocolError(self, subscriber, code, fatal, logged=True):
         """
         Record that a client sent something the broker refused.
+
+        @param logged: whether to log it (a refusal that is only counted is
+            reported by its caller, see L{dallal.udp.StrangerErrorLog}).
         """
         self.counters["errors"] += 1
+        if not logged:
+            return
         session = self._sessions.get(subscriber)
         self.events.emit(
             "protocol_error",

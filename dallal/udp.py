@@ -31,6 +31,7 @@ from math import ceil
 
 from twisted.internet.error import MessageLengthError
 from twisted.internet.protocol import DatagramProtocol
+from twisted.logger import LogLevel
 from zope.interface import implementer
 
 from dallal import __version__, datagram, wire
@@ -57,6 +58,8 @@ REMEMBERED_ANSWERS = 1024
 AWAITING_STORE = object()
 # 96 bits of HMAC-SHA256: a forger gets one guess per datagram.
 TOKEN_BYTES = 12
+# Refusals of datagrams that named no session logged per second, at most.
+STRANGER_ERRORS_LOGGED_PER_SECOND = 10
 
 _HostPort = namedtuple("_HostPort", "host port")
 
@@ -98,6 +101,53 @@ class _Stranger:
 
     def __init__(self, address):
         self.peer = formatDatagramAddress(address)
+
+
+class StrangerErrorLog:
+    """
+    Counts and logs the refusals of datagrams that named no session.  Their
+    source address may be forged and they can come at any rate, so at most
+    C{perSecond} of them are logged each second: a flood of datagrams must
+    not become a flood of log lines.  The others are counted all the same,
+    and reported together in one C{protocol_errors_suppressed} event a second
+    after the first of them.
+    """
+
+    def __init__(self, broker, perSecond=STRANGER_ERRORS_LOGGED_PER_SECOND):
+        self._broker = broker
+        self._perSecond = perSecond
+        self._windowStart = None
+        self._loggedInWindow = 0
+        self._suppressed = Counter()
+        self._report = None
+
+    def refused(self, address, code):
+        now = self._broker.clock.seconds()
+        if self._windowStart is None or now - self._windowStart >= 1:
+            self._windowStart = now
+            self._loggedInWindow = 0
+        logged = self._loggedInWindow < self._perSecond
+        self._broker.protocolError(_Stranger(address), code, False, logged=logged)
+        if logged:
+            self._loggedInWindow += 1
+            return
+        self._suppressed[code] += 1
+        if self._report is None:
+            self._report = self._broker.clock.callLater(1, self.reportSuppressed)
+
+    def reportSuppressed(self):
+        """
+        Log how many refusals were counted but not logged since the last
+        report, by code.
+        """
+        if self._report is not None and self._report.active():
+            self._report.cancel()
+        self._report = None
+        for code, count in sorted(self._suppressed.items()):
+            self._broker.events.emit(
+                "protocol_errors_suppressed", LogLevel.warn, code=code, count=count
+            )
+        self._suppressed.clear()
 
 
 @implementer(ISubscriber, IPingable)
@@ -276,6 +326,11 @@ class BrokerDatagramProtocol(DatagramProtocol):
         self._sessionAddresses = Counter()
         # (host, port) -> [bytes received, bytes sent], for the others.
         self._unproven = OrderedDict()
+        self._strangerErrors = StrangerErrorLog(broker)
+
+    def stopProtocol(self):
+        # The broker's final counters follow: report what they include.
+        self._strangerErrors.reportSuppressed()
 
     # Tokens
 
@@ -333,7 +388,7 @@ class BrokerDatagramProtocol(DatagramProtocol):
         Refuse a datagram that named no session.
         """
         self.sendTo(wire.encodeError(error.requestId, error.code, error.reason), address)
-        self.broker.protocolError(_Stranger(address), error.code, False)
+        self._strangerErrors.refused(address, error.code)
 
     # Sessions
 

@@ -104,6 +104,31 @@ class BrokerHarness:
         ]
 
 
+class FakeDatagramTransport:
+    """
+    A UDP port in memory: keeps what its protocol writes as
+    C{(datagram, address)} pairs, or hands each to C{network}.
+    """
+
+    def __init__(self, address=("127.0.0.1", 1234), network=None):
+        self.address = address
+        self.network = network
+        self.written = []
+        self.listening = True
+
+    def write(self, data, address=None):
+        if self.network is not None:
+            self.network.send(self.address, address, data)
+        else:
+            self.written.append((data, address))
+
+    def getHost(self):
+        return IPv4Address("UDP", *self.address)
+
+    def stopListening(self):
+        self.listening = False
+
+
 class FakeClient:
     """
     One client connection to a L{BrokerHarness}: what it sends goes straight

@@ -9,9 +9,10 @@ from pathlib import Path
 
 from twisted.internet.defer import succeed
 
+from dallal import udp
 from dallal.delivery import ALL, FIRE, LATEST, DeliveryConfig
 from dallal.core import BrokerConfig
-from helpers import PING_INTERVAL, BrokerHarness
+from helpers import PING_INTERVAL, BrokerHarness, FakeDatagramTransport
 
 ROOT = Path(__file__).resolve().parent.parent
 CATALOGUE = ROOT / "docs" / "EVENTS.md"
@@ -86,6 +87,11 @@ def exerciseEveryEvent():
     latest.send(b"ACK 1\r\n")
     every.send(b"UNSUB 9 news\r\n")
     publisher.send(b"BOGUS\r\n")
+    # A flood of datagrams that name no session is logged in part.
+    datagrams = udp.BrokerDatagramProtocol(harness.broker, harness.sweep)
+    datagrams.makeConnection(FakeDatagramTransport())
+    for port in range(40001, 40001 + udp.STRANGER_ERRORS_LOGGED_PER_SECOND + 1):
+        datagrams.datagramReceived(b"BOGUS\r\n", ("127.0.0.1", port))
     harness.clock.advance(1.0)
     harness.clock.advance(1.0)
     # Nobody answers pings: reported, then dropped at the third miss.

@@ -13,7 +13,6 @@ import json
 from contextlib import contextmanager
 
 from hypothesis import HealthCheck, given, settings, strategies as st
-from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -24,7 +23,7 @@ from dallal import udp
 from dallal.client import DallalClientProtocol, DallalDatagramClient
 from dallal.core import BrokerConfig
 from dallal.framing import FrameReceiver
-from helpers import BrokerHarness, splitAt
+from helpers import BrokerHarness, FakeDatagramTransport, splitAt
 
 # Small limits make LINE_TOO_LONG and PAYLOAD_TOO_LARGE reachable by short
 # inputs; the defaults are the broker's as shipped.
@@ -583,20 +582,6 @@ SECRET = b"a fixed secret for the tests...."
 ADDRESSES = [("127.0.0.1", 40001), ("127.0.0.1", 40002), ("10.0.0.9", 7), ("::1", 40001)]
 
 
-class DatagramTransport:
-    def __init__(self):
-        self.written = []
-
-    def write(self, data, address=None):
-        self.written.append((data, address))
-
-    def getHost(self):
-        return IPv4Address("UDP", "127.0.0.1", 1234)
-
-    def stopListening(self):
-        pass
-
-
 def withToken(protocol, clientId, address):
     return b"client=%s token=%s" % (clientId, protocol.token(clientId, address))
 
@@ -671,7 +656,7 @@ def test_udpBrokerSurvivesAnyDatagrams(steps):
     """
     harness = BrokerHarness(SMALL)
     protocol = udp.BrokerDatagramProtocol(harness.broker, harness.sweep, secret=SECRET)
-    transport = DatagramTransport()
+    transport = FakeDatagramTransport()
     protocol.makeConnection(transport)
     received = dict.fromkeys(ADDRESSES, 0)
     proven = set()
@@ -711,7 +696,7 @@ def test_udpClientSurvivesAnyDatagrams(datagrams):
     clock = Clock()
     broker = ("127.0.0.1", 1234)
     client = DallalDatagramClient(clock, broker, clientId="me")
-    transport = DatagramTransport()
+    transport = FakeDatagramTransport()
     client.makeConnection(transport)
     with noTracebacks():
         started = []

@@ -9,7 +9,6 @@ import re
 
 import pytest
 from hypothesis import given, settings, strategies
-from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
@@ -17,36 +16,11 @@ from dallal import __version__, udp
 from dallal.client import DallalDatagramClient, SessionLost
 from dallal.datagram import MAX_PAYLOAD
 from dallal.retained import StoreError
-from helpers import PING_INTERVAL, BrokerHarness, messages
+from helpers import PING_INTERVAL, BrokerHarness, FakeDatagramTransport, messages
 
 SECRET = b"a fixed secret for the tests...."
 BROKER = ("127.0.0.1", 1234)
 TOKEN = re.compile(rb"token=(\S+)")
-
-
-class FakeDatagramTransport:
-    """
-    A UDP port in memory: keeps what its protocol writes as
-    C{(datagram, address)} pairs, or hands each to C{network}.
-    """
-
-    def __init__(self, address, network=None):
-        self.address = address
-        self.network = network
-        self.written = []
-        self.listening = True
-
-    def write(self, data, address=None):
-        if self.network is not None:
-            self.network.send(self.address, address, data)
-        else:
-            self.written.append((data, address))
-
-    def getHost(self):
-        return IPv4Address("UDP", *self.address)
-
-    def stopListening(self):
-        self.listening = False
 
 
 class UdpHarness(BrokerHarness):
@@ -281,6 +255,42 @@ def test_strangerBudgetAccumulates(harness):
     assert answers
     assert len(answers) < 4
     assert harness.bytesSentTo(stranger.address) <= 3 * stranger.sentBytes
+
+
+def test_floodOfBadDatagramsIsCountedButLoggedTenASecond(harness):
+    """
+    Datagrams that name no session may come from forged addresses at any
+    rate: each is counted, but at most ten a second are logged one by one;
+    the rest are reported by code in one event a second later.
+    """
+    for port in range(40001, 40026):
+        harness.peer(port).send(b"PING 1\r\n")
+        harness.peer(port).send(b"BAD\n")
+    assert harness.counter("errors") == 50
+    assert len(harness.fields("protocol_error")) == 10
+    assert harness.fields("protocol_errors_suppressed") == []
+    harness.clock.advance(1)
+    assert harness.fields("protocol_errors_suppressed") == [
+        {"code": "BAD_COMMAND", "count": 20},
+        {"code": "BAD_TOKEN", "count": 20},
+    ]
+    harness.peer(40001).send(b"BAD\n")
+    assert len(harness.fields("protocol_error")) == 11
+
+
+def test_suppressedErrorsAreReportedWhenThePortCloses(harness):
+    """
+    The count of refusals not yet reported is logged when the UDP port
+    stops, before the broker's final counters.
+    """
+    for port in range(40001, 40013):
+        harness.peer(port).send(b"BAD\n")
+    harness.udp.doStop()
+    assert harness.fields("protocol_errors_suppressed") == [
+        {"code": "BAD_COMMAND", "count": 2}
+    ]
+    harness.clock.advance(1)
+    assert len(harness.fields("protocol_errors_suppressed")) == 1
 
 
 def test_helloOf32BytesIsAlwaysAnswered(harness):
@@ -709,7 +719,9 @@ def test_anyDatagramsFromStrangers(datagrams):
         peers[index].send(data)
     for peer in peers:
         assert harness.bytesSentTo(peer.address) <= 3 * peer.sentBytes
-    assert harness.counter("errors") == len(harness.fields("protocol_error"))
+    harness.clock.advance(1)
+    suppressed = sum(event["count"] for event in harness.fields("protocol_errors_suppressed"))
+    assert harness.counter("errors") == len(harness.fields("protocol_error")) + suppressed
 
 
 # The client
