@@ -33,9 +33,13 @@ from dallal.errors import (
 from dallal.events import EventLog
 from dallal.retained import StoreError
 from dallal.topics import MAX_TOPIC_LENGTH, WILDCARDS, TopicError, checkTopic
-from dallal.topictree import SubscriptionTree, TopicMap, checkFilter
+from dallal.topictree import RESERVED_PREFIX, SubscriptionTree, TopicMap, checkFilter
 
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
+
+# Who publishes the broker's own topics, as the publish event names it.
+OWN_PUBLISHER = "$SYS"
+OWN_TRANSPORT = "sys"
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,9 @@ class Broker:
         # the filters without wildcards, which are topics clients named.
         self._filterCounts = Counter()
         self._namedTopics = TopicMap()
+        # The broker's own topics ($SYS/...): their last values, kept in
+        # memory as retained messages (they mean nothing after a restart).
+        self._ownTopics = TopicMap()
         self._nextSid = 1
         self._nextMid = 1
         self.started = clock.seconds()
@@ -149,6 +156,7 @@ class Broker:
             clients_dropped=0,
             duplicates=0,
             unsent=0,
+            sys_published=0,
         )
         self.ledger = Ledger(self.counters, self.events)
 
@@ -311,12 +319,14 @@ class Broker:
     def sendRetained(self, subscriber, subscription):
         """
         Offer a new subscription the retained messages its filter matches,
-        marked as retained.
+        marked as retained: the broker's own topics' last values, and the
+        store's.
         """
-        if self.retained is None:
-            return
+        found = self._ownTopics.match(subscription.topic)
+        if self.retained is not None:
+            found += self.retained.match(subscription.topic)
         session = self._sessions[subscriber]
-        for topic, payload in self.retained.match(subscription.topic):
+        for topic, payload in found:
             message = Message(
                 self._nextMid, topic, payload, "retained", self.clock.seconds(), True
             )
@@ -443,6 +453,12 @@ class Broker:
         @raise RequestError: the filter or the payload is refused.
         """
         self.checkFilter(topicFilter, requestId)
+        if topicFilter.startswith(RESERVED_PREFIX):
+            # It would reach the broker's own topics, which clients may not
+            # publish on (a filter starting with a wildcard never does).
+            raise RequestError(
+                BAD_TOPIC, "topics starting with '$' are reserved for the broker", requestId
+            )
         self.checkPayloadSize(len(payload), requestId)
         topics = {topic for topic, _ in self._namedTopics.match(topicFilter)}
         if self.retained is not None:
@@ -459,23 +475,53 @@ class Broker:
         counters = self.counters
         counters["published"] += 1
         counters["bytes_in"] += len(payload)
-        receivers = self._tree.match(topic)
+        self._offer(
+            message,
+            self._tree.match(topic),
+            self._sessions[subscriber].sid,
+            subscriber.peer,
+            subscriber.transportName,
+        )
+        return message
+
+    def publishOwn(self, topic, payload):
+        """
+        Publish on one of the broker's own topics (C{$SYS/...}), which no
+        client may publish on, and keep the message as the topic's retained
+        one, in memory only.
+        """
+        self._ownTopics[topic] = payload
+        message = Message(
+            self._nextMid, topic, payload, OWN_PUBLISHER, self.clock.seconds()
+        )
+        self._nextMid += 1
+        self.counters["sys_published"] += 1
+        self._offer(message, self._tree.match(topic), 0, OWN_PUBLISHER, OWN_TRANSPORT)
+
+    def _offer(self, message, receivers, sid, peer, transportName):
+        """
+        Hand a new message to the subscriptions that want it, one per
+        session.
+
+        @param receivers: what L{SubscriptionTree.match} found for its topic.
+        @param sid: the publishing session's id, C{peer} its address and
+            C{transportName} its transport, for the C{publish} event.
+        """
         events = self.events
         if events.messageEvents:
             events.emit(
                 "publish",
                 mid=message.mid,
-                topic=topic,
-                bytes=len(payload),
-                session=self._sessions[subscriber].sid,
-                client=subscriber.peer,
-                transport=subscriber.transportName,
+                topic=message.topic,
+                bytes=len(message.payload),
+                session=sid,
+                client=peer,
+                transport=transportName,
                 subscribers=len(receivers),
             )
         for subscriptions in receivers.values():
             subscription = _strongest(subscriptions)
             subscription.outbox.offer(subscription, message)
-        return message
 
     # Health
 

@@ -15,6 +15,7 @@ from dallal.core import Broker, BrokerConfig
 from dallal.retained import RetainedStore
 from dallal.datagram import MAX_PACKET_SIZE
 from dallal.keepalive import DEFAULT_INTERVAL, PingSweep
+from dallal.sysstats import DEFAULT_INTERVAL as DEFAULT_SYS_INTERVAL, SysPublisher
 from dallal.tcp import BrokerFactory, formatAddress
 from dallal.udp import DEFAULT_ACK_TIMEOUT, BrokerDatagramProtocol
 
@@ -130,11 +131,18 @@ class DallalService(MultiService):
     """
 
     def __init__(
-        self, reactor, config=BrokerConfig(), pingInterval=DEFAULT_INTERVAL, dataDir=None
+        self,
+        reactor,
+        config=BrokerConfig(),
+        pingInterval=DEFAULT_INTERVAL,
+        dataDir=None,
+        sysInterval=DEFAULT_SYS_INTERVAL,
     ):
         """
         @param dataDir: the directory of the retained message store, or
             C{None} for a broker that keeps no retained messages.
+        @param sysInterval: seconds between updates of the C{$SYS/broker/...}
+            statistics topics, or 0 for none.
         @raise dallal.retained.StoreError: the store cannot be opened.
         """
         MultiService.__init__(self)
@@ -143,6 +151,9 @@ class DallalService(MultiService):
         self.broker = Broker(reactor, config, retained=retained)
         self.sweep = PingSweep(reactor, pingInterval)
         self.factory = BrokerFactory(self.broker, self.sweep)
+        self.sysPublisher = (
+            SysPublisher(self.broker, reactor, sysInterval) if sysInterval else None
+        )
 
     def listenTCP(self, description):
         """
@@ -176,9 +187,13 @@ class DallalService(MultiService):
     def startService(self):
         MultiService.startService(self)
         self.sweep.start()
+        if self.sysPublisher is not None:
+            self.sysPublisher.start()
 
     def stopService(self):
         self.sweep.stop()
+        if self.sysPublisher is not None:
+            self.sysPublisher.stop()
         stopped = [MultiService.stopService(self)]
         self.broker.shutdown()
         if self.broker.retained is not None:

@@ -9,19 +9,26 @@ from dallal.retained import StoreError
 from dallal.delivery import SLOW_CONSUMER_POLICIES, DeliveryConfig
 from dallal.keepalive import DEFAULT_INTERVAL
 from dallal.service import DEFAULT_INTERFACE, DallalService
+from dallal.sysstats import DEFAULT_INTERVAL as DEFAULT_SYS_INTERVAL
 from dallal.udp import DEFAULT_ACK_TIMEOUT as DEFAULT_UDP_ACK_TIMEOUT
 
 DEFAULT_TCP_PORT = 1373
 
 
-def _positive(kind):
+def _positive(kind, zeroTurnsOff=False):
+    """
+    A converter of positive numbers of C{kind} for an option; with
+    C{zeroTurnsOff}, 0 too, meaning the feature is off.
+    """
+
     def convert(text):
         value = kind(text)
-        if value <= 0:
-            raise ValueError(f"must be positive, got {text}")
+        if value < 0 or (value == 0 and not zeroTurnsOff):
+            least = "positive or 0" if zeroTurnsOff else "positive"
+            raise ValueError(f"must be {least}, got {text}")
         return value
 
-    convert.coerceDoc = "Must be positive."
+    convert.coerceDoc = "0 turns it off." if zeroTurnsOff else "Must be positive."
     return convert
 
 
@@ -88,6 +95,14 @@ class Options(usage.Options):
             DEFAULT_MAX_PAYLOAD,
             "Largest payload accepted, in bytes.",
             _positive(int),
+        ],
+        [
+            "sys-interval",
+            None,
+            DEFAULT_SYS_INTERVAL,
+            "Seconds between updates of the broker's statistics on its "
+            "$SYS/broker/... topics.",
+            _positive(float, zeroTurnsOff=True),
         ],
     ]
 
@@ -207,6 +222,7 @@ def makeService(options, reactor=None):
             config,
             pingInterval=options["ping-interval"],
             dataDir=options["data-dir"],
+            sysInterval=options["sys-interval"],
         )
     except StoreError as error:
         # twistd would show a traceback; the operator needs the reason.

@@ -1,0 +1,157 @@
+"""
+The broker's statistics on its own topics, C{$SYS/broker/...}, as Mosquitto
+publishes them for operators.
+
+Every interval the L{SysPublisher} reads the broker's counters and publishes
+the values that changed since its last round.  The broker keeps each topic's
+last value as its retained message, in memory only: a new subscriber to
+C{$SYS/#} gets every current value at once, and a restart starts them afresh
+anyway (the counters restart from zero), so writing them to the retained
+store's disk every interval would cost writes for nothing.
+
+Filters starting with a wildcard (C{#}, C{+/...}) do not match C{$} topics
+(L{dallal.topictree}): only a subscriber that names C{$SYS} sees them.
+"""
+
+import math
+
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+
+from dallal import __version__
+
+PREFIX = "$SYS/broker/"
+DEFAULT_INTERVAL = 10.0
+
+# Topic (after PREFIX) -> the counter it shows (docs/EVENTS.md).
+COUNTER_TOPICS = {
+    "clients/connected": "connections",
+    "clients/total": "connections_total",
+    "subscriptions/count": "subscriptions",
+    "messages/received": "published",
+    "messages/inflight": "inflight",
+    "messages/dropped": "dropped",
+    "messages/replaced": "replaced",
+    "bytes/received": "bytes_in",
+    "bytes/sent": "bytes_out",
+}
+
+# The moving averages of C{load/<quantity>/<window>}: seconds each window
+# spans, as Mosquitto's 1, 5 and 15 minutes.
+LOAD_WINDOWS = {"1min": 60.0, "5min": 300.0, "15min": 900.0}
+
+
+def _sent(stats):
+    """
+    Messages sent to subscribers, redeliveries included.
+    """
+    return stats["delivered"] + stats["redelivered"]
+
+
+# Quantity -> how to read its running total from the broker's stats.
+LOAD_QUANTITIES = {
+    "messages/received": lambda stats: stats["published"],
+    "messages/sent": _sent,
+    "bytes/received": lambda stats: stats["bytes_in"],
+    "bytes/sent": lambda stats: stats["bytes_out"],
+}
+
+
+def sysValues(stats):
+    """
+    The instantaneous C{$SYS} values of a broker's stats, without the
+    loads: topic (after L{PREFIX}) -> text.
+    """
+    values = {topic: str(stats[counter]) for topic, counter in COUNTER_TOPICS.items()}
+    values["version"] = f"dallal {__version__}"
+    values["uptime"] = str(int(stats["uptime"]))
+    values["messages/sent"] = str(_sent(stats))
+    return values
+
+
+class _Load:
+    """
+    Per-second rates of one running total, as exponentially weighted moving
+    averages over each of L{LOAD_WINDOWS} (what Unix load averages and
+    Mosquitto's C{load/...} topics are).
+    """
+
+    def __init__(self):
+        self.averages = dict.fromkeys(LOAD_WINDOWS, 0.0)
+
+    def update(self, increase, elapsed):
+        rate = increase / elapsed
+        for window, span in LOAD_WINDOWS.items():
+            # A longer gap between rounds weighs the new rate more.
+            weight = 1.0 - math.exp(-elapsed / span)
+            self.averages[window] += weight * (rate - self.averages[window])
+
+
+class SysPublisher:
+    """
+    Publishes a broker's statistics on C{$SYS/broker/...} every C{interval}
+    seconds of C{clock}.
+    """
+
+    _log = Logger()
+
+    def __init__(self, broker, clock, interval=DEFAULT_INTERVAL):
+        self.broker = broker
+        self.clock = clock
+        self.interval = interval
+        self._loop = None
+        # Topic -> the value last published on it.
+        self._published = {}
+        self._loads = {quantity: _Load() for quantity in LOAD_QUANTITIES}
+        self._lastTotals = None
+        self._lastTime = None
+
+    def start(self):
+        """
+        Publish now, then every interval.
+        """
+        loop = self._loop = LoopingCall(self.publish)
+        loop.clock = self.clock
+        # A LoopingCall whose function raises stops for good: say so loudly.
+        loop.start(self.interval, now=True).addErrback(
+            lambda failure: self._log.failure("$SYS statistics stopped", failure)
+        )
+
+    def stop(self):
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self._loop = None
+
+    def _values(self):
+        """
+        Every C{$SYS} topic and its value now, loads included (updated with
+        what happened since the last round): full topic -> text.
+        """
+        stats = self.broker.stats()
+        self._updateLoads(stats)
+        values = sysValues(stats)
+        for quantity, load in self._loads.items():
+            for window, average in load.averages.items():
+                values[f"load/{quantity}/{window}"] = f"{average:.2f}"
+        return {PREFIX + topic: value for topic, value in values.items()}
+
+    def _updateLoads(self, stats):
+        now = self.clock.seconds()
+        totals = {quantity: read(stats) for quantity, read in LOAD_QUANTITIES.items()}
+        if self._lastTime is not None:
+            elapsed = now - self._lastTime
+            if elapsed <= 0:
+                return
+            for quantity, total in totals.items():
+                self._loads[quantity].update(total - self._lastTotals[quantity], elapsed)
+        self._lastTotals = totals
+        self._lastTime = now
+
+    def publish(self):
+        """
+        One round: publish the values that changed since the last.
+        """
+        for topic, value in self._values().items():
+            if self._published.get(topic) != value:
+                self._published[topic] = value
+                self.broker.publishOwn(topic, value.encode("utf-8"))
