@@ -7,7 +7,7 @@ broker's TCP protocol.
 from twisted.logger import Logger
 
 from dallal.sysstats import LOAD_WINDOWS, PREFIX, SysPublisher
-from helpers import BrokerHarness, messages
+from helpers import BrokerHarness, BrokerProcess, dallal, messages, subscriber
 
 INTERVAL = 10.0
 
@@ -142,3 +142,27 @@ def test_aFailingRoundIsLogged():
     (event,) = logged
     assert event["log_format"] == "$SYS statistics stopped"
     assert event["log_failure"].check(RuntimeError)
+
+
+def test_endToEnd(tmp_path):
+    """
+    A real broker's statistics reach C{dallal subscribe '$SYS/...'}, and
+    never a subscriber to C{#}.
+    """
+    broker = BrokerProcess.plugin(tmp_path, "--sys-interval", "0.2")
+    everything = watcher = None
+    try:
+        everything = subscriber(broker.port, "#")
+        watcher = subscriber(
+            broker.port, "$SYS/broker/clients/connected", "$SYS/broker/messages/received"
+        )
+        watcher.waitFor(rb"\$SYS/broker/clients/connected: 2\n")
+        assert dallal("127.0.0.1", broker.port, "publish", "news", "hello").returncode == 0
+        everything.waitFor(rb"news: hello\n")
+        watcher.waitFor(rb"\$SYS/broker/messages/received: 1\n")
+        assert b"$SYS" not in everything.output
+    finally:
+        for process in (everything, watcher):
+            if process is not None:
+                process.terminate()
+        broker.stop()
