@@ -21,6 +21,7 @@ from twisted.internet.task import deferLater, react
 from twisted.python.failure import Failure
 
 from dallal import __version__
+from dallal.askpass import PASSWORD_VARIABLE, NoTerminal, askPassword, passwordFromEnvironment
 from dallal.chat import Chat, checkName, defaultName
 from dallal.client import (
     DallalClientProtocol,
@@ -32,7 +33,8 @@ from dallal.client import (
 )
 from dallal.console import openConsole
 from dallal.delivery import MODES
-from dallal.errors import BAD_TOPIC
+from dallal.errors import BAD_CREDENTIALS, BAD_TOPIC, NOT_AUTHORIZED
+from dallal.passwords import checkUserName
 from dallal.shell import Shell, describeReach, formatTopics, helpLines as shellHelpLines
 from dallal.topics import WILDCARDS, checkTopic
 
@@ -51,6 +53,14 @@ def _port(text):
     if not 1 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"port must be 1-65535, got {port}")
     return port
+
+
+def _userName(text):
+    try:
+        checkUserName(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error))
+    return text
 
 
 def _timeout(text):
@@ -92,6 +102,15 @@ def buildParser():
         default=None,
         help="with --tls: a PEM file of the CA certificate(s) to trust instead "
         "of the system's",
+    )
+    parser.add_argument(
+        "--user",
+        metavar="NAME",
+        type=_userName,
+        default=None,
+        help="log in as NAME (a broker run with --passwords requires it); the "
+        f"password comes from the {PASSWORD_VARIABLE} environment variable, or "
+        "is asked for on the terminal, without echo",
     )
     parser.add_argument("host", help="the broker's host name or address")
     parser.add_argument(
@@ -333,6 +352,13 @@ def describe(failure, args):
         return f"the broker at {where} no longer knows this client: {failure}"
     if isinstance(failure, (netError.ConnectionDone, netError.ConnectionLost)):
         return f"the broker at {where} closed the connection"
+    if isinstance(failure, ServerError) and failure.code == BAD_CREDENTIALS:
+        return f"the broker at {where} refused the login: {failure.reason}"
+    if isinstance(failure, ServerError) and failure.code == NOT_AUTHORIZED and not args.user:
+        return (
+            f"the broker at {where} requires a login: give --user NAME (the password "
+            f"from {PASSWORD_VARIABLE}, or typed when asked)"
+        )
     if isinstance(failure, ServerError):
         return f"the broker refused the request: {failure}"
     tls = _tlsReason(failure, args.host)
@@ -386,16 +412,38 @@ def _connect(reactor, args, deadline):
                 flush=True,
             )
 
-        connecting = connectUDP(reactor, args.host, args.port, onPongMissed=reportPongMissed)
+        connecting = connectUDP(
+            reactor,
+            args.host,
+            args.port,
+            onPongMissed=reportPongMissed,
+            credentials=args.credentials,
+        )
     elif args.tls:
         try:
             endpoint = tlsEndpoint(reactor, args.host, args.port, args.cafile)
         except ImportError:
             raise ValueError("--tls needs pyOpenSSL: pip install 'twisted[tls]'")
-        connecting = connect(reactor, endpoint)
+        connecting = connect(reactor, endpoint, args.credentials)
     else:
-        connecting = connect(reactor, HostnameEndpoint(reactor, args.host, args.port))
-    return deadline.wait(connecting)
+        connecting = connect(
+            reactor, HostnameEndpoint(reactor, args.host, args.port), args.credentials
+        )
+    return deadline.wait(connecting).addCallback(_noteAnonymous, args)
+
+
+def _noteAnonymous(client, args):
+    """
+    Say so when C{--user} was given to a broker that takes no passwords.
+    """
+    if args.user is not None and client.user is None:
+        print(
+            f"dallal: the broker at {args.host}:{args.port} takes no passwords: "
+            f"connected anonymously, not as {args.user}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return client
 
 
 def _publishOnce(client, args, payload):
@@ -617,6 +665,19 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.cafile is not None and not args.tls:
         parser.error("--cafile goes with --tls")
+    args.credentials = None
+    if args.user is not None:
+        password = passwordFromEnvironment()
+        try:
+            if password is None:
+                password = askPassword(f"password of {args.user} at {args.host}:{args.port}: ")
+        except NoTerminal as error:
+            parser.error(f"--user: {error}")
+        except (EOFError, KeyboardInterrupt):
+            # Ctrl-D or Ctrl-C at the prompt: the user gave up.
+            print(file=sys.stderr)
+            raise SystemExit(1)
+        args.credentials = (args.user, password)
 
     def run(reactor):
         return defer.ensureDeferred(COMMANDS[args.command](reactor, args))

@@ -19,6 +19,11 @@ L{connectUDP} gives the same API over UDP (PROTOCOL.md, "UDP"): the client
 says HELLO, resends each request until it is answered (or its Deferred is
 cancelled, by a timeout for instance), and pings the broker at the interval
 the broker asks for.
+
+Both log in to a broker that takes passwords when given
+C{credentials=(user, password)}; the password is sent in the HELLO and kept
+for nothing else (over UDP, for the HELLO that resumes a session from a new
+address), and never logged.
 """
 
 import itertools
@@ -40,6 +45,7 @@ from twisted.python.failure import Failure
 from dallal import datagram, wire
 from dallal.errors import BAD_TOKEN, NO_SESSION, RequestError
 from dallal.framing import FrameReceiver
+from dallal.passwords import checkUserName
 from dallal.topics import MAX_TOPIC_LENGTH
 
 # Resending a request over UDP: after this many seconds, then twice as long
@@ -150,6 +156,20 @@ def checkToken(value, what):
         raise ValueError(f"{what} {value!r} is empty or contains whitespace")
 
 
+def loginOptions(credentials):
+    """
+    The HELLO options that log in with C{credentials}: C{(user, password)},
+    the password as text (sent as UTF-8) or bytes.
+
+    @raise ValueError: the user name is not one a broker can have.
+    """
+    user, password = credentials
+    checkUserName(user)
+    if isinstance(password, str):
+        password = password.encode("utf-8")
+    return wire.encodeCredentials(user, password)
+
+
 def _ackable(deliveryId):
     """
     Whether a delivery id can go back in an C{ACK}: 1 to 64 printable ASCII
@@ -174,6 +194,8 @@ class _ClientSession:
 
     @ivar serverErrors: C{ERR} frames not tied to a request, as
         L{ServerError}s, most recent last (kept for diagnostics).
+    @ivar user: the user name the broker says this client is logged in as,
+        or C{None} (not logged in, or the broker takes no passwords).
     """
 
     _log = Logger()
@@ -195,6 +217,7 @@ class _ClientSession:
         self.serverErrors = []
         self.connected = False
         self.lostReason = None
+        self.user = None
 
     def _sendFrame(self, frame):
         """
@@ -553,6 +576,30 @@ class DallalClientProtocol(FrameReceiver, _ClientSession):
         requestId = self._nextId()
         return self._request(wire.encodeHello(requestId, clientId, options), requestId)
 
+    def login(self, credentials, clientId=None):
+        """
+        Log in to a broker that takes passwords: a HELLO with the user name
+        and password.
+
+        @param credentials: C{(user, password)}, the password as text or
+            bytes.
+        @param clientId: who this client is to the broker's ACL (C{%c});
+            random by default.
+        @return: a Deferred that fires with the broker's answer (as
+            L{hello}'s, with C{user}), or fails with L{ServerError}
+            C{BAD_CREDENTIALS}, after which the broker closes the
+            connection.
+        @raise ValueError: the user name is not one a broker can have.
+        """
+        options = loginOptions(credentials)
+        return self.hello(clientId or secrets.token_hex(16), **options).addCallback(
+            self._loggedIn
+        )
+
+    def _loggedIn(self, answer):
+        self.user = answer.get("user")
+        return answer
+
     def bye(self):
         """
         Disconnect gracefully: say BYE, and the broker answers BYE and
@@ -602,14 +649,20 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
     @ivar maxPayload: the largest payload the broker accepts over UDP.
     """
 
-    def __init__(self, clock, brokerAddress, clientId=None, onPongMissed=None):
+    def __init__(
+        self, clock, brokerAddress, clientId=None, onPongMissed=None, credentials=None
+    ):
         """
         @param brokerAddress: the broker's C{(ip, port)}.
         @param onPongMissed: called as C{onPongMissed(missed)} when a ping
             has gone unanswered for an interval, C{missed} counting them in
             a row; the client keeps pinging.
+        @param credentials: C{(user, password)} to log in with, for a broker
+            that takes passwords.
+        @raise ValueError: the user name is not one a broker can have.
         """
         _ClientSession.__init__(self)
+        self._login = {} if credentials is None else loginOptions(credentials)
         self.clock = clock
         self.brokerAddress = brokerAddress
         self.clientId = clientId if clientId is not None else secrets.token_hex(16)
@@ -655,7 +708,7 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
             if not token:
                 raise ClientProtocolError("the broker's answer to HELLO has no token")
             try:
-                answer = await self._hello({"token": token})
+                answer = await self._hello({"token": token, **self._login})
             except ServerError as error:
                 if error.code != BAD_TOKEN:
                     raise
@@ -668,6 +721,7 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
             if answer.get("session") not in ("new", "resumed"):
                 raise ClientProtocolError(f"unexpected answer to HELLO: {answer}")
             self.token = token
+            self.user = answer.get("user")
             return answer
 
     def _hello(self, options):
@@ -898,17 +952,35 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
     }
 
 
-def connect(reactor, endpoint):
+def connect(reactor, endpoint, credentials=None, clientId=None):
     """
-    Connect to a broker.
+    Connect to a broker, and log in if given credentials.
 
     @param endpoint: an C{IStreamClientEndpoint}, or a client endpoint
         description such as C{"tcp:127.0.0.1:1373"}.
-    @return: a Deferred firing with a connected L{DallalClientProtocol}.
+    @param credentials: C{(user, password)}, for a broker that takes
+        passwords (see L{DallalClientProtocol.login}).
+    @param clientId: the client id of the login; random by default.
+    @return: a Deferred firing with a connected (and logged in)
+        L{DallalClientProtocol}; if the login fails, it fails with the
+        broker's L{ServerError} and the connection is closed.
     """
     if isinstance(endpoint, str):
         endpoint = clientFromString(reactor, endpoint)
-    return connectProtocol(endpoint, DallalClientProtocol())
+    connecting = connectProtocol(endpoint, DallalClientProtocol())
+    if credentials is None:
+        return connecting
+    return connecting.addCallback(_logIn, credentials, clientId)
+
+
+def _logIn(client, credentials, clientId):
+    def failed(failure):
+        client.close()
+        return failure
+
+    return maybeDeferred(client.login, credentials, clientId).addCallbacks(
+        lambda answer: client, failed
+    )
 
 
 _PEM_CERTIFICATE = re.compile(
@@ -952,22 +1024,26 @@ def tlsEndpoint(reactor, host, port, cafile=None):
     )
 
 
-def connectUDP(reactor, host, port, clientId=None, onPongMissed=None):
+def connectUDP(reactor, host, port, clientId=None, onPongMissed=None, credentials=None):
     """
     Start a session with a broker over UDP.
 
     @param host: the broker's host name or IP address.
     @param clientId: see L{DallalDatagramClient}; random by default.
     @param onPongMissed: see L{DallalDatagramClient}.
+    @param credentials: C{(user, password)}, for a broker that takes
+        passwords.
     @return: a Deferred firing with a L{DallalDatagramClient} once the
-        broker has accepted it; cancel it to give up.
+        broker has accepted it (and its login); cancel it to give up.
     """
-    return Deferred.fromCoroutine(_connectUDP(reactor, host, port, clientId, onPongMissed))
+    return Deferred.fromCoroutine(
+        _connectUDP(reactor, host, port, clientId, onPongMissed, credentials)
+    )
 
 
-async def _connectUDP(reactor, host, port, clientId, onPongMissed):
+async def _connectUDP(reactor, host, port, clientId, onPongMissed, credentials):
     ip = host if isIPAddress(host) or isIPv6Address(host) else await reactor.resolve(host)
-    client = DallalDatagramClient(reactor, (ip, port), clientId, onPongMissed)
+    client = DallalDatagramClient(reactor, (ip, port), clientId, onPongMissed, credentials)
     reactor.listenUDP(
         0,
         client,

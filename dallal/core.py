@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from twisted.logger import LogLevel
 
+from dallal.acl import READ, WRITE
 from dallal.delivery import (
     ALL,
     FIRE,
@@ -25,6 +26,7 @@ from dallal.delivery import (
 from dallal.errors import (
     BAD_ARGUMENTS,
     BAD_TOPIC,
+    FORBIDDEN,
     NOT_SUBSCRIBED,
     PAYLOAD_TOO_LARGE,
     STORE_FAILED,
@@ -103,15 +105,20 @@ class _Session:
     What the broker knows about one attached client.
 
     @ivar subscriptions: topic filter -> L{Subscription}.
+    @ivar user: the name it logged in with, or C{None} (anonymous).
+    @ivar permissions: what the ACL lets it read and write
+        (L{dallal.acl.Permissions}), or C{None} when the broker has no ACL.
     """
 
-    __slots__ = ("sid", "subscriber", "subscriptions", "outbox")
+    __slots__ = ("sid", "subscriber", "subscriptions", "outbox", "user", "permissions")
 
     def __init__(self, sid, subscriber, outbox):
         self.sid = sid
         self.subscriber = subscriber
         self.subscriptions = {}
         self.outbox = outbox
+        self.user = None
+        self.permissions = None
 
 
 class Broker:
@@ -141,6 +148,9 @@ class Broker:
         self._ownTopics = TopicMap()
         self._nextSid = 1
         self._nextMid = 1
+        # Whether any session's topics are restricted by an ACL: until one
+        # is, publishing skips the permission checks altogether.
+        self._restricted = False
         self.started = clock.seconds()
         # A plain dict: every counter is set here or by the ledger, and a
         # Counter's item access costs twice as much on the per-message path.
@@ -157,6 +167,9 @@ class Broker:
             duplicates=0,
             unsent=0,
             sys_published=0,
+            logins=0,
+            logins_failed=0,
+            denied=0,
         )
         self.ledger = Ledger(self.counters, self.events)
 
@@ -212,6 +225,70 @@ class Broker:
 
     def sessionId(self, subscriber):
         return self._sessions[subscriber].sid
+
+    def login(self, subscriber, user):
+        """
+        A client logged in, or goes on anonymously under the ACL: from now
+        on its requests and deliveries are those of C{user}.
+
+        @param user: its L{dallal.auth.IBrokerUser}.
+        """
+        session = self._sessions[subscriber]
+        session.user = user.name
+        session.permissions = user.permissions
+        if user.permissions is not None:
+            self._restricted = True
+        if user.name is not None:
+            self.counters["logins"] += 1
+            self.events.emit(
+                "login", session=session.sid, client=subscriber.peer, user=user.name
+            )
+
+    def loginFailed(self, subscriber, shownUser):
+        """
+        Record a refused login.
+
+        @param subscriber: the client, attached or not (a UDP client has no
+            session before it logs in).
+        @param shownUser: the user name for the log (see
+            L{dallal.auth.LoginFailed}).
+        """
+        self.counters["logins_failed"] += 1
+        self.events.emit(
+            "login_failed",
+            LogLevel.warn,
+            session=self._sessionNumber(subscriber),
+            client=subscriber.peer,
+            user=shownUser,
+        )
+
+    def _sessionNumber(self, subscriber):
+        """
+        The session id of a client for the log, 0 if it has no session.
+        """
+        session = self._sessions.get(subscriber)
+        return session.sid if session else 0
+
+    def _forbid(self, session, action, topic, requestId):
+        """
+        Count and log a request the ACL refuses, and refuse it.
+        """
+        self.counters["denied"] += 1
+        user = session.user
+        self.events.emit(
+            "denied",
+            LogLevel.warn,
+            session=session.sid,
+            client=session.subscriber.peer,
+            user="-" if user is None else user,
+            action=action,
+            topic=topic,
+        )
+        who = "anonymous clients" if user is None else f"user {user}"
+        preposition = "on" if action == "publish" else "to"
+        raise RequestError(
+            FORBIDDEN, f"{who} may not {action} {preposition} {topic}", requestId
+        )
 
     def acknowledge(self, subscriber, deliveryId):
         """
@@ -295,6 +372,9 @@ class Broker:
                 BAD_ARGUMENTS, f"mode must be one of {', '.join(MODES)}, not {mode!r}", requestId
             )
         session = self._sessions[subscriber]
+        permissions = session.permissions
+        if permissions is not None and not permissions.mayMatch(topicFilter, READ):
+            self._forbid(session, "subscribe", topicFilter, requestId)
         subscription = session.subscriptions.get(topicFilter)
         if subscription is None:
             subscription = Subscription(requestId, topicFilter, mode, session.outbox)
@@ -320,13 +400,16 @@ class Broker:
         """
         Offer a new subscription the retained messages its filter matches,
         marked as retained: the broker's own topics' last values, and the
-        store's.
+        store's (those the client may read).
         """
         found = self._ownTopics.match(subscription.topic)
         if self.retained is not None:
             found += self.retained.match(subscription.topic)
         session = self._sessions[subscriber]
+        permissions = session.permissions
         for topic, payload in found:
+            if permissions is not None and not permissions.mayRead(topic):
+                continue
             message = Message(
                 self._nextMid, topic, payload, "retained", self.clock.seconds(), True
             )
@@ -420,6 +503,10 @@ class Broker:
         """
         self.checkTopic(topic, requestId)
         self.checkPayloadSize(len(payload), requestId)
+        if self._restricted:
+            session = self._sessions[subscriber]
+            if session.permissions is not None and not session.permissions.mayWrite(topic):
+                self._forbid(session, "publish", topic, requestId)
         return self._route(subscriber, topic, payload)
 
     def retain(self, topic, payload, requestId):
@@ -447,7 +534,7 @@ class Broker:
         """
         Publish one message on every existing topic a filter matches: the
         topics with a retained message and those clients subscribed to by
-        name.
+        name; under an ACL, those of them the client may write.
 
         @return: how many topics it was published on.
         @raise RequestError: the filter or the payload is refused.
@@ -460,9 +547,14 @@ class Broker:
                 BAD_TOPIC, "topics starting with '$' are reserved for the broker", requestId
             )
         self.checkPayloadSize(len(payload), requestId)
+        permissions = self._sessions[subscriber].permissions
+        if permissions is not None and not permissions.mayMatch(topicFilter, WRITE):
+            self._forbid(self._sessions[subscriber], "publish", topicFilter, requestId)
         topics = {topic for topic, _ in self._namedTopics.match(topicFilter)}
         if self.retained is not None:
             topics.update(topic for topic, _ in self.retained.match(topicFilter))
+        if permissions is not None:
+            topics = {topic for topic in topics if permissions.mayWrite(topic)}
         for topic in sorted(topics):
             self._route(subscriber, topic, payload)
         return len(topics)
@@ -507,6 +599,8 @@ class Broker:
         @param sid: the publishing session's id, C{peer} its address and
             C{transportName} its transport, for the C{publish} event.
         """
+        if self._restricted and receivers:
+            receivers = self._readers(receivers, message.topic)
         events = self.events
         if events.messageEvents:
             events.emit(
@@ -522,6 +616,18 @@ class Broker:
         for subscriptions in receivers.values():
             subscription = _strongest(subscriptions)
             subscription.outbox.offer(subscription, message)
+
+    def _readers(self, receivers, topic):
+        """
+        The receivers of a message on C{topic} that may read it.
+        """
+        sessions = self._sessions
+        readers = {}
+        for subscriber, subscriptions in receivers.items():
+            permissions = sessions[subscriber].permissions
+            if permissions is None or permissions.mayRead(topic):
+                readers[subscriber] = subscriptions
+        return readers
 
     # Health
 
@@ -557,11 +663,10 @@ class Broker:
         self.counters["errors"] += 1
         if not logged:
             return
-        session = self._sessions.get(subscriber)
         self.events.emit(
             "protocol_error",
             LogLevel.warn,
-            session=session.sid if session else 0,
+            session=self._sessionNumber(subscriber),
             client=subscriber.peer,
             code=code,
             fatal=fatal,

@@ -22,6 +22,13 @@ NO_SESSION = "NO_SESSION"
 NOT_SUBSCRIBED = "NOT_SUBSCRIBED"
 STORE_FAILED = "STORE_FAILED"
 
+# Who may do what: a request before the client logged in (on a broker with
+# --passwords), a login refused (a bad user name or password), a topic the
+# ACL (--acl) refuses.
+NOT_AUTHORIZED = "NOT_AUTHORIZED"
+BAD_CREDENTIALS = "BAD_CREDENTIALS"
+FORBIDDEN = "FORBIDDEN"
+
 NO_ID = "-"
 
 

@@ -10,7 +10,9 @@ one resolver).
 from twisted.application.service import MultiService, Service
 from twisted.internet.defer import gatherResults
 from twisted.internet.endpoints import serverFromString
+from twisted.logger import Logger
 
+from dallal.auth import beyondLoopback
 from dallal.core import Broker, BrokerConfig
 from dallal.retained import RetainedStore
 from dallal.datagram import MAX_PACKET_SIZE
@@ -130,6 +132,9 @@ class DallalService(MultiService):
         endpoints with L{listenTCP}.
     """
 
+    # Sentences for people, not events: its namespace is not dallal's.
+    _log = Logger()
+
     def __init__(
         self,
         reactor,
@@ -137,12 +142,15 @@ class DallalService(MultiService):
         pingInterval=DEFAULT_INTERVAL,
         dataDir=None,
         sysInterval=DEFAULT_SYS_INTERVAL,
+        gatekeeper=None,
     ):
         """
         @param dataDir: the directory of the retained message store, or
             C{None} for a broker that keeps no retained messages.
         @param sysInterval: seconds between updates of the C{$SYS/broker/...}
             statistics topics, or 0 for none.
+        @param gatekeeper: who may connect and what they may do
+            (L{dallal.auth.Gatekeeper}), or C{None} for everyone, anything.
         @raise dallal.retained.StoreError: the store cannot be opened.
         """
         MultiService.__init__(self)
@@ -150,7 +158,8 @@ class DallalService(MultiService):
         retained = RetainedStore.open(dataDir, reactor) if dataDir is not None else None
         self.broker = Broker(reactor, config, retained=retained)
         self.sweep = PingSweep(reactor, pingInterval)
-        self.factory = BrokerFactory(self.broker, self.sweep)
+        self.gatekeeper = gatekeeper
+        self.factory = BrokerFactory(self.broker, self.sweep, gatekeeper)
         self.sysPublisher = (
             SysPublisher(self.broker, reactor, sysInterval) if sysInterval else None
         )
@@ -177,7 +186,9 @@ class DallalService(MultiService):
         @return: the child L{DatagramListenerService}; its C{protocol} is
             the L{BrokerDatagramProtocol}.
         """
-        protocol = BrokerDatagramProtocol(self.broker, self.sweep, ackTimeout)
+        protocol = BrokerDatagramProtocol(
+            self.broker, self.sweep, ackTimeout, gatekeeper=self.gatekeeper
+        )
         listener = DatagramListenerService(
             self.reactor, port, protocol, interface, self.broker.events
         )
@@ -189,6 +200,25 @@ class DallalService(MultiService):
         self.sweep.start()
         if self.sysPublisher is not None:
             self.sysPublisher.start()
+        self._warnIfOpenToAll()
+
+    def _warnIfOpenToAll(self):
+        """
+        Warn, once per port, when other machines can reach a broker that
+        lets anyone in.
+        """
+        if self.gatekeeper is not None and self.gatekeeper.loginRequired:
+            return
+        for listener in self:
+            port = getattr(listener, "port", None)
+            if port is not None and beyondLoopback(port.getHost()):
+                self._log.warn(
+                    "WARNING: listening on {address} ({transport}) beyond the loopback "
+                    "without --passwords: anyone who can reach it may publish and "
+                    "subscribe (README.md, Security)",
+                    address=formatAddress(port.getHost()),
+                    transport=listener.transportName,
+                )
 
     def stopService(self):
         self.sweep.stop()

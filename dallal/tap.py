@@ -4,7 +4,10 @@ C{twistd dallal}: command-line options and the service they build.
 
 from twisted.python import usage
 
+from dallal.acl import AclError
+from dallal.auth import Gatekeeper
 from dallal.core import DEFAULT_MAX_PAYLOAD, BrokerConfig
+from dallal.passwords import PasswordFileError
 from dallal.retained import StoreError
 from dallal.delivery import SLOW_CONSUMER_POLICIES, DeliveryConfig
 from dallal.keepalive import DEFAULT_INTERVAL
@@ -153,6 +156,24 @@ class Options(usage.Options):
     ]
     del _delivery
 
+    optParameters += [
+        [
+            "passwords",
+            None,
+            None,
+            "Clients must log in with a user name and password from this file "
+            "(lines user:hash, made with dallal-passwd FILE USER).",
+        ],
+        [
+            "acl",
+            None,
+            None,
+            "Who may read and write which topics, in Mosquitto's acl_file format "
+            "(user NAME, then topic [read|write|readwrite|deny] FILTER lines; "
+            "pattern lines with %u and %c).",
+        ],
+    ]
+
     optFlags = [
         [
             "message-events",
@@ -217,14 +238,16 @@ def makeService(options, reactor=None):
         ),
     )
     try:
+        gatekeeper = Gatekeeper.fromFiles(reactor, options["passwords"], options["acl"])
         service = DallalService(
             reactor,
             config,
             pingInterval=options["ping-interval"],
             dataDir=options["data-dir"],
             sysInterval=options["sys-interval"],
+            gatekeeper=gatekeeper,
         )
-    except StoreError as error:
+    except (StoreError, PasswordFileError, AclError) as error:
         # twistd would show a traceback; the operator needs the reason.
         raise SystemExit(f"dallal: cannot start: {error}")
     for description in options["tcp"]:

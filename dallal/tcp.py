@@ -5,14 +5,28 @@ The protocol parses and frames; the L{Broker} core decides.  It never writes
 to a connection that is closed or closing, and answers every bad request
 with an C{ERR} frame; PROTOCOL.md says which errors also close it.  What a
 request does is the same as over UDP: L{RequestHandler}.
+
+On a broker that takes passwords, a connection serves nothing but C{HELLO},
+C{PING}, C{PONG} and C{BYE} until its C{HELLO} logs it in
+(L{dallal.auth.Gatekeeper}).
 """
 
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import ServerFactory
+from twisted.logger import Logger
 from zope.interface import implementer
 
 from dallal import __version__, wire
-from dallal.errors import BAD_FRAMING, LINE_TOO_LONG, NO_ID, RequestError
+from dallal.auth import LoginFailed
+from dallal.errors import (
+    BAD_ARGUMENTS,
+    BAD_CREDENTIALS,
+    BAD_FRAMING,
+    LINE_TOO_LONG,
+    NO_ID,
+    NOT_AUTHORIZED,
+    RequestError,
+)
 from dallal.framing import FrameReceiver
 from dallal.interfaces import ISubscriber
 from dallal.keepalive import IPingable
@@ -60,22 +74,37 @@ class _DeliveryValve:
         pass
 
 
+# What a client may send before it has logged in.
+_BEFORE_LOGIN = frozenset({wire.Hello, wire.Bye, wire.Ping, wire.Pong})
+
+LOGIN_USAGE = "HELLO <id> <client-id> user=<name> password=<the password in base64>"
+
+
 @implementer(ISubscriber, IPingable)
 class BrokerProtocol(FrameReceiver, RequestHandler):
     """
     One TCP client of the broker.
+
+    @param gatekeeper: the broker's L{dallal.auth.Gatekeeper}, or C{None}
+        when it has neither passwords nor ACL.
     """
 
     transportName = "tcp"
     peer = "?"
+    _log = Logger()
 
-    def __init__(self, broker, sweep):
+    def __init__(self, broker, sweep, gatekeeper=None):
         self.broker = broker
         self.sweep = sweep
+        self.gatekeeper = gatekeeper
         self.MAX_LENGTH = broker.config.maxControlLine
         self._attached = False
         self._publishing = None
         self._closeReason = "closed"
+        # Whether requests are served: at once, unless the broker takes
+        # passwords; then from a successful login on.
+        self._loggedIn = gatekeeper is None or not gatekeeper.loginRequired
+        self._userName = None
 
     def connectionMade(self):
         self.peer = formatAddress(self.transport.getPeer())
@@ -83,6 +112,10 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         self.broker.attach(self)
         self.sweep.add(self)
         self.transport.registerProducer(_DeliveryValve(self), True)
+        if self.gatekeeper is not None and not self.gatekeeper.loginRequired:
+            # Anonymous under the ACL; a HELLO may give the client id its
+            # %c patterns need.
+            self.broker.login(self, self.gatekeeper.anonymous())
 
     def connectionLost(self, reason):
         if self._attached:
@@ -133,6 +166,9 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         if request is None:
             return
         kind = type(request)
+        if not self._loggedIn and kind not in _BEFORE_LOGIN:
+            self._refuseBeforeLogin(request)
+            return
         if kind is wire.Publish:
             self._publishReceived(request)
         elif kind is wire.Hello:
@@ -142,22 +178,107 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         else:
             self.handleRequest(request)
 
-    def _helloReceived(self, hello):
-        """
-        The optional hello over TCP: tell the client the broker's limits.
-        """
-        config = self.broker.config
-        self.sendFrame(
-            wire.encodeHelloReply(
-                hello.id,
-                {
-                    "version": __version__,
-                    "ping": f"{self.sweep.interval:g}",
-                    "max-payload": str(config.maxPayload),
-                    "max-topic": str(config.maxTopicLength),
-                },
+    def _refuseBeforeLogin(self, request):
+        self.refuse(
+            RequestError(
+                NOT_AUTHORIZED,
+                f"log in first: {LOGIN_USAGE}",
+                getattr(request, "id", NO_ID),
             )
         )
+        if type(request) is wire.Publish:
+            self.expectPayload(request.size, discard=True)
+
+    def _helloReceived(self, hello):
+        """
+        The hello over TCP: log the client in if it gives credentials and
+        the broker takes passwords (which makes it required), and tell the
+        client the broker's limits.
+        """
+        try:
+            credentials = wire.credentialsOf(hello)
+        except RequestError as error:
+            self.refuse(error)
+            return
+        gatekeeper = self.gatekeeper
+        if gatekeeper is None:
+            self._answerHello(hello)
+        elif not gatekeeper.loginRequired:
+            # No passwords: credentials are not checked, and the client goes
+            # on anonymously, now with its client id.
+            self.broker.login(self, gatekeeper.anonymous(hello.clientId))
+            self._answerHello(hello)
+        elif self._loggedIn:
+            if credentials is None:
+                self._answerHello(hello)
+            else:
+                self.refuse(
+                    RequestError(
+                        BAD_ARGUMENTS,
+                        f"already logged in as {self._userName}: connect again to "
+                        "log in as another user",
+                        hello.id,
+                    )
+                )
+        elif credentials is None:
+            self.refuse(
+                RequestError(
+                    NOT_AUTHORIZED, f"this broker requires a login: {LOGIN_USAGE}", hello.id
+                )
+            )
+        else:
+            # Read nothing more until the password is checked: requests
+            # pipelined after the HELLO are then served, or not, as the
+            # login decides.
+            self.pauseProducing()
+            user, password = credentials
+            gatekeeper.login(user, password, hello.clientId).addCallbacks(
+                self._loginSucceeded,
+                self._loginFailed,
+                callbackArgs=(hello,),
+                errbackArgs=(hello,),
+            )
+
+    def _loginSucceeded(self, user, hello):
+        if not self._attached:
+            return
+        self._loggedIn = True
+        self._userName = user.name
+        self.broker.login(self, user)
+        self._answerHello(hello)
+        self.resumeProducing()
+
+    def _loginFailed(self, failure, hello):
+        """
+        Refuse the login and close the connection, as Mosquitto does: a
+        client has one try per connection.
+        """
+        refused = failure.check(LoginFailed)
+        if not refused:
+            self._log.failure("checking a password failed", failure)
+        if not self._attached:
+            return
+        if refused:
+            self.broker.loginFailed(self, failure.value.shownUser)
+            reason = "bad user name or password"
+        else:
+            reason = "the broker could not check the password (see its log)"
+        self.refuse(RequestError(BAD_CREDENTIALS, reason, hello.id), fatal=True)
+
+    def _answerHello(self, hello):
+        """
+        Tell the client the broker's limits, and the user it is logged in as.
+        """
+        config = self.broker.config
+        options = {
+            "version": __version__,
+            "ping": f"{self.sweep.interval:g}",
+            "max-payload": str(config.maxPayload),
+            "max-topic": str(config.maxTopicLength),
+        }
+        if self._userName is not None:
+            options["user"] = self._userName
+        self.sendFrame(wire.encodeHelloReply(hello.id, options))
 
     def _byeReceived(self):
         """
@@ -245,11 +366,12 @@ class BrokerFactory(ServerFactory):
     # The broker logs its own listening event; Twisted's would be noise.
     noisy = False
 
-    def __init__(self, broker, sweep):
+    def __init__(self, broker, sweep, gatekeeper=None):
         self.broker = broker
         self.sweep = sweep
+        self.gatekeeper = gatekeeper
 
     def buildProtocol(self, addr):
-        protocol = BrokerProtocol(self.broker, self.sweep)
+        protocol = BrokerProtocol(self.broker, self.sweep, self.gatekeeper)
         protocol.factory = self
         return protocol

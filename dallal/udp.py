@@ -20,6 +20,11 @@ Each datagram holds one frame of the TCP format (L{dallal.datagram}); the
 requests are carried out by the same L{RequestHandler} as over TCP, on the
 same broker core.  A client pings the broker; one that falls silent is
 expired by the broker's ping sweep.  PROTOCOL.md ("UDP") is the reference.
+
+On a broker that takes passwords, the C{HELLO} that echoes the token also
+carries the client's credentials: its session starts only once they are
+checked (L{dallal.auth.Gatekeeper}), and a client resuming its session from
+a new address logs in again.
 """
 
 import base64
@@ -31,11 +36,20 @@ from math import ceil
 
 from twisted.internet.error import MessageLengthError
 from twisted.internet.protocol import DatagramProtocol
-from twisted.logger import LogLevel
+from twisted.logger import Logger, LogLevel
 from zope.interface import implementer
 
 from dallal import __version__, datagram, wire
-from dallal.errors import BAD_TOKEN, NO_ID, NO_SESSION, PAYLOAD_TOO_LARGE, RequestError
+from dallal.auth import LoginFailed
+from dallal.errors import (
+    BAD_CREDENTIALS,
+    BAD_TOKEN,
+    NO_ID,
+    NO_SESSION,
+    NOT_AUTHORIZED,
+    PAYLOAD_TOO_LARGE,
+    RequestError,
+)
 from dallal.interfaces import ISubscriber
 from dallal.keepalive import IPingable
 from dallal.session import RequestHandler
@@ -60,6 +74,10 @@ AWAITING_STORE = object()
 TOKEN_BYTES = 12
 # Refusals of datagrams that named no session logged per second, at most.
 STRANGER_ERRORS_LOGGED_PER_SECOND = 10
+
+# Logins being checked at once; a HELLO beyond that is not answered, and
+# its client's resend tries again.
+MAX_PENDING_LOGINS = 256
 
 _HostPort = namedtuple("_HostPort", "host port")
 
@@ -167,6 +185,11 @@ class UdpSession(RequestHandler):
         self.clientId = clientId
         self.address = None
         self.peer = None
+        # Who logged in (on a broker that takes passwords), and an HMAC of
+        # the credentials, so that a HELLO that resends them resumes the
+        # session without checking the password again.
+        self.userName = None
+        self.loginFingerprint = None
         self.moveTo(address)
         # Request id -> the answer sent, for retries of that request.
         self._answers = OrderedDict()
@@ -313,10 +336,20 @@ class BrokerDatagramProtocol(DatagramProtocol):
 
     # The broker logs its own listening event; Twisted's would be noise.
     noisy = False
+    _log = Logger()
 
-    def __init__(self, broker, sweep, ackTimeout=DEFAULT_ACK_TIMEOUT, secret=None):
+    def __init__(
+        self, broker, sweep, ackTimeout=DEFAULT_ACK_TIMEOUT, secret=None, gatekeeper=None
+    ):
+        """
+        @param gatekeeper: the broker's L{dallal.auth.Gatekeeper}, or
+            C{None} when it has neither passwords nor ACL.
+        """
         self.broker = broker
         self.sweep = sweep
+        self.gatekeeper = gatekeeper
+        # (client id, address) of the logins being checked.
+        self._loggingIn = set()
         self.delivery = datagramDelivery(broker.config.delivery, ackTimeout)
         self.maxPayload = min(broker.config.maxPayload, datagram.MAX_PAYLOAD)
         self._secret = os.urandom(32) if secret is None else secret
@@ -352,12 +385,15 @@ class BrokerDatagramProtocol(DatagramProtocol):
 
     # Sending, within the anti-amplification limit
 
-    def sendTo(self, data, address):
+    def sendTo(self, data, address, proven=False):
         """
         Send one datagram, unless the address has not proved it receives and
         this would take what it was sent over three times what it sent.
+
+        @param proven: the datagram answered has a valid token, though its
+            address has no session (yet): the address has proved it.
         """
-        if address not in self._sessionAddresses:
+        if not proven and address not in self._sessionAddresses:
             counts = self._unproven.get(address)
             if counts is None or counts[1] + len(data) > AMPLIFICATION_FACTOR * counts[0]:
                 self.broker.counters["unsent"] += 1
@@ -383,11 +419,15 @@ class BrokerDatagramProtocol(DatagramProtocol):
             self._unproven.move_to_end(address)
         counts[0] += size
 
-    def _refuse(self, error, address):
+    def _refuse(self, error, address, proven=False):
         """
         Refuse a datagram that named no session.
+
+        @param proven: see L{sendTo}.
         """
-        self.sendTo(wire.encodeError(error.requestId, error.code, error.reason), address)
+        self.sendTo(
+            wire.encodeError(error.requestId, error.code, error.reason), address, proven
+        )
         self._strangerErrors.refused(address, error.code)
 
     # Sessions
@@ -496,6 +536,41 @@ class BrokerDatagramProtocol(DatagramProtocol):
                 address,
             )
             return
+        try:
+            credentials = wire.credentialsOf(hello)
+        except RequestError as error:
+            self._refuse(error, address, proven=True)
+            return
+        gatekeeper = self.gatekeeper
+        if gatekeeper is None:
+            self._startSession(hello, address)
+        elif not gatekeeper.loginRequired:
+            # No passwords: credentials are not checked, the client is
+            # anonymous.
+            self._startSession(hello, address, gatekeeper.anonymous(hello.clientId))
+        elif credentials is None:
+            self._refuse(
+                RequestError(
+                    NOT_AUTHORIZED,
+                    "this broker requires a login: HELLO <id> <client-id> token=<token> "
+                    "user=<name> password=<the password in base64>",
+                    hello.id,
+                ),
+                address,
+                proven=True,
+            )
+        else:
+            self._logIn(hello, address, *credentials)
+
+    def _startSession(self, hello, address, user=None, fingerprint=None):
+        """
+        Start the client's session, or resume it at this address, and
+        answer its HELLO.
+
+        @param user: the L{dallal.auth.IBrokerUser} it goes on as (a new
+            session only), or C{None} on a broker without passwords or ACL.
+        @param fingerprint: the HMAC of the credentials it logged in with.
+        """
         session = self._sessions.get(hello.clientId)
         resumed = session is not None
         if not resumed:
@@ -503,18 +578,87 @@ class BrokerDatagramProtocol(DatagramProtocol):
             self._sessions[hello.clientId] = session
             self._sessionAddresses[address] += 1
             self.broker.attach(session, self.delivery)
+            if user is not None:
+                session.userName = user.name
+                self.broker.login(session, user)
             self.sweep.add(session)
+        if fingerprint is not None:
+            session.loginFingerprint = fingerprint
         self._settle(session, address)
-        session.sendFrame(
-            wire.encodeHelloReply(
-                hello.id,
-                {
-                    "token": echoed,
-                    "version": __version__,
-                    "ping": f"{self.sweep.interval:g}",
-                    "max-payload": str(self.maxPayload),
-                    "max-topic": str(self.broker.config.maxTopicLength),
-                    "session": "resumed" if resumed else "new",
-                },
-            )
+        options = {
+            "token": hello.options["token"],
+            "version": __version__,
+            "ping": f"{self.sweep.interval:g}",
+            "max-payload": str(self.maxPayload),
+            "max-topic": str(self.broker.config.maxTopicLength),
+            "session": "resumed" if resumed else "new",
+        }
+        if session.userName is not None:
+            options["user"] = session.userName
+        session.sendFrame(wire.encodeHelloReply(hello.id, options))
+
+    # Logins
+
+    def _fingerprint(self, user, password):
+        return hmac.new(
+            self._secret, b"login|%s|%s" % (user.encode("utf-8"), password), hashlib.sha256
+        ).digest()
+
+    def _logIn(self, hello, address, user, password):
+        """
+        Check a client's credentials, then start or resume its session.
+        """
+        fingerprint = self._fingerprint(user, password)
+        session = self._sessions.get(hello.clientId)
+        if session is not None and session.loginFingerprint is not None:
+            if hmac.compare_digest(session.loginFingerprint, fingerprint):
+                # The client logged in with these before: it resumes (or
+                # resent its HELLO because our answer was lost).
+                self._startSession(hello, address)
+                return
+        attempt = (hello.clientId, address)
+        if attempt in self._loggingIn or len(self._loggingIn) >= MAX_PENDING_LOGINS:
+            # A resend while its password is checked (the first gets the
+            # answer), or too many checks already: the client resends.
+            return
+        self._loggingIn.add(attempt)
+        self.gatekeeper.login(user, password, hello.clientId).addCallbacks(
+            self._loginSucceeded,
+            self._loginFailed,
+            callbackArgs=(hello, address, fingerprint),
+            errbackArgs=(hello, address),
         )
+
+    def _loginSucceeded(self, user, hello, address, fingerprint):
+        self._loggingIn.discard((hello.clientId, address))
+        if self.transport is None:
+            # The port stopped while the password was checked.
+            return
+        session = self._sessions.get(hello.clientId)
+        if session is not None and session.userName != user.name:
+            self._refuse(
+                RequestError(
+                    NOT_AUTHORIZED,
+                    "this client id names another user's session: choose another",
+                    hello.id,
+                ),
+                address,
+                proven=True,
+            )
+            return
+        self._startSession(hello, address, user, fingerprint)
+
+    def _loginFailed(self, failure, hello, address):
+        self._loggingIn.discard((hello.clientId, address))
+        refused = failure.check(LoginFailed)
+        if refused:
+            reason = "bad user name or password"
+        else:
+            self._log.failure("checking a password failed", failure)
+            reason = "the broker could not check the password (see its log)"
+        if self.transport is None:
+            return
+        if refused:
+            client = self._sessions.get(hello.clientId) or _Stranger(address)
+            self.broker.loginFailed(client, failure.value.shownUser)
+        self._refuse(RequestError(BAD_CREDENTIALS, reason, hello.id), address, proven=True)

@@ -8,6 +8,8 @@ PROTOCOL.md is the reference; this module is its code.  Nothing here knows
 about sockets: the TCP and UDP transports both call it.
 """
 
+import base64
+import binascii
 from dataclasses import dataclass, field
 
 from dallal.errors import (
@@ -253,6 +255,41 @@ def _parseHello(tokens):
 
 def _parseBye(tokens):
     return _BYE
+
+
+# Credentials in a HELLO: user=<name> password=<the password's bytes in
+# base64>, so that a password may hold spaces, '=' or any byte.
+
+
+def encodeCredentials(user, password):
+    """
+    The HELLO options that carry a user name (text) and password (bytes).
+    """
+    return {"user": user, "password": base64.b64encode(password).decode("ascii")}
+
+
+def credentialsOf(hello):
+    """
+    The credentials of a L{Hello}.
+
+    @return: C{(user, password)} as text and bytes, or C{None} if it has
+        none.
+    @raise RequestError: only one of them, or a password that is not base64.
+    """
+    options = hello.options
+    user, password = options.get("user"), options.get("password")
+    if user is None and password is None:
+        return None
+    if not user or password is None:
+        raise RequestError(
+            BAD_ARGUMENTS, "a login needs both user=<name> and password=<base64>", hello.id
+        )
+    try:
+        return user, base64.b64decode(password, validate=True)
+    except binascii.Error:
+        raise RequestError(
+            BAD_ARGUMENTS, "password= must be the password's bytes in base64", hello.id
+        )
 
 
 

@@ -6,6 +6,7 @@ waits on their output.
 
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -14,15 +15,20 @@ import time
 from pathlib import Path
 
 from twisted.internet.address import IPv4Address
+from twisted.internet.defer import maybeDeferred
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import Logger, formatEvent
 from twisted.python.failure import Failure
 
+from dallal import wire
+from dallal.acl import parseAcl
+from dallal.auth import BrokerRealm, Gatekeeper, PasswordFileChecker
 from dallal.core import Broker, BrokerConfig
 from dallal.events import NAMESPACE, EventLog
 from dallal.keepalive import PingSweep
+from dallal.passwords import PasswordHash
 from dallal.tcp import BrokerFactory
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,6 +48,36 @@ COMMAND_TIMEOUT = 30.0
 
 PING_INTERVAL = 10.0
 
+# scrypt as cheap as it goes, for tests that check passwords by the
+# hundred; the hash format and the code are the same.
+CHEAP_SCRYPT = {"n": 2, "r": 1, "p": 1}
+
+
+def runInline(function, *arguments):
+    """
+    Run a password check at once, in this thread (the broker runs it in the
+    reactor's thread pool).
+    """
+    return maybeDeferred(function, *arguments)
+
+
+def makeGatekeeper(clock, users=None, acl=None, runHash=runInline):
+    """
+    A L{Gatekeeper} on C{clock}, checking passwords with cheap scrypt,
+    inline unless told otherwise.
+
+    @param users: user name -> password (bytes), or C{None} for a broker
+        without passwords.
+    @param acl: the text of an ACL file, or C{None}.
+    """
+    checker = None
+    if users is not None:
+        checker = PasswordFileChecker(
+            {name: PasswordHash.make(password, **CHEAP_SCRYPT) for name, password in users.items()},
+            runHash=runHash,
+        )
+    return Gatekeeper(clock, BrokerRealm(parseAcl(acl) if acl is not None else None), checker)
+
 
 # In memory: a broker core, its TCP protocol and its ping sweep on a Clock.
 
@@ -53,10 +89,15 @@ class BrokerHarness:
     events collected in C{events}.
     """
 
-    def __init__(self, config=BrokerConfig(messageEvents=True)):
+    def __init__(
+        self, config=BrokerConfig(messageEvents=True), users=None, acl=None, runHash=runInline
+    ):
         """
         @param config: the broker's; by default with per-message events
             (C{publish}, C{deliver}, ...) on, for tests to look at.
+        @param users: user name -> password (bytes): the broker requires a
+            login (L{makeGatekeeper}, which C{runHash} is given to).
+        @param acl: the text of an ACL file the broker enforces.
         """
         self.clock = Clock()
         self.events = []
@@ -64,7 +105,10 @@ class BrokerHarness:
         self.broker = Broker(self.clock, config, EventLog(self.clock, logger=logger))
         self.sweep = PingSweep(self.clock, PING_INTERVAL)
         self.sweep.start()
-        self.factory = BrokerFactory(self.broker, self.sweep)
+        self.gatekeeper = None
+        if users is not None or acl is not None:
+            self.gatekeeper = makeGatekeeper(self.clock, users, acl, runHash)
+        self.factory = BrokerFactory(self.broker, self.sweep, self.gatekeeper)
         self._nextPort = 40001
 
     def connect(self):
@@ -157,6 +201,17 @@ class FakeClient:
         written = self.transport.value()
         self.transport.clear()
         return written
+
+    def login(self, user, password, clientId="c1", requestId="h"):
+        """
+        Say HELLO with credentials, and return the broker's answer.
+        """
+        options = b"".join(
+            b" %s=%s" % (key.encode(), value.encode())
+            for key, value in wire.encodeCredentials(user, password).items()
+        )
+        self.send(b"HELLO %s %s%s\r\n" % (requestId.encode(), clientId.encode(), options))
+        return self.received()
 
     def lose(self):
         """
@@ -327,6 +382,51 @@ class OutputCollector:
         self._reader.join(STOP_TIMEOUT)
 
 
+class Conversation:
+    """
+    A running C{dallal} command we type into and read from through file
+    descriptors (a pipe each way, or a pseudo-terminal), reading only when
+    something is there, until a deadline.
+    """
+
+    def __init__(self, process, readFrom, writeTo):
+        self.process = process
+        self.readFrom = readFrom
+        self.writeTo = writeTo
+        self.output = b""
+
+    def type(self, data):
+        os.write(self.writeTo, data)
+
+    def expect(self, pattern, timeout=COMMAND_TIMEOUT):
+        """
+        Read until the output matches C{pattern}.
+        """
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, self.output):
+            remaining = deadline - time.monotonic()
+            readable, _, _ = select.select([self.readFrom], [], [], max(remaining, 0))
+            chunk = os.read(self.readFrom, 65536) if readable else b""
+            assert chunk, (
+                f"no {pattern!r} within {timeout} s; exit status "
+                f"{self.process.poll()}; output: {self.output[-2000:]!r}"
+            )
+            self.output += chunk
+
+    def wait(self):
+        """
+        Wait for the command to exit, killing it if it does not in time.
+
+        @return: its exit status.
+        """
+        try:
+            return self.process.wait(COMMAND_TIMEOUT)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait(COMMAND_TIMEOUT)
+
+
 class BrokerProcess(OutputCollector):
     """
     A broker run by C{twistd -n}, which logs to standard output.
@@ -368,17 +468,21 @@ class BrokerProcess(OutputCollector):
         assert status in (0, -signal.SIGTERM), output
 
 
-def dallal(*arguments, timeout=COMMAND_TIMEOUT, executable=DALLAL):
+def dallal(*arguments, timeout=COMMAND_TIMEOUT, executable=DALLAL, env=None, input=None):
     """
     Run the C{dallal} command to completion.
 
+    @param env: its environment, if not this process's.
+    @param input: bytes for its standard input, if not nothing.
     @return: its L{subprocess.CompletedProcess}, output as bytes.
     """
     return subprocess.run(
         [str(executable), *map(str, arguments)],
-        stdin=subprocess.DEVNULL,
+        input=input,
+        stdin=subprocess.DEVNULL if input is None else None,
         capture_output=True,
         timeout=timeout,
+        env=env,
     )
 
 

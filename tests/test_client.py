@@ -238,3 +238,38 @@ def test_close(connection):
     client.connectionLost(Failure(ConnectionLost()))
     assert closed.fired and closed.failure is None
     assert Outcome(client.whenDisconnected()).fired
+
+
+# Logging in
+
+
+def test_loginSaysHelloWithTheCredentials(connection):
+    """
+    The password travels in base64, whatever bytes it holds; the answer's
+    C{user} says who the client is now.
+    """
+    client, transport = connection
+    outcome = Outcome(client.login(("alice", "pässword with spaces=="), clientId="c7"))
+    assert transport.value() == (
+        b"HELLO 1 c7 user=alice password=cMOkc3N3b3JkIHdpdGggc3BhY2VzPT0=\r\n"
+    )
+    assert client.user is None
+    client.dataReceived(b"HELLO 1 version=0.1.0 ping=10 user=alice\r\n")
+    assert outcome.result["user"] == "alice"
+    assert client.user == "alice"
+
+
+def test_loginRefused(connection):
+    client, transport = connection
+    outcome = Outcome(client.login(("alice", b"\x00\xff")))
+    assert b" password=AP8=\r\n" in transport.value()
+    client.dataReceived(b"ERR 1 BAD_CREDENTIALS bad user name or password\r\n")
+    assert outcome.failure.value.code == "BAD_CREDENTIALS"
+    assert client.user is None
+
+
+def test_loginRefusesABadUserNameBeforeSending(connection):
+    client, transport = connection
+    with pytest.raises(ValueError, match="bad user name 'a b'"):
+        client.login(("a b", "pw"))
+    assert transport.value() == b""

@@ -9,11 +9,9 @@ import fcntl
 import json
 import os
 import re
-import select
 import struct
 import subprocess
 import termios
-import time
 
 import pytest
 from twisted.conch.insults.helper import TerminalBuffer
@@ -26,6 +24,7 @@ from helpers import (
     LOOPBACK_ANY_PORT,
     TWISTD,
     BrokerProcess,
+    Conversation,
     dallal,
     subscriber,
 )
@@ -204,51 +203,6 @@ def test_shellEndOfInputLeaves(broker):
         b"",
         0,
     )
-
-
-class Conversation:
-    """
-    A running C{dallal} command we type into and read from through file
-    descriptors (a pipe each way, or a pseudo-terminal), reading only when
-    something is there, until a deadline.
-    """
-
-    def __init__(self, process, readFrom, writeTo):
-        self.process = process
-        self.readFrom = readFrom
-        self.writeTo = writeTo
-        self.output = b""
-
-    def type(self, data):
-        os.write(self.writeTo, data)
-
-    def expect(self, pattern, timeout=COMMAND_TIMEOUT):
-        """
-        Read until the output matches C{pattern}.
-        """
-        deadline = time.monotonic() + timeout
-        while not re.search(pattern, self.output):
-            remaining = deadline - time.monotonic()
-            readable, _, _ = select.select([self.readFrom], [], [], max(remaining, 0))
-            chunk = os.read(self.readFrom, 65536) if readable else b""
-            assert chunk, (
-                f"no {pattern!r} within {timeout} s; exit status "
-                f"{self.process.poll()}; output: {self.output[-2000:]!r}"
-            )
-            self.output += chunk
-
-    def wait(self):
-        """
-        Wait for the command to exit, killing it if it does not in time.
-
-        @return: its exit status.
-        """
-        try:
-            return self.process.wait(COMMAND_TIMEOUT)
-        finally:
-            if self.process.poll() is None:
-                self.process.kill()
-                self.process.wait(COMMAND_TIMEOUT)
 
 
 def chatter(port, name):

@@ -73,11 +73,21 @@ def exerciseEveryEvent():
         BrokerConfig(
             messageEvents=True,
             delivery=DeliveryConfig(maxQueued=1, ackTimeout=1.0, maxAttempts=2),
-        )
+        ),
+        users={"alice": b"pw"},
+        acl="user alice\ntopic readwrite #\ntopic deny private/#\n",
     )
     harness.broker.retained = RetainedStub()
-    publisher = harness.connect()
-    latest, every, fired, silent = (harness.connect() for _ in range(4))
+
+    def loggedIn():
+        client = harness.connect()
+        client.login("alice", b"pw")
+        return client
+
+    publisher = loggedIn()
+    latest, every, fired, silent = (loggedIn() for _ in range(4))
+    harness.connect().login("alice", b"wrong")
+    publisher.send(b"PUB d private/x 1\r\nx\r\n")
     latest.send(b"SUB 1 news\r\n")
     every.send(b"SUB 2 news mode=" + ALL.encode() + b"\r\n")
     fired.send(b"SUB 3 news mode=" + FIRE.encode() + b"\r\n")

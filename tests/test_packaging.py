@@ -101,6 +101,17 @@ def test_installedBrokerRuns(tmp_path, editable):
     finally:
         broker.stop()
 
+    # The second console script.
+    passwords = elsewhere / "passwords"
+    result = subprocess.run(
+        [venv / "bin" / "dallal-passwd", passwords, "alice"],
+        env={**environmentWithout("PYTHONPATH", "PYTHONHOME"), "DALLAL_PASSWORD": "pw"},
+        capture_output=True,
+        timeout=INSTALL_TIMEOUT,
+    )
+    assert result.stdout == f"added alice to {passwords}\n".encode(), result.stderr
+    assert passwords.read_text().startswith("alice:$scrypt$")
+
 
 def test_noPluginCacheTracked():
     """

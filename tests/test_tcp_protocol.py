@@ -9,6 +9,7 @@ import pytest
 
 from dallal.core import BrokerConfig
 from helpers import PING_INTERVAL, REPO, BrokerHarness, decodeFrames, messages, splitAt
+from test_auth import AUTH_ERRORS
 
 # A broker that refuses payloads over 16 bytes, for the tests of that limit.
 SMALL_MAX_PAYLOAD_CONFIG = BrokerConfig(maxPayload=16, messageEvents=True)
@@ -300,6 +301,12 @@ def test_everyDocumentedErrorIsTested():
     }
     tested = {error.split()[2].decode(): "stays open" for _, error in NON_FATAL_ERRORS}
     tested.update({error.split()[2].decode(): "**closed**" for _, error in FATAL_ERRORS})
+    tested.update(
+        {
+            error.split()[2].decode(): "**closed**" if closes else "stays open"
+            for _, _, error, closes in AUTH_ERRORS
+        }
+    )
     assert documented == tested
 
 

@@ -32,7 +32,7 @@ class UdpHarness(BrokerHarness):
     def __init__(self, *arguments, **keywords):
         BrokerHarness.__init__(self, *arguments, **keywords)
         self.udp = udp.BrokerDatagramProtocol(
-            self.broker, self.sweep, ackTimeout=1.0, secret=SECRET
+            self.broker, self.sweep, ackTimeout=1.0, secret=SECRET, gatekeeper=self.gatekeeper
         )
         self.transport = FakeDatagramTransport(BROKER)
         self.udp.makeConnection(self.transport)

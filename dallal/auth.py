@@ -1,0 +1,234 @@
+"""
+Who may connect: logins with C{twisted.cred}, and the warning about a
+broker anyone can reach.
+
+The pieces are Twisted's:
+
+ - L{PasswordFileChecker}, an C{ICredentialsChecker} of user names and
+   passwords (C{IUsernamePassword}) against the password file
+   (L{dallal.passwords}).  The scrypt check costs some tens of
+   milliseconds and 16 MiB, so it runs in the reactor's thread pool, at
+   most L{MAX_CONCURRENT_CHECKS} at a time: a client trying passwords never
+   holds up the others' traffic, and a crowd of them cannot make the
+   broker's memory grow past those few checks.
+ - L{BrokerRealm}, the C{IRealm} whose avatars (L{IBrokerUser}) carry the
+   user's name and what the ACL lets it do (L{dallal.acl}).
+ - A C{Portal} joining them, which L{Gatekeeper} wraps for the transports:
+   it logs clients in, answers a failed login only after
+   L{FAILURE_DELAY} seconds (so guessing passwords over one connection
+   goes at one guess a second, as Mosquitto and SSH slow it), and hands
+   anonymous clients their avatar when the broker takes no passwords.
+"""
+
+import ipaddress
+
+from twisted.cred.checkers import ANONYMOUS, ICredentialsChecker
+from twisted.cred.credentials import IUsernamePassword, UsernamePassword
+from twisted.cred.error import UnauthorizedLogin
+from twisted.cred.portal import IRealm, Portal
+from twisted.internet.defer import DeferredSemaphore
+from twisted.internet.task import deferLater
+from twisted.internet.threads import deferToThread
+from zope.interface import Attribute, Interface, implementer
+
+from dallal.acl import loadAcl
+from dallal.passwords import (
+    DEFAULT_N,
+    DEFAULT_P,
+    DEFAULT_R,
+    DIGEST_BYTES,
+    PasswordFile,
+    PasswordHash,
+)
+
+FAILURE_DELAY = 1.0
+MAX_CONCURRENT_CHECKS = 4
+# How the log shows a user name the password file does not know: it may be
+# a password typed in the wrong field.
+UNKNOWN_USER = "?"
+
+
+class IBrokerUser(Interface):
+    """
+    A client as the broker knows it once it is logged in (or anonymous).
+    """
+
+    name = Attribute("The user name, or None for an anonymous client.")
+    permissions = Attribute(
+        "Its dallal.acl.Permissions, or None when the broker has no ACL."
+    )
+
+
+@implementer(IBrokerUser)
+class BrokerUser:
+    def __init__(self, name, permissions):
+        self.name = name
+        self.permissions = permissions
+
+    def __repr__(self):
+        return f"BrokerUser({self.name!r})"
+
+
+@implementer(IRealm)
+class BrokerRealm:
+    """
+    Makes the avatar of a logged-in user, or of an anonymous client, with
+    its permissions under the ACL.
+
+    The C{mind} of a login is the client's id, which the ACL's C{%c}
+    patterns need.
+    """
+
+    def __init__(self, acl=None):
+        self.acl = acl
+
+    def requestAvatar(self, avatarId, mind, *interfaces):
+        if IBrokerUser not in interfaces:
+            raise NotImplementedError("a Dallal broker only has IBrokerUser avatars")
+        name = None if avatarId is ANONYMOUS else avatarId
+        permissions = None if self.acl is None else self.acl.permissionsFor(name, mind)
+        return IBrokerUser, BrokerUser(name, permissions), lambda: None
+
+
+class UnknownUser(UnauthorizedLogin):
+    """
+    The password file has no such user.
+    """
+
+
+@implementer(ICredentialsChecker)
+class PasswordFileChecker:
+    """
+    Checks user names and passwords against the users of a password file.
+
+    @param users: user name -> L{PasswordHash}.
+    @param runHash: runs C{f(*args)} somewhere and returns a Deferred of its
+        result: the reactor's thread pool by default, inline in tests.
+    """
+
+    credentialInterfaces = (IUsernamePassword,)
+
+    def __init__(self, users, runHash=deferToThread, concurrent=MAX_CONCURRENT_CHECKS):
+        self.users = users
+        self._runHash = runHash
+        self._slots = DeferredSemaphore(concurrent)
+        typical = next(iter(users.values()), None)
+        if typical is None:
+            typical = PasswordHash(DEFAULT_N, DEFAULT_R, DEFAULT_P, b"", bytes(DIGEST_BYTES))
+        self._decoy = typical.decoy()
+
+    def requestAvatarId(self, credentials):
+        """
+        @return: a Deferred that fires with the user name (text), or fails
+            with L{UnauthorizedLogin} (L{UnknownUser} for a name the file
+            does not have).
+        """
+        try:
+            name = credentials.username.decode("utf-8")
+        except UnicodeDecodeError:
+            name = None
+        stored = self.users.get(name)
+        expected = stored if stored is not None else self._decoy
+        checked = self._slots.run(self._runHash, expected.verify, credentials.password)
+        return checked.addCallback(self._checked, name, stored is not None)
+
+    def _checked(self, matches, name, known):
+        if not known:
+            raise UnknownUser()
+        if not matches:
+            raise UnauthorizedLogin()
+        return name
+
+
+class LoginFailed(Exception):
+    """
+    A login was refused.
+
+    @ivar shownUser: the user name for the log: the name tried if the
+        password file knows it, L{UNKNOWN_USER} otherwise.
+    """
+
+    def __init__(self, shownUser):
+        Exception.__init__(self, shownUser)
+        self.shownUser = shownUser
+
+
+class Gatekeeper:
+    """
+    What the broker's transports ask about a client: whether it must log
+    in, and with which avatar it goes on.
+
+    @param checker: the L{PasswordFileChecker}, or C{None} when the broker
+        takes no passwords (every client is anonymous).
+    @param clock: the C{IReactorTime} that delays failed logins.
+    """
+
+    def __init__(self, clock, realm, checker=None, failureDelay=FAILURE_DELAY):
+        self.clock = clock
+        self.realm = realm
+        self.portal = Portal(realm, [checker]) if checker is not None else None
+        self.failureDelay = failureDelay
+
+    @classmethod
+    def fromFiles(cls, clock, passwords=None, acl=None):
+        """
+        The gatekeeper of C{twistd dallal --passwords FILE --acl FILE}.
+
+        @return: a L{Gatekeeper}, or C{None} when neither file is given.
+        @raise dallal.passwords.PasswordFileError: the password file is
+            wrong.
+        @raise dallal.acl.AclError: the ACL file is wrong.
+        """
+        if passwords is None and acl is None:
+            return None
+        checker = None
+        if passwords is not None:
+            checker = PasswordFileChecker(PasswordFile.load(passwords).users)
+        realm = BrokerRealm(loadAcl(acl) if acl is not None else None)
+        return cls(clock, realm, checker)
+
+    @property
+    def loginRequired(self):
+        return self.portal is not None
+
+    def anonymous(self, clientId=None):
+        """
+        The avatar of an anonymous client (on a broker without passwords).
+        """
+        return self.realm.requestAvatar(ANONYMOUS, clientId, IBrokerUser)[1]
+
+    def login(self, user, password, clientId):
+        """
+        Check a user name (text) and password (bytes).
+
+        @return: a Deferred that fires with the user's L{IBrokerUser}, or
+            fails with L{LoginFailed} after L{FAILURE_DELAY} seconds.
+        """
+        attempt = self.portal.login(
+            UsernamePassword(user.encode("utf-8"), password), clientId, IBrokerUser
+        )
+        return attempt.addCallbacks(lambda result: result[1], self._refused, errbackArgs=(user,))
+
+    def _refused(self, failure, user):
+        failure.trap(UnauthorizedLogin)
+        shown = UNKNOWN_USER if failure.check(UnknownUser) else user
+
+        def refuse():
+            raise LoginFailed(shown)
+
+        return deferLater(self.clock, self.failureDelay, refuse)
+
+
+def beyondLoopback(address):
+    """
+    Whether a listening port's address (C{port.getHost()}) can be reached
+    from other machines: any IP address but the loopback ones (0.0.0.0
+    and :: listen on every interface).  A UNIX socket cannot.
+    """
+    host = getattr(address, "host", None)
+    if not isinstance(host, str):
+        return False
+    try:
+        return not ipaddress.ip_address(host.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return True
