@@ -67,6 +67,8 @@ class Message:
         frame that carries it.
     @ivar retained: whether it comes from the retained store, sent to a new
         subscription, rather than from a publish as it happened.
+    @ivar encoded: what all its C{MSG} frames share, encoded by
+        L{dallal.wire.encodeMessage} on the first delivery.
     """
 
     __slots__ = (
@@ -77,6 +79,7 @@ class Message:
         "publisher",
         "published",
         "retained",
+        "encoded",
     )
 
     def __init__(self, mid, topic, payload, publisher, published, retained=False):
@@ -87,6 +90,7 @@ class Message:
         self.publisher = publisher
         self.published = published
         self.retained = retained
+        self.encoded = None
 
 
 # When two filters of one session match a message, it is delivered once,

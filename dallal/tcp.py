@@ -47,6 +47,54 @@ def formatAddress(address):
     return f"{host}:{port}"
 
 
+class WriteBatch:
+    """
+    Holds back what the broker writes to its TCP connections while it
+    handles one read, then gives each connection its share with a single
+    C{transport.write}.
+
+    One read of a publisher's stream carries hundreds of pipelined PUBs, and
+    each makes a PUBACK for the publisher and a MSG for every subscriber.
+    Twisted already sends a connection's buffer with one system call per
+    reactor turn, but every C{write} costs about a microsecond of Python
+    (checks, the producer and the reactor's writer bookkeeping): as much as
+    a tenth of a 1 -> 1 message.  Appending to a list and writing once per
+    read costs a few percent of that.  Frames keep their order: everything a
+    connection writes goes through its own list while a batch is open.
+
+    The delivery valve learns that a connection's buffer is full only when
+    its batch is written, so a slow subscriber can be handed one read's
+    worth of messages beyond the transport's limit (a read is at most
+    64 KiB of PUBs) before the broker queues for it instead.
+    """
+
+    def __init__(self):
+        self.open = False
+        self._writers = []
+
+    def run(self, function, *args):
+        """
+        Call C{function}, writing what it sends once it returns.  Within a
+        batch already open (re-entered), just call it.
+        """
+        if self.open:
+            return function(*args)
+        self.open = True
+        try:
+            return function(*args)
+        finally:
+            self.open = False
+            writers, self._writers = self._writers, []
+            for protocol in writers:
+                protocol.flushOutput()
+
+    def holdFor(self, protocol):
+        """
+        C{protocol} has started collecting output in this batch.
+        """
+        self._writers.append(protocol)
+
+
 @implementer(IPushProducer)
 class _DeliveryValve:
     """
@@ -66,8 +114,10 @@ class _DeliveryValve:
             self.protocol.broker.pauseDelivery(self.protocol)
 
     def resumeProducing(self):
-        if self.protocol._attached:
-            self.protocol.broker.resumeDelivery(self.protocol)
+        protocol = self.protocol
+        if protocol._attached:
+            # What waited in the outbox goes out in one write.
+            protocol.batch.run(protocol.broker.resumeDelivery, protocol)
 
     def stopProducing(self):
         # The connection is closing; connectionLost detaches the session.
@@ -93,10 +143,11 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
     peer = "?"
     _log = Logger()
 
-    def __init__(self, broker, sweep, gatekeeper=None):
+    def __init__(self, broker, sweep, gatekeeper=None, batch=None):
         self.broker = broker
         self.sweep = sweep
         self.gatekeeper = gatekeeper
+        self.batch = batch if batch is not None else WriteBatch()
         self.MAX_LENGTH = broker.config.maxControlLine
         self._attached = False
         self._publishing = None
@@ -105,6 +156,8 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         # passwords; then from a successful login on.
         self._loggedIn = gatekeeper is None or not gatekeeper.loginRequired
         self._userName = None
+        # Frames written while a batch is open, in order.
+        self._output = []
 
     def connectionMade(self):
         self.peer = formatAddress(self.transport.getPeer())
@@ -118,6 +171,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
             self.broker.login(self, self.gatekeeper.anonymous())
 
     def connectionLost(self, reason):
+        self._output = []
         if self._attached:
             self._attached = False
             self.sweep.remove(self)
@@ -127,7 +181,25 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
 
     def sendFrame(self, *chunks):
         if self._attached and not self.transport.disconnecting:
+            self._write(chunks)
+
+    def _write(self, chunks):
+        if self.batch.open:
+            if not self._output:
+                self.batch.holdFor(self)
+            self._output.extend(chunks)
+        elif len(chunks) == 1:
+            self.transport.write(chunks[0])
+        else:
             self.transport.writeSequence(chunks)
+
+    def flushOutput(self):
+        """
+        Write what this connection collected during a L{WriteBatch}.
+        """
+        output, self._output = self._output, []
+        if output and not self.transport.disconnecting:
+            self.transport.write(b"".join(output))
 
     def refuse(self, error, fatal=False):
         RequestHandler.refuse(self, error, fatal)
@@ -148,10 +220,15 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         would stay connected after the broker's fatal ERR or BYE.
         """
         if not self.transport.disconnecting:
+            # The frames held for this read (an ERR, a BYE) go out first.
+            self.flushOutput()
             self.transport.unregisterProducer()
             self.transport.loseConnection()
 
     # Incoming frames
+
+    def dataReceived(self, data):
+        return self.batch.run(FrameReceiver.dataReceived, self, data)
 
     def lineReceived(self, line):
         if not self._attached:
@@ -327,7 +404,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
 
     def sendMessage(self, message, subscriptionId, seq, deliveryId, redelivered):
         if self._attached and not self.transport.disconnecting:
-            self.transport.writeSequence(
+            self._write(
                 wire.encodeMessage(message, subscriptionId, seq, deliveryId, redelivered)
             )
 
@@ -340,6 +417,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
             self._close()
         else:
             # A slow consumer's buffer may never drain: don't wait for it.
+            self._output = []
             self.transport.abortConnection()
 
     # IPingable
@@ -355,6 +433,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         self._closeReason = "missed_pings"
         # The peer is not answering, so it may not be reading either: do not
         # wait for the write buffer to drain.
+        self._output = []
         self.transport.abortConnection()
 
 
@@ -370,8 +449,10 @@ class BrokerFactory(ServerFactory):
         self.broker = broker
         self.sweep = sweep
         self.gatekeeper = gatekeeper
+        # One for all the connections: a read of one may write to many.
+        self.batch = WriteBatch()
 
     def buildProtocol(self, addr):
-        protocol = BrokerProtocol(self.broker, self.sweep, self.gatekeeper)
+        protocol = BrokerProtocol(self.broker, self.sweep, self.gatekeeper, self.batch)
         protocol.factory = self
         return protocol

@@ -495,3 +495,53 @@ def test_conflictingOrMalformedOptionsAreRefused(request_):
     client = BrokerHarness().connect()
     client.send(request_)
     assert client.received().startswith(b"ERR 6 BAD_ARGUMENTS ")
+
+
+def countWrites(client):
+    """
+    Count the writes the broker makes to C{client}'s transport, a
+    C{writeSequence} as one.
+    """
+    writes = []
+    transport = client.transport
+    for name in ("write", "writeSequence"):
+        original = getattr(transport, name)
+
+        def counted(data, original=original):
+            writes.append(data)
+            original(data)
+
+        setattr(transport, name, counted)
+    return writes
+
+
+def test_oneWritePerReadAndConnection(harness):
+    """
+    What one read of pipelined PUBs makes the broker send is written with
+    one write per connection, in order: every PUBACK to the publisher, every
+    MSG to each subscriber.
+    """
+    subscribers = [harness.connect() for _ in range(2)]
+    for subscriber in subscribers:
+        subscriber.send(b"SUB s news mode=fire\r\n")
+        subscriber.received()
+    publisher = harness.connect()
+    writes = {client: countWrites(client) for client in [publisher, *subscribers]}
+    publisher.send(b"".join(b"PUB %d news 2\r\nm%d\r\n" % (n, n) for n in range(1, 6)))
+    assert publisher.received() == b"".join(b"PUBACK %d\r\n" % n for n in range(1, 6))
+    for subscriber in subscribers:
+        assert subscriber.received() == b"".join(
+            b"MSG news 2 sub=s seq=%d\r\nm%d\r\n" % (n, n) for n in range(1, 6)
+        )
+    assert [len(written) for written in writes.values()] == [1, 1, 1]
+
+
+def test_framesOfTheReadGoOutBeforeAClose(harness):
+    """
+    A frame held for the end of a read still reaches the client when the
+    broker closes the connection during that read (after a BYE).
+    """
+    client = harness.connect()
+    client.send(b"PUB 1 news 2\r\nhi\r\nBYE\r\nPUB 2 news 2\r\nhi\r\n")
+    assert client.received() == b"PUBACK 1\r\nBYE\r\n"
+    assert client.closing

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies
 
 from dallal import wire
+from dallal.core import Message
 from dallal.errors import BAD_ARGUMENTS, BAD_COMMAND, BAD_ID, NO_ID, RequestError
 
 
@@ -228,3 +229,36 @@ def test_publishRoundTrip(requestId, topic, payload):
     assert header.endswith(b"\r\n")
     assert publishRequest(header[:-2]) == ("Publish", requestId, topic, len(payload), {})
     assert (body, end) == (payload, b"\r\n")
+
+
+@pytest.mark.parametrize("size", [0, 5, wire.COPIED_PAYLOAD_SIZE, wire.COPIED_PAYLOAD_SIZE + 1])
+@pytest.mark.parametrize(
+    "deliveryId, redelivered, retained",
+    [(None, False, False), ("41", False, False), ("41", True, False), ("41", True, True),
+     (None, False, True)],
+)
+def test_encodeMessage(size, deliveryId, redelivered, retained):
+    """
+    A C{MSG} frame is its header, then its payload and a CRLF, whether the
+    payload is copied into one string (small payloads) or written after it;
+    a second delivery of the message, which reuses what the first encoded,
+    differs only in its own options.
+    """
+    payload = bytes(range(256)) * (size // 256) + b"p" * (size % 256)
+    message = Message(1, "a/b", payload, "127.0.0.1:1", 0.0, retained)
+    options = [b"sub=s1", b"seq=7"]
+    if deliveryId is not None:
+        options.append(b"id=" + deliveryId.encode("ascii"))
+    if redelivered:
+        options.append(b"redelivered=1")
+    if retained:
+        options.append(b"retained=1")
+    header = b"MSG a/b %d %s\r\n" % (size, b" ".join(options))
+    for _ in range(2):
+        frame = wire.encodeMessage(message, "s1", 7, deliveryId, redelivered)
+        assert b"".join(frame) == header + payload + b"\r\n"
+    other = wire.encodeMessage(message, "s2", 8, deliveryId, redelivered)
+    assert b"".join(other) == header.replace(b"sub=s1 seq=7", b"sub=s2 seq=8") + payload + b"\r\n"
+    if size > wire.COPIED_PAYLOAD_SIZE:
+        # Written as it is, never copied per subscriber.
+        assert frame[1] is payload
