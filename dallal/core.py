@@ -38,6 +38,9 @@ from dallal.topics import MAX_TOPIC_LENGTH, WILDCARDS, TopicError, checkTopic
 from dallal.topictree import RESERVED_PREFIX, SubscriptionTree, TopicMap, checkFilter
 
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
+# Bounds of the broker's memos of work done per topic rather than per
+# message (valid topics, routes): past them a memo starts again empty.
+TOPICS_REMEMBERED = 10_000
 
 # Who publishes the broker's own topics, as the publish event names it.
 OWN_PUBLISHER = "$SYS"
@@ -155,6 +158,13 @@ class Broker:
         # Whether any session's topics are restricted by an ACL: until one
         # is, publishing skips the permission checks altogether.
         self._restricted = False
+        # Publishers repeat their topics: each is checked once, and routed
+        # through the tree once until the subscriptions change.
+        self._validTopics = set()
+        # topic -> the subscriptions a message on it goes to, one per
+        # subscriber (the strongest of its filters that match), before the
+        # ACL's say.
+        self._routes = {}
         self.started = clock.seconds()
         # A plain dict: every counter is set here or by the ledger, and a
         # Counter's item access costs twice as much on the per-message path.
@@ -333,10 +343,15 @@ class Broker:
     # Requests
 
     def checkTopic(self, topic, requestId):
+        if topic in self._validTopics:
+            return
         try:
             checkTopic(topic, self.config.maxTopicLength)
         except TopicError as e:
             raise RequestError(BAD_TOPIC, str(e), requestId)
+        if len(self._validTopics) >= TOPICS_REMEMBERED:
+            self._validTopics.clear()
+        self._validTopics.add(topic)
 
     def checkFilter(self, topicFilter, requestId):
         try:
@@ -391,6 +406,9 @@ class Broker:
         else:
             subscription.id = requestId
             subscription.mode = mode
+        # A new filter, or a new mode, which may change which of a
+        # session's filters carries a message.
+        self._routes.clear()
         self.events.emit(
             "subscribe",
             session=session.sid,
@@ -454,6 +472,7 @@ class Broker:
 
     def _forgetFilter(self, topicFilter, subscriber):
         self._tree.remove(topicFilter, subscriber)
+        self._routes.clear()
         self._filterCounts[topicFilter] -= 1
         remaining = self._filterCounts[topicFilter]
         if not remaining:
@@ -573,7 +592,7 @@ class Broker:
         counters["bytes_in"] += len(payload)
         self._offer(
             message,
-            self._tree.match(topic),
+            self._routeOf(topic),
             self._sessions[subscriber].sid,
             subscriber.peer,
             subscriber.transportName,
@@ -592,14 +611,14 @@ class Broker:
         )
         self._nextMid += 1
         self.counters["sys_published"] += 1
-        self._offer(message, self._tree.match(topic), 0, OWN_PUBLISHER, OWN_TRANSPORT)
+        self._offer(message, self._routeOf(topic), 0, OWN_PUBLISHER, OWN_TRANSPORT)
 
     def _offer(self, message, receivers, sid, peer, transportName):
         """
         Hand a new message to the subscriptions that want it, one per
         session.
 
-        @param receivers: what L{SubscriptionTree.match} found for its topic.
+        @param receivers: the subscriptions L{_routeOf} found for its topic.
         @param sid: the publishing session's id, C{peer} its address and
             C{transportName} its transport, for the C{publish} event.
         """
@@ -617,20 +636,35 @@ class Broker:
                 transport=transportName,
                 subscribers=len(receivers),
             )
-        for subscriptions in receivers.values():
-            subscription = _strongest(subscriptions)
+        for subscription in receivers:
             subscription.outbox.offer(subscription, message)
+
+    def _routeOf(self, topic):
+        """
+        The subscriptions a message on C{topic} goes to, one per session:
+        found in the tree, then remembered until the subscriptions change.
+        """
+        receivers = self._routes.get(topic)
+        if receivers is None:
+            receivers = [
+                _strongest(subscriptions) for subscriptions in self._tree.match(topic).values()
+            ]
+            if len(self._routes) >= TOPICS_REMEMBERED:
+                self._routes.clear()
+            self._routes[topic] = receivers
+        return receivers
 
     def _readers(self, receivers, topic):
         """
-        The receivers of a message on C{topic} that may read it.
+        The receiving subscriptions of a message on C{topic} whose session
+        may read it.
         """
         sessions = self._sessions
-        readers = {}
-        for subscriber, subscriptions in receivers.items():
-            permissions = sessions[subscriber].permissions
+        readers = []
+        for subscription in receivers:
+            permissions = sessions[subscription.outbox.subscriber].permissions
             if permissions is None or permissions.mayRead(topic):
-                readers[subscriber] = subscriptions
+                readers.append(subscription)
         return readers
 
     # Health

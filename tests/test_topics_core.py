@@ -110,6 +110,44 @@ def test_overlappingFiltersDeliverOnceThroughTheStrongestMode():
     assert (topic, payload, options[b"sub"]) == ("a/b", b"once", b"k")
 
 
+def test_routesFollowSubscriptionChanges():
+    """
+    The broker remembers where a topic's messages go, and forgets it when
+    the subscriptions change: a new subscriber, a new mode, an UNSUB and a
+    connection that leaves each change who gets the next message, and how.
+    """
+    harness = BrokerHarness()
+    first, second, publisher = harness.connect(), harness.connect(), harness.connect()
+    first.send(b"SUB f a/# mode=fire\r\n")
+    publish(publisher, b"a/b", b"1")
+    second.send(b"SUB s a/b mode=fire\r\n")
+    publish(publisher, b"a/b", b"2")
+    first.send(b"SUB k a/+ mode=all\r\n")
+    publish(publisher, b"a/b", b"3")
+    first.send(b"SUB k a/+ mode=fire\r\nSUB f a/# mode=latest\r\n")
+    publish(publisher, b"a/b", b"4")
+    first.send(b"UNSUB u a/#\r\n")
+    publish(publisher, b"a/b", b"5")
+    second.lose()
+    publish(publisher, b"a/b", b"6")
+    assert [(payload, options[b"sub"]) for _, payload, options in messages(first)] == [
+        (b"1", b"f"), (b"2", b"f"), (b"3", b"k"), (b"4", b"f"), (b"5", b"k"), (b"6", b"k"),
+    ]
+    assert [payload for _, payload, _ in messages(second)] == [b"2", b"3", b"4", b"5"]
+    assert [event["subscribers"] for event in harness.fields("publish")] == [1, 2, 2, 2, 2, 1]
+
+
+def test_aTopicRefusedOnceIsRefusedAgain():
+    """
+    Valid topics are remembered, refused ones are not taken for valid.
+    """
+    client = BrokerHarness().connect()
+    for _ in range(2):
+        publish(client, b"ok", b"x")
+        publish(client, b"+bad", b"x")
+    assert client.received().count(b"ERR p BAD_TOPIC ") == 2
+
+
 def test_retainedMessagesReachNewSubscriptionsAfterTheirSubAck():
     harness = harnessWithRetained()
     publisher = harness.connect()
