@@ -33,7 +33,7 @@ from dallal.client import (
 )
 from dallal.console import openConsole
 from dallal.delivery import MODES
-from dallal.errors import BAD_CREDENTIALS, BAD_TOPIC, NOT_AUTHORIZED
+from dallal.errors import BAD_CREDENTIALS, BAD_TOPIC, CLOSING, NOT_AUTHORIZED
 from dallal.passwords import checkUserName
 from dallal.shell import Shell, describeReach, formatTopics, helpLines as shellHelpLines
 from dallal.topics import WILDCARDS, checkTopic
@@ -360,6 +360,8 @@ def describe(failure, args):
             f"from {PASSWORD_VARIABLE}, or typed when asked)"
         )
     if isinstance(failure, ServerError):
+        if failure.code in CLOSING and not args.udp:
+            return f"the broker at {where} closed the connection: {failure}"
         return f"the broker refused the request: {failure}"
     tls = _tlsReason(failure, args.host)
     if tls is not None:

@@ -43,7 +43,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from dallal import datagram, wire
-from dallal.errors import BAD_TOKEN, NO_SESSION, RequestError
+from dallal.errors import BAD_TOKEN, CLOSING, NO_SESSION, RequestError
 from dallal.framing import FrameReceiver
 from dallal.passwords import checkUserName
 from dallal.topics import MAX_TOPIC_LENGTH
@@ -539,11 +539,16 @@ class DallalClientProtocol(FrameReceiver, _ClientSession):
     def __init__(self):
         _ClientSession.__init__(self)
         self._receiving = None
+        # The error the broker closes the connection for, once it sent one.
+        self._closedFor = None
 
     def connectionMade(self):
         self.connected = True
 
     def connectionLost(self, reason):
+        if self._closedFor is not None:
+            # What waits for an answer fails with why, not just "closed".
+            reason = Failure(self._closedFor)
         self._lost(reason)
 
     def _sendFrame(self, frame):
@@ -631,6 +636,13 @@ class DallalClientProtocol(FrameReceiver, _ClientSession):
     def payloadReceived(self, payload):
         header, self._receiving = self._receiving, None
         self._payloadReceived(header, payload)
+
+    def _handleError(self, error):
+        if error.code in CLOSING:
+            self._closedFor = ServerError(error.code, error.reason)
+        _ClientSession._handleError(self, error)
+
+    _replyHandlers = {**_ClientSession._replyHandlers, wire.Error: _handleError}
 
 
 class DallalDatagramClient(DatagramProtocol, _ClientSession):
@@ -920,7 +932,7 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
         if address != self.brokerAddress or self._stopped:
             return
         try:
-            line, rest = datagram.splitDatagram(data, len(data))
+            line, rest = datagram.splitDatagram(data)
             reply = wire.parseReply(line)
             if reply is None:
                 return

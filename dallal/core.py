@@ -27,12 +27,24 @@ from dallal.errors import (
     BAD_ARGUMENTS,
     BAD_TOPIC,
     FORBIDDEN,
+    NO_ID,
     NOT_SUBSCRIBED,
-    PAYLOAD_TOO_LARGE,
     STORE_FAILED,
     RequestError,
 )
 from dallal.events import EventLog
+from dallal.limits import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS_PER_IP,
+    DEFAULT_MAX_HELLOS_PER_SECOND,
+    DEFAULT_MAX_LINE,
+    DEFAULT_MAX_SUBSCRIPTIONS,
+    DEFAULT_MAX_TOPIC_LEVELS,
+    DEFAULT_MAX_UDP_CLIENTS,
+    PAYLOAD,
+    SUBSCRIPTIONS,
+    LimitLog,
+)
 from dallal.retained import StoreError
 from dallal.topics import MAX_TOPIC_LENGTH, WILDCARDS, TopicError, checkTopic
 from dallal.topictree import RESERVED_PREFIX, SubscriptionTree, TopicMap, checkFilter
@@ -50,12 +62,21 @@ OWN_TRANSPORT = "sys"
 @dataclass(frozen=True)
 class BrokerConfig:
     """
-    The limits and switches of one broker.
+    The limits and switches of one broker (README.md, "Limits").
+
+    The core enforces the limits on requests; the transports those on
+    connections, UDP clients and hellos (L{dallal.limits}).
     """
 
     maxPayload: int = DEFAULT_MAX_PAYLOAD
     maxTopicLength: int = MAX_TOPIC_LENGTH
-    maxControlLine: int = 4096
+    maxTopicLevels: int = DEFAULT_MAX_TOPIC_LEVELS
+    maxControlLine: int = DEFAULT_MAX_LINE
+    maxSubscriptions: int = DEFAULT_MAX_SUBSCRIPTIONS
+    maxConnections: int = DEFAULT_MAX_CONNECTIONS
+    maxConnectionsPerIp: int = DEFAULT_MAX_CONNECTIONS_PER_IP
+    maxUdpClients: int = DEFAULT_MAX_UDP_CLIENTS
+    maxHellosPerSecond: int = DEFAULT_MAX_HELLOS_PER_SECOND
     messageEvents: bool = True
     delivery: DeliveryConfig = DeliveryConfig()
     maxListed: int = 1000
@@ -186,6 +207,7 @@ class Broker:
             denied=0,
         )
         self.ledger = Ledger(self.counters, self.events)
+        self.limits = LimitLog(clock, self.counters, self.events)
 
     # Sessions
 
@@ -342,32 +364,59 @@ class Broker:
 
     # Requests
 
-    def checkTopic(self, topic, requestId):
+    def refusedByLimit(self, subscriber, limit, maximum, reason=None, requestId=NO_ID):
+        """
+        Count and log a client's refusal by one of the limits of
+        L{dallal.limits}.
+
+        @return: the L{RequestError} to answer with, or C{None} for a limit
+            whose refusals are not answered.
+        """
+        session = self._sessions.get(subscriber)
+        return self.limits.refused(
+            limit,
+            maximum,
+            subscriber.peer,
+            subscriber.transportName,
+            session.sid if session else 0,
+            reason,
+            requestId,
+        )
+
+    def _checkName(self, check, subscriber, name, requestId):
+        try:
+            check(name, self.config.maxTopicLength, self.config.maxTopicLevels)
+        except TopicError as e:
+            if e.limit is not None:
+                raise self.refusedByLimit(subscriber, e.limit, e.maximum, str(e), requestId)
+            raise RequestError(BAD_TOPIC, str(e), requestId)
+
+    def checkTopic(self, subscriber, topic, requestId):
         if topic in self._validTopics:
             return
-        try:
-            checkTopic(topic, self.config.maxTopicLength)
-        except TopicError as e:
-            raise RequestError(BAD_TOPIC, str(e), requestId)
+        self._checkName(checkTopic, subscriber, topic, requestId)
         if len(self._validTopics) >= TOPICS_REMEMBERED:
             self._validTopics.clear()
         self._validTopics.add(topic)
 
-    def checkFilter(self, topicFilter, requestId):
-        try:
-            checkFilter(topicFilter, self.config.maxTopicLength)
-        except TopicError as e:
-            raise RequestError(BAD_TOPIC, str(e), requestId)
+    def checkFilter(self, subscriber, topicFilter, requestId):
+        self._checkName(checkFilter, subscriber, topicFilter, requestId)
 
-    def checkPayloadSize(self, size, requestId):
+    def checkPayloadSize(self, subscriber, size, requestId, maximum=None):
         """
         Refuse a payload larger than the broker accepts, before it is read.
+
+        @param maximum: the largest the client's transport accepts, if less
+            than the broker's C{maxPayload}.
         """
-        if size > self.config.maxPayload:
-            raise RequestError(
-                PAYLOAD_TOO_LARGE,
-                f"payload of {size} bytes is larger than the maximum of "
-                f"{self.config.maxPayload}",
+        if maximum is None:
+            maximum = self.config.maxPayload
+        if size > maximum:
+            raise self.refusedByLimit(
+                subscriber,
+                PAYLOAD,
+                maximum,
+                f"payload of {size} bytes is larger than the maximum of {maximum}",
                 requestId,
             )
 
@@ -383,9 +432,10 @@ class Broker:
 
         @param mode: C{latest}, C{all} or C{fire} (see L{dallal.delivery}).
         @return: the L{Subscription}.
-        @raise RequestError: the filter or the mode is refused.
+        @raise RequestError: the filter or the mode is refused, or the
+            client has as many subscriptions as it may.
         """
-        self.checkFilter(topicFilter, requestId)
+        self.checkFilter(subscriber, topicFilter, requestId)
         if mode not in MODES:
             raise RequestError(
                 BAD_ARGUMENTS, f"mode must be one of {', '.join(MODES)}, not {mode!r}", requestId
@@ -396,6 +446,16 @@ class Broker:
             self._forbid(session, "subscribe", topicFilter, requestId)
         subscription = session.subscriptions.get(topicFilter)
         if subscription is None:
+            maxSubscriptions = self.config.maxSubscriptions
+            if len(session.subscriptions) >= maxSubscriptions:
+                raise self.refusedByLimit(
+                    subscriber,
+                    SUBSCRIPTIONS,
+                    maxSubscriptions,
+                    f"this client has its maximum of {maxSubscriptions} subscriptions: "
+                    "unsubscribe from one first",
+                    requestId,
+                )
             subscription = Subscription(requestId, topicFilter, mode, session.outbox)
             session.subscriptions[topicFilter] = subscription
             self._tree.add(topicFilter, subscriber, subscription)
@@ -524,8 +584,8 @@ class Broker:
         @return: the L{Message}.
         @raise RequestError: the topic or the payload is refused.
         """
-        self.checkTopic(topic, requestId)
-        self.checkPayloadSize(len(payload), requestId)
+        self.checkTopic(subscriber, topic, requestId)
+        self.checkPayloadSize(subscriber, len(payload), requestId)
         if self._restricted:
             session = self._sessions[subscriber]
             if session.permissions is not None and not session.permissions.mayWrite(topic):
@@ -562,14 +622,14 @@ class Broker:
         @return: how many topics it was published on.
         @raise RequestError: the filter or the payload is refused.
         """
-        self.checkFilter(topicFilter, requestId)
+        self.checkFilter(subscriber, topicFilter, requestId)
         if topicFilter.startswith(RESERVED_PREFIX):
             # It would reach the broker's own topics, which clients may not
             # publish on (a filter starting with a wildcard never does).
             raise RequestError(
                 BAD_TOPIC, "topics starting with '$' are reserved for the broker", requestId
             )
-        self.checkPayloadSize(len(payload), requestId)
+        self.checkPayloadSize(subscriber, len(payload), requestId)
         permissions = self._sessions[subscriber].permissions
         if permissions is not None and not permissions.mayMatch(topicFilter, WRITE):
             self._forbid(self._sessions[subscriber], "publish", topicFilter, requestId)

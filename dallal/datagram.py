@@ -14,7 +14,7 @@ request.  Both the broker (L{dallal.udp}) and the client
 (L{dallal.client}) use this module.
 """
 
-from dallal.errors import BAD_FRAMING, LINE_TOO_LONG, NO_ID, PAYLOAD_TOO_LARGE, RequestError
+from dallal.errors import BAD_FRAMING, NO_ID, PAYLOAD_TOO_LARGE, RequestError
 
 # The largest UDP payload over IPv4: 65,535 bytes less the IP and UDP
 # headers (IPv6 allows 20 bytes more).
@@ -35,7 +35,7 @@ _CLIENT = b"client="
 _TOKEN = b"token="
 
 
-def splitDatagram(datagram, maxLine):
+def splitDatagram(datagram):
     """
     Cut a datagram into its control line and what follows it.
 
@@ -43,7 +43,6 @@ def splitDatagram(datagram, maxLine):
     line (C{echo -n PING | nc -u} sends that).
 
     @return: C{(line, rest)}, the line without its line end.
-    @raise RequestError: the control line is longer than C{maxLine}.
     """
     end = datagram.find(b"\n")
     if end < 0:
@@ -52,8 +51,6 @@ def splitDatagram(datagram, maxLine):
         line, rest = datagram[:end], datagram[end + 1 :]
         if line[-1:] == b"\r":
             line = line[:-1]
-    if len(line) > maxLine:
-        raise RequestError(LINE_TOO_LONG, f"control line longer than {maxLine} bytes")
     return line, rest
 
 

@@ -21,6 +21,10 @@ NO_SESSION = "NO_SESSION"
 
 NOT_SUBSCRIBED = "NOT_SUBSCRIBED"
 STORE_FAILED = "STORE_FAILED"
+# Limits (dallal.limits): the broker serves as many clients, or this client
+# has as many subscriptions, as it allows.
+TOO_MANY_CLIENTS = "TOO_MANY_CLIENTS"
+TOO_MANY_SUBSCRIPTIONS = "TOO_MANY_SUBSCRIPTIONS"
 
 # Who may do what: a request before the client logged in (on a broker with
 # --passwords), a login refused (a bad user name or password), a topic the
@@ -28,6 +32,9 @@ STORE_FAILED = "STORE_FAILED"
 NOT_AUTHORIZED = "NOT_AUTHORIZED"
 BAD_CREDENTIALS = "BAD_CREDENTIALS"
 FORBIDDEN = "FORBIDDEN"
+
+# The errors after which the broker closes a TCP connection.
+CLOSING = frozenset((LINE_TOO_LONG, BAD_FRAMING, TOO_MANY_CLIENTS, BAD_CREDENTIALS))
 
 NO_ID = "-"
 

@@ -15,6 +15,22 @@ from dallal.delivery import LATEST
 from dallal.errors import BAD_ARGUMENTS, RequestError
 
 
+def helloLimits(config, maxPayload):
+    """
+    The limits the answer to a HELLO tells a client, as its options.
+
+    @param config: the broker's L{dallal.core.BrokerConfig}.
+    @param maxPayload: the largest payload the client's transport accepts.
+    """
+    return {
+        "max-payload": str(maxPayload),
+        "max-topic": str(config.maxTopicLength),
+        "max-levels": str(config.maxTopicLevels),
+        "max-subscriptions": str(config.maxSubscriptions),
+        "max-line": str(config.maxControlLine),
+    }
+
+
 class RequestHandler:
     """
     Mixin for a transport's session: carries out its requests.

@@ -2,17 +2,23 @@
 C{twistd dallal}: command-line options and the service they build.
 """
 
+import resource
+from dataclasses import replace
+
+from twisted.logger import LogLevel
 from twisted.python import usage
 
 from dallal.acl import AclError
 from dallal.auth import Gatekeeper
-from dallal.core import DEFAULT_MAX_PAYLOAD, BrokerConfig
+from dallal.core import BrokerConfig
 from dallal.passwords import PasswordFileError
 from dallal.retained import StoreError
 from dallal.delivery import SLOW_CONSUMER_POLICIES, DeliveryConfig
 from dallal.keepalive import DEFAULT_INTERVAL
+from dallal.limits import CONNECTIONS, MAX_CONTROL_LINE, MIN_CONTROL_LINE, fitToDescriptors
 from dallal.service import DEFAULT_INTERFACE, DallalService
 from dallal.sysstats import DEFAULT_INTERVAL as DEFAULT_SYS_INTERVAL
+from dallal.topics import MAX_TOPIC_LENGTH
 from dallal.udp import DEFAULT_ACK_TIMEOUT as DEFAULT_UDP_ACK_TIMEOUT
 
 DEFAULT_TCP_PORT = 1373
@@ -32,6 +38,28 @@ def _positive(kind, zeroTurnsOff=False):
         return value
 
     convert.coerceDoc = "0 turns it off." if zeroTurnsOff else "Must be positive."
+    return convert
+
+
+def _whole(option, minimum=1, maximum=None):
+    """
+    A whole number from C{minimum} to C{maximum} (if given), for one option:
+    anything else stops twistd with one line naming the option.
+    """
+    bounds = f"of at least {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+
+    def convert(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum or (maximum is not None and value > maximum):
+            # A UsageError, not a ValueError: twistd would show the latter as
+            # "Parameter type enforcement failed", without the option's name.
+            raise usage.UsageError(f"--{option} must be a whole number {bounds}, not {text!r}")
+        return value
+
+    convert.coerceDoc = f"A whole number {bounds}."
     return convert
 
 
@@ -93,13 +121,6 @@ class Options(usage.Options):
             _positive(float),
         ],
         [
-            "max-payload",
-            None,
-            DEFAULT_MAX_PAYLOAD,
-            "Largest payload accepted, in bytes.",
-            _positive(int),
-        ],
-        [
             "sys-interval",
             None,
             DEFAULT_SYS_INTERVAL,
@@ -109,6 +130,82 @@ class Options(usage.Options):
         ],
     ]
 
+    # Limits (README.md, "Limits"): each refusal is answered, counted and
+    # logged (dallal.limits).
+    _config = BrokerConfig()
+    optParameters += [
+        [
+            "max-connections",
+            None,
+            _config.maxConnections,
+            "TCP connections at once; more are answered ERR TOO_MANY_CLIENTS and "
+            "closed. Lowered to what the descriptor limit (ulimit -n) allows.",
+            _whole("max-connections"),
+        ],
+        [
+            "max-connections-per-ip",
+            None,
+            _config.maxConnectionsPerIp,
+            "TCP connections at once from one IP address (local clients all "
+            "come from 127.0.0.1).",
+            _whole("max-connections-per-ip"),
+        ],
+        [
+            "max-udp-clients",
+            None,
+            _config.maxUdpClients,
+            "UDP client sessions at once; a HELLO for one more is answered "
+            "ERR TOO_MANY_CLIENTS.",
+            _whole("max-udp-clients"),
+        ],
+        [
+            "max-hellos-per-second",
+            None,
+            _config.maxHellosPerSecond,
+            "UDP HELLOs per second from one IP address (as many at once after "
+            "a quiet second); more are dropped unanswered.",
+            _whole("max-hellos-per-second"),
+        ],
+        [
+            "max-subscriptions",
+            None,
+            _config.maxSubscriptions,
+            "Subscriptions per client.",
+            _whole("max-subscriptions"),
+        ],
+        [
+            "max-topic-length",
+            None,
+            _config.maxTopicLength,
+            f"Longest topic or filter, in bytes (at most {MAX_TOPIC_LENGTH}: a UDP "
+            "datagram has room for no longer).",
+            _whole("max-topic-length", maximum=MAX_TOPIC_LENGTH),
+        ],
+        [
+            "max-topic-levels",
+            None,
+            _config.maxTopicLevels,
+            "Most levels in a topic or filter (a/b/c has 3).",
+            _whole("max-topic-levels"),
+        ],
+        [
+            "max-payload",
+            None,
+            _config.maxPayload,
+            "Largest payload accepted, in bytes.",
+            _whole("max-payload"),
+        ],
+        [
+            "max-line",
+            None,
+            _config.maxControlLine,
+            "Longest control line, in bytes; a longer one is answered ERR "
+            "LINE_TOO_LONG and closes the connection.",
+            _whole("max-line", MIN_CONTROL_LINE, MAX_CONTROL_LINE),
+        ],
+    ]
+    del _config
+
     _delivery = DeliveryConfig()
     optParameters += [
         [
@@ -116,21 +213,21 @@ class Options(usage.Options):
             None,
             _delivery.maxInflight,
             "Unacked messages in flight per client, in 'all' mode.",
-            _positive(int),
+            _whole("max-inflight"),
         ],
         [
             "max-queued",
             None,
             _delivery.maxQueued,
             "Messages queued per client behind those in flight.",
-            _positive(int),
+            _whole("max-queued"),
         ],
         [
             "max-queued-bytes",
             None,
             _delivery.maxQueuedBytes,
             "Payload bytes queued per client behind those in flight.",
-            _positive(int),
+            _whole("max-queued-bytes"),
         ],
         [
             "slow-consumer",
@@ -151,7 +248,7 @@ class Options(usage.Options):
             None,
             _delivery.maxAttempts,
             "Sends of one message to one client before it is dropped unacked.",
-            _positive(int),
+            _whole("max-attempts"),
         ],
     ]
     del _delivery
@@ -219,14 +316,20 @@ class Options(usage.Options):
         return value
 
 
-def makeService(options, reactor=None):
+def brokerConfig(options):
     """
-    Build the broker service from parsed L{Options}.
+    The broker's configuration from parsed L{Options}.
     """
-    if reactor is None:
-        from twisted.internet import reactor
-    config = BrokerConfig(
+    return BrokerConfig(
+        maxConnections=options["max-connections"],
+        maxConnectionsPerIp=options["max-connections-per-ip"],
+        maxUdpClients=options["max-udp-clients"],
+        maxHellosPerSecond=options["max-hellos-per-second"],
+        maxSubscriptions=options["max-subscriptions"],
+        maxTopicLength=options["max-topic-length"],
+        maxTopicLevels=options["max-topic-levels"],
         maxPayload=options["max-payload"],
+        maxControlLine=options["max-line"],
         messageEvents=bool(options["message-events"]),
         delivery=DeliveryConfig(
             maxInflight=options["max-inflight"],
@@ -237,6 +340,21 @@ def makeService(options, reactor=None):
             maxAttempts=options["max-attempts"],
         ),
     )
+
+
+def makeService(options, reactor=None, rlimit=resource):
+    """
+    Build the broker service from parsed L{Options}.
+
+    @param rlimit: the C{resource} module, whose descriptor limit is raised
+        to make room for C{--max-connections} (tests give a fake one).
+    """
+    if reactor is None:
+        from twisted.internet import reactor
+    config = brokerConfig(options)
+    requested = config.maxConnections
+    allowed, descriptors = fitToDescriptors(requested, rlimit)
+    config = replace(config, maxConnections=allowed)
     try:
         gatekeeper = Gatekeeper.fromFiles(reactor, options["passwords"], options["acl"])
         service = DallalService(
@@ -250,6 +368,15 @@ def makeService(options, reactor=None):
     except (StoreError, PasswordFileError, AclError) as error:
         # twistd would show a traceback; the operator needs the reason.
         raise SystemExit(f"dallal: cannot start: {error}")
+    if allowed < requested:
+        service.broker.events.emit(
+            "limit_lowered",
+            LogLevel.warn,
+            limit=CONNECTIONS.name,
+            max=allowed,
+            requested=requested,
+            descriptors=descriptors,
+        )
     for description in options["tcp"]:
         service.listenTCP(description)
     if options["udp"] is not None:

@@ -12,7 +12,7 @@ C{PING}, C{PONG} and C{BYE} until its C{HELLO} logs it in
 """
 
 from twisted.internet.interfaces import IPushProducer
-from twisted.internet.protocol import ServerFactory
+from twisted.internet.protocol import Protocol, ServerFactory
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -22,7 +22,6 @@ from dallal.errors import (
     BAD_ARGUMENTS,
     BAD_CREDENTIALS,
     BAD_FRAMING,
-    LINE_TOO_LONG,
     NO_ID,
     NOT_AUTHORIZED,
     RequestError,
@@ -30,7 +29,11 @@ from dallal.errors import (
 from dallal.framing import FrameReceiver
 from dallal.interfaces import ISubscriber
 from dallal.keepalive import IPingable
-from dallal.session import RequestHandler
+from dallal.limits import LINE, ConnectionTable
+from dallal.session import RequestHandler, helloLimits
+
+# Seconds a refused connection is given to read its ERR and close.
+REFUSAL_GRACE = 2.0
 
 
 def formatAddress(address):
@@ -143,12 +146,22 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
     peer = "?"
     _log = Logger()
 
-    def __init__(self, broker, sweep, gatekeeper=None, batch=None):
+    def __init__(self, broker, sweep, gatekeeper=None, batch=None, connections=None, host=None):
+        """
+        @param gatekeeper: the broker's L{dallal.auth.Gatekeeper}, if any.
+        @param batch: the L{WriteBatch} its writes join, shared by the
+            factory's connections (a new one if C{None}).
+        @param connections: the L{ConnectionTable} this connection counts
+            in while it is open, if any.
+        @param host: the client's address, as the table counts it.
+        """
         self.broker = broker
         self.sweep = sweep
         self.gatekeeper = gatekeeper
         self.batch = batch if batch is not None else WriteBatch()
         self.MAX_LENGTH = broker.config.maxControlLine
+        self._connections = connections
+        self._host = host
         self._attached = False
         self._publishing = None
         self._closeReason = "closed"
@@ -160,6 +173,8 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         self._output = []
 
     def connectionMade(self):
+        if self._connections is not None:
+            self._connections.opened(self._host)
         self.peer = formatAddress(self.transport.getPeer())
         self._attached = True
         self.broker.attach(self)
@@ -172,6 +187,11 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
 
     def connectionLost(self, reason):
         self._output = []
+        # However the connection ended, it frees its place (the broker's
+        # shutdown detaches the session first).
+        connections, self._connections = self._connections, None
+        if connections is not None:
+            connections.closed(self._host)
         if self._attached:
             self._attached = False
             self.sweep.remove(self)
@@ -350,8 +370,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         options = {
             "version": __version__,
             "ping": f"{self.sweep.interval:g}",
-            "max-payload": str(config.maxPayload),
-            "max-topic": str(config.maxTopicLength),
+            **helloLimits(config, config.maxPayload),
         }
         if self._userName is not None:
             options["user"] = self._userName
@@ -366,7 +385,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
 
     def _publishReceived(self, request):
         try:
-            self.broker.checkPayloadSize(request.size, request.id)
+            self.broker.checkPayloadSize(self, request.size, request.id)
         except RequestError as error:
             # Skip the payload without storing it, so the stream stays framed.
             self.refuse(error)
@@ -392,10 +411,11 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         )
 
     def lineLengthExceeded(self, line):
+        # Fatal: the line may have announced a payload, so where the next
+        # frame starts is unknown.
         self.refuse(
-            RequestError(
-                LINE_TOO_LONG,
-                f"control line longer than {self.MAX_LENGTH} bytes",
+            self.broker.refusedByLimit(
+                self, LINE, self.MAX_LENGTH, f"control line longer than {self.MAX_LENGTH} bytes"
             ),
             fatal=True,
         )
@@ -437,9 +457,47 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         self.transport.abortConnection()
 
 
+class RefusedConnection(Protocol):
+    """
+    A connection over the broker's limits: it is sent the C{ERR}, then
+    closed (as Redis answers C{-ERR max number of clients reached}).
+
+    The broker stops writing, but reads until the client closes (or
+    L{REFUSAL_GRACE} is over): closing a socket with unread bytes, such as
+    the first request a client sent at once, would make the kernel reset
+    the connection and the client might never read its C{ERR}.
+    """
+
+    def __init__(self, error, clock):
+        self.error = error
+        self.clock = clock
+        self._deadline = None
+
+    def connectionMade(self):
+        self.transport.write(wire.encodeError(NO_ID, self.error.code, self.error.reason))
+        halfClose = getattr(self.transport, "loseWriteConnection", None)
+        if halfClose is None:
+            # TLS has no half-close.
+            self.transport.loseConnection()
+        else:
+            halfClose()
+        self._deadline = self.clock.callLater(REFUSAL_GRACE, self.transport.abortConnection)
+
+    def dataReceived(self, data):
+        pass
+
+    def connectionLost(self, reason):
+        if self._deadline is not None and self._deadline.active():
+            self._deadline.cancel()
+
+
 class BrokerFactory(ServerFactory):
     """
-    Builds a L{BrokerProtocol} for each connection to one broker.
+    Builds a L{BrokerProtocol} for each connection to one broker, or a
+    L{RefusedConnection} over the broker's connection limits.
+
+    @ivar connections: the L{ConnectionTable} of its connections, however
+        many endpoints it serves.
     """
 
     # The broker logs its own listening event; Twisted's would be noise.
@@ -451,8 +509,22 @@ class BrokerFactory(ServerFactory):
         self.gatekeeper = gatekeeper
         # One for all the connections: a read of one may write to many.
         self.batch = WriteBatch()
+        config = broker.config
+        self.connections = ConnectionTable(config.maxConnections, config.maxConnectionsPerIp)
 
     def buildProtocol(self, addr):
-        protocol = BrokerProtocol(self.broker, self.sweep, self.gatekeeper, self.batch)
+        # A UNIX socket's peer has no host: only the total applies to it.
+        host = getattr(addr, "host", None)
+        refusal = self.connections.refusal(host)
+        if refusal is None:
+            protocol = BrokerProtocol(
+                self.broker, self.sweep, self.gatekeeper, self.batch, self.connections, host
+            )
+        else:
+            limit, maximum, reason = refusal
+            error = self.broker.limits.refused(
+                limit, maximum, formatAddress(addr), BrokerProtocol.transportName, reason=reason
+            )
+            protocol = RefusedConnection(error, self.broker.clock)
         protocol.factory = self
         return protocol

@@ -24,21 +24,20 @@ matches cost, however many entries the tree holds.
 
 from collections.abc import MutableMapping
 
-from dallal.topics import MAX_TOPIC_LENGTH, WILDCARDS, TopicError, checkName
+from dallal.topics import MAX_TOPIC_LENGTH, SEPARATOR, WILDCARDS, TopicError, checkName
 
-SEPARATOR = "/"
 SINGLE_LEVEL = "+"
 MULTI_LEVEL = "#"
 RESERVED_PREFIX = "$"
 
 
-def checkFilter(topicFilter, maxLength=MAX_TOPIC_LENGTH):
+def checkFilter(topicFilter, maxLength=MAX_TOPIC_LENGTH, maxLevels=None):
     """
     Check a subscription filter.
 
     @raise TopicError: with a reason a person can act on.
     """
-    checkName(topicFilter, maxLength, "filter")
+    checkName(topicFilter, maxLength, "filter", maxLevels)
     if not WILDCARDS.intersection(topicFilter):
         return
     levels = topicFilter.split(SEPARATOR)

@@ -52,7 +52,8 @@ from dallal.errors import (
 )
 from dallal.interfaces import ISubscriber
 from dallal.keepalive import IPingable
-from dallal.session import RequestHandler
+from dallal.limits import HELLO_RATE, LINE, UDP_CLIENTS, RateTable
+from dallal.session import RequestHandler, helloLimits
 from dallal.tcp import formatAddress
 
 DEFAULT_UDP_PORT = 1234
@@ -116,6 +117,7 @@ class _Stranger:
     """
 
     __slots__ = ("peer",)
+    transportName = "udp"
 
     def __init__(self, address):
         self.peer = formatDatagramAddress(address)
@@ -220,6 +222,9 @@ class UdpSession(RequestHandler):
         self._remember = requestId is not None
         try:
             if type(request) is wire.Publish:
+                self.broker.checkPayloadSize(
+                    self, request.size, request.id, self.protocol.maxPayload
+                )
                 self.publish(request, datagram.payloadOf(rest, request.size, request.id))
             else:
                 datagram.checkNothingAfter(rest, self._answering)
@@ -359,6 +364,8 @@ class BrokerDatagramProtocol(DatagramProtocol):
         self._sessionAddresses = Counter()
         # (host, port) -> [bytes received, bytes sent], for the others.
         self._unproven = OrderedDict()
+        # Hellos each source host may still say (each costs an HMAC).
+        self._hellos = RateTable(broker.clock, broker.config.maxHellosPerSecond)
         self._strangerErrors = StrangerErrorLog(broker)
 
     def stopProtocol(self):
@@ -470,8 +477,17 @@ class BrokerDatagramProtocol(DatagramProtocol):
 
     def datagramReceived(self, data, address):
         self._received(address, len(data))
+        line, rest = datagram.splitDatagram(data)
+        maxLine = self.broker.config.maxControlLine
+        if len(line) > maxLine:
+            self._refuse(
+                self.broker.refusedByLimit(
+                    _Stranger(address), LINE, maxLine, f"control line longer than {maxLine} bytes"
+                ),
+                address,
+            )
+            return
         try:
-            line, rest = datagram.splitDatagram(data, self.broker.config.maxControlLine)
             line, clientId, token = datagram.takeIdentity(line)
             request = wire.parseRequest(line)
         except RequestError as error:
@@ -480,7 +496,12 @@ class BrokerDatagramProtocol(DatagramProtocol):
         if request is None:
             return
         if type(request) is wire.Hello:
-            self._helloReceived(request, rest, address)
+            if self._hellos.allow(address[0]):
+                self._helloReceived(request, rest, address)
+            else:
+                self.broker.refusedByLimit(
+                    _Stranger(address), HELLO_RATE, self.broker.config.maxHellosPerSecond
+                )
             return
         requestId = getattr(request, "id", NO_ID)
         if clientId is None or not self._tokenMatches(clientId, token, address):
@@ -574,6 +595,21 @@ class BrokerDatagramProtocol(DatagramProtocol):
         session = self._sessions.get(hello.clientId)
         resumed = session is not None
         if not resumed:
+            maxClients = self.broker.config.maxUdpClients
+            if len(self._sessions) >= maxClients:
+                self._refuse(
+                    self.broker.refusedByLimit(
+                        _Stranger(address),
+                        UDP_CLIENTS,
+                        maxClients,
+                        f"the broker has its maximum of {maxClients} UDP clients: "
+                        "try again later",
+                        hello.id,
+                    ),
+                    address,
+                    proven=True,
+                )
+                return
             session = UdpSession(self, hello.clientId, address)
             self._sessions[hello.clientId] = session
             self._sessionAddresses[address] += 1
@@ -589,8 +625,7 @@ class BrokerDatagramProtocol(DatagramProtocol):
             "token": hello.options["token"],
             "version": __version__,
             "ping": f"{self.sweep.interval:g}",
-            "max-payload": str(self.maxPayload),
-            "max-topic": str(self.broker.config.maxTopicLength),
+            **helloLimits(self.broker.config, self.maxPayload),
             "session": "resumed" if resumed else "new",
         }
         if session.userName is not None:

@@ -111,14 +111,19 @@ class BrokerHarness:
         self.factory = BrokerFactory(self.broker, self.sweep, self.gatekeeper)
         self._nextPort = 40001
 
-    def connect(self):
+    def connect(self, host="127.0.0.1", transport=None):
         """
-        A new client connection, each from its own port on 127.0.0.1.
+        A new client connection, each from its own port.
+
+        @param transport: the L{StringTransport} it goes over, if not a
+            plain one.
         """
-        address = IPv4Address("TCP", "127.0.0.1", self._nextPort)
+        address = IPv4Address("TCP", host, self._nextPort)
         self._nextPort += 1
         protocol = self.factory.buildProtocol(address)
-        transport = StringTransport(peerAddress=address)
+        if transport is None:
+            transport = StringTransport()
+        transport.peerAddr = address
         protocol.makeConnection(transport)
         return FakeClient(protocol, transport)
 

@@ -8,8 +8,10 @@ import re
 import pytest
 
 from dallal.core import BrokerConfig
+from dallal.errors import CLOSING
 from helpers import PING_INTERVAL, REPO, BrokerHarness, decodeFrames, messages, splitAt
 from test_auth import AUTH_ERRORS
+from test_limits import TOO_MANY_CLIENTS_ERROR, TOO_MANY_SUBSCRIPTIONS_ERROR
 
 # A broker that refuses payloads over 16 bytes, for the tests of that limit.
 SMALL_MAX_PAYLOAD_CONFIG = BrokerConfig(maxPayload=16, messageEvents=True)
@@ -307,7 +309,13 @@ def test_everyDocumentedErrorIsTested():
             for _, _, error, closes in AUTH_ERRORS
         }
     )
+    # The limits' errors need a broker at its limits: tests/test_limits.py.
+    tested[TOO_MANY_CLIENTS_ERROR.split()[2].decode()] = "**closed**"
+    tested[TOO_MANY_SUBSCRIPTIONS_ERROR.split()[2].decode()] = "stays open"
     assert documented == tested
+    assert {code for code, connection in documented.items() if connection == "**closed**"} == (
+        CLOSING
+    )
 
 
 def test_lineTooLongWithoutLineEnd(harness):

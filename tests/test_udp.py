@@ -129,7 +129,8 @@ def test_helloWithTheTokenStartsASession(harness):
     answer = alice.hello("me")
     assert answer == (
         b"HELLO 2 token=%s version=%s ping=10 max-payload=65000 max-topic=256 "
-        b"session=new\r\n" % (alice.token, __version__.encode())
+        b"max-levels=32 max-subscriptions=1000 max-line=4096 session=new\r\n"
+        % (alice.token, __version__.encode())
     )
     assert harness.fields("connect") == [
         {"session": 1, "client": "127.0.0.1:40001", "transport": "udp"}

@@ -1,0 +1,261 @@
+"""
+The broker's limits: what each one refuses, how a refusal is counted and
+logged, and the bookkeeping the connection and hello limits need.
+
+Every limit's value is a field of L{dallal.core.BrokerConfig} (a
+C{twistd dallal --max-...} option; README.md, "Limits", lists them).  A
+refusal costs the client a clear C{ERR} where there is a request to answer
+(PROTOCOL.md, "Errors"), adds one to the limit's counter
+(C{refused_<limit>}) and is logged as a C{limit_reached} event
+(docs/EVENTS.md).  Refusals can come in floods (connections, spoofed
+hellos), so each limit logs at most one event a second, saying how many
+refusals it stands for; the counters miss none.
+"""
+
+import resource
+from collections import Counter, OrderedDict
+
+from twisted.logger import LogLevel
+
+from dallal.errors import (
+    BAD_TOPIC,
+    LINE_TOO_LONG,
+    NO_ID,
+    PAYLOAD_TOO_LARGE,
+    TOO_MANY_CLIENTS,
+    TOO_MANY_SUBSCRIPTIONS,
+    RequestError,
+)
+
+# Defaults for a small production broker; README.md, "Limits", says why.
+DEFAULT_MAX_CONNECTIONS = 10_000
+DEFAULT_MAX_CONNECTIONS_PER_IP = 1_000
+DEFAULT_MAX_SUBSCRIPTIONS = 1_000
+DEFAULT_MAX_TOPIC_LEVELS = 32
+DEFAULT_MAX_LINE = 4096
+# The longest request a client sends is under 512 bytes (a PUB with a
+# 64-byte id, a 256-byte topic, its options and, over UDP, its identity);
+# a line limit over 64 KiB would only let each connection make the broker
+# buffer more.
+MIN_CONTROL_LINE = 512
+MAX_CONTROL_LINE = 65536
+DEFAULT_MAX_UDP_CLIENTS = 10_000
+DEFAULT_MAX_HELLOS_PER_SECOND = 100
+
+# Seconds between two limit_reached events of one limit.
+LOG_INTERVAL = 1.0
+
+# Descriptors kept for the broker's other files (listening ports, the log,
+# the retained store, refused connections while they close), as Redis
+# keeps 32 beside its maxclients.
+RESERVED_DESCRIPTORS = 32
+
+
+class Limit:
+    """
+    One kind of limit.
+
+    @ivar name: the limit's name in the log (C{limit=<name>}) and in its
+        counter, C{refused_<name>}.
+    @ivar code: the error code of a refusal, or C{None} when a refusal is
+        not answered.
+    """
+
+    __slots__ = ("name", "code", "counter")
+
+    def __init__(self, name, code):
+        self.name = name
+        self.code = code
+        self.counter = "refused_" + name
+
+    def __repr__(self):
+        return f"Limit({self.name!r})"
+
+
+CONNECTIONS = Limit("connections", TOO_MANY_CLIENTS)
+CONNECTIONS_PER_IP = Limit("connections_per_ip", TOO_MANY_CLIENTS)
+SUBSCRIPTIONS = Limit("subscriptions", TOO_MANY_SUBSCRIPTIONS)
+TOPIC_LENGTH = Limit("topic_length", BAD_TOPIC)
+TOPIC_LEVELS = Limit("topic_levels", BAD_TOPIC)
+PAYLOAD = Limit("payload", PAYLOAD_TOO_LARGE)
+LINE = Limit("line", LINE_TOO_LONG)
+UDP_CLIENTS = Limit("udp_clients", TOO_MANY_CLIENTS)
+# Over the rate, a HELLO is dropped unanswered: an answer is what a forger
+# of source addresses would want.
+HELLO_RATE = Limit("hello_rate", None)
+
+LIMITS = (
+    CONNECTIONS,
+    CONNECTIONS_PER_IP,
+    SUBSCRIPTIONS,
+    TOPIC_LENGTH,
+    TOPIC_LEVELS,
+    PAYLOAD,
+    LINE,
+    UDP_CLIENTS,
+    HELLO_RATE,
+)
+
+
+class LimitLog:
+    """
+    Counts and logs the refusals of every limit of one broker.
+    """
+
+    def __init__(self, clock, counters, events):
+        self.clock = clock
+        self.counters = counters
+        self.events = events
+        # Limit -> when its last event was logged, and refusals since then.
+        self._loggedAt = {}
+        self._unlogged = Counter()
+        for limit in LIMITS:
+            counters[limit.counter] = 0
+
+    def refused(self, limit, maximum, client, transport, session=0, reason=None,
+                requestId=NO_ID):
+        """
+        Count and log one refusal by C{limit}.
+
+        @param maximum: the limit's value.
+        @param client: the client's address, C{host:port}.
+        @param session: the client's session, 0 when it has none.
+        @param reason: what the client is told, for limits that answer.
+        @return: the L{RequestError} to answer with, or C{None} for a limit
+            whose refusals are not answered.
+        """
+        self.counters[limit.counter] += 1
+        self._unlogged[limit] += 1
+        now = self.clock.seconds()
+        last = self._loggedAt.get(limit)
+        if last is None or now - last >= LOG_INTERVAL:
+            self._loggedAt[limit] = now
+            self.events.emit(
+                "limit_reached",
+                LogLevel.warn,
+                limit=limit.name,
+                max=maximum,
+                session=session,
+                client=client,
+                transport=transport,
+                refused=self._unlogged.pop(limit),
+            )
+        if limit.code is None:
+            return None
+        return RequestError(limit.code, reason, requestId)
+
+
+class ConnectionTable:
+    """
+    The connections of a listener (or several) now, in all and per host,
+    against their limits.
+    """
+
+    def __init__(self, maxTotal, maxPerHost):
+        self.maxTotal = maxTotal
+        self.maxPerHost = maxPerHost
+        self.total = 0
+        self.perHost = Counter()
+
+    def refusal(self, host):
+        """
+        Whether one more connection from C{host} would break a limit.
+
+        @param host: the client's address, or C{None} for a transport
+            without one (a UNIX socket): only the total applies.
+        @return: C{(limit, maximum, reason)} if so, else C{None}.
+        """
+        if self.total >= self.maxTotal:
+            return (
+                CONNECTIONS,
+                self.maxTotal,
+                f"the broker has its maximum of {self.maxTotal} connections: try again later",
+            )
+        if host is not None and self.perHost[host] >= self.maxPerHost:
+            return (
+                CONNECTIONS_PER_IP,
+                self.maxPerHost,
+                f"the broker has its maximum of {self.maxPerHost} connections from {host}",
+            )
+        return None
+
+    def opened(self, host):
+        self.total += 1
+        if host is not None:
+            self.perHost[host] += 1
+
+    def closed(self, host):
+        self.total -= 1
+        if host is not None:
+            self.perHost[host] -= 1
+            if not self.perHost[host]:
+                del self.perHost[host]
+
+
+class RateTable:
+    """
+    A token bucket per key (a source address): each key may do C{rate}
+    things a second, and as many at once after a quiet second.
+
+    The table keeps the C{size} keys seen most recently; a key forgotten
+    starts again with a full bucket.  So a forger of source addresses cannot
+    grow it, and gains nothing by cycling through addresses that it would
+    not gain anyway from using each of them once.
+    """
+
+    def __init__(self, clock, rate, size=10_000):
+        self.clock = clock
+        self.rate = rate
+        self.size = size
+        # key -> [tokens, when they were counted]
+        self._buckets = OrderedDict()
+
+    def __len__(self):
+        return len(self._buckets)
+
+    def allow(self, key):
+        """
+        Take a token from C{key}'s bucket.
+
+        @return: whether there was one.
+        """
+        now = self.clock.seconds()
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            if len(self._buckets) >= self.size:
+                self._buckets.popitem(last=False)
+            bucket = self._buckets[key] = [self.rate, now]
+        else:
+            self._buckets.move_to_end(key)
+            bucket[0] = min(self.rate, bucket[0] + (now - bucket[1]) * self.rate)
+            bucket[1] = now
+        if bucket[0] < 1:
+            return False
+        bucket[0] -= 1
+        return True
+
+
+def fitToDescriptors(maxConnections, rlimit=resource):
+    """
+    Make room for C{maxConnections} connections in the process's descriptor
+    limit (C{ulimit -n}), raising its soft limit towards its hard limit if
+    need be, as Redis does for its C{maxclients}: a broker out of
+    descriptors cannot even accept a connection to refuse it.
+
+    @param rlimit: the C{resource} module (tests give a fake one).
+    @return: C{(allowed, descriptors)}: how many connections fit, at most
+        C{maxConnections}, and the descriptor limit they fit in.
+    """
+    wanted = maxConnections + RESERVED_DESCRIPTORS
+    soft, hard = rlimit.getrlimit(rlimit.RLIMIT_NOFILE)
+    if soft != rlimit.RLIM_INFINITY and soft < wanted:
+        raised = wanted if hard == rlimit.RLIM_INFINITY else min(wanted, hard)
+        try:
+            rlimit.setrlimit(rlimit.RLIMIT_NOFILE, (raised, hard))
+        except (ValueError, OSError):
+            pass
+        else:
+            soft = raised
+    if soft == rlimit.RLIM_INFINITY or soft >= wanted:
+        return maxConnections, soft
+    return max(1, soft - RESERVED_DESCRIPTORS), soft
