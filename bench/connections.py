@@ -421,7 +421,11 @@ class Run:
             endpoint += f":backlog={options.backlog}"
         self.broker = Broker(
             directory, nofile=nofile, tcpDescription=endpoint,
-            extra=["--ping-interval", f"{options.ping_interval:g}"],
+            # The broker's connection limits at its descriptor limit (it fits
+            # --max-connections under it, 32 descriptors short), so that the
+            # ramp measures the descriptors, not the defaults.
+            extra=["--ping-interval", f"{options.ping_interval:g}",
+                   "--max-connections", str(nofile), "--max-connections-per-ip", str(nofile)],
         )
         broker = self.broker
         log(f"broker: pid {broker.pid}, port {broker.port}: {broker.reproduce()}")
@@ -500,7 +504,8 @@ class Run:
                            "listen_overflows_during_ramp": overflows,
                            "pings_missed_during_ramp": statsRamp["pings_missed"]})
             report["stopped_because"] = stopCause(
-                held, target, fds, limitSoft, emfile, status, memoryStop)
+                held, target, fds, limitSoft, emfile, status, memoryStop,
+                statsRamp["refused_connections"])
             log(f"ramp: {held:,} connections held after {rampSeconds:.1f} s "
                 f"({held / rampSeconds:,.0f}/s); failures {dict(status['failures'])}; "
                 f"worker stop reasons {status['stop_reasons']}")
@@ -693,10 +698,12 @@ def alignSweep(broker, interval, control, sample=0.05):
     time.sleep(interval / 4)
 
 
-def stopCause(held, target, fds, limit, emfile, status, memoryStop):
+def stopCause(held, target, fds, limit, emfile, status, memoryStop, refused):
     """
     Why the ramp stopped, from what the workers saw and what the broker's
-    /proc and log say.
+    /proc, log and counters say.
+
+    @param refused: connections the broker refused for its --max-connections.
     """
     failures = status["failures"]
     reasons = [r for r in status["stop_reasons"] if r]
@@ -704,6 +711,12 @@ def stopCause(held, target, fds, limit, emfile, status, memoryStop):
         return "the target was reached"
     if memoryStop:
         return "the machine's available memory fell under --min-available"
+    if refused:
+        return (
+            f"the broker's --max-connections, its descriptor limit ({limit:,}) less the "
+            f"32 it keeps for its other files: it answered {refused:,} connections past it "
+            f"ERR TOO_MANY_CLIENTS and closed them; the clients saw {dict(failures)}"
+        )
     if fds >= limit - 1:
         return (
             f"the broker's descriptor limit (RLIMIT_NOFILE {limit:,}): it has {fds:,} open "
