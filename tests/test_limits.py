@@ -6,6 +6,7 @@ a user meets first, end to end.
 """
 
 import json
+import re
 
 import pytest
 import pytest_twisted
@@ -22,6 +23,7 @@ from dallal.tap import Options, brokerConfig, makeService
 from dallal.tcp import REFUSAL_GRACE, RefusedConnection
 from helpers import (
     PING_INTERVAL,
+    REPO,
     STOP_TIMEOUT,
     TWISTD,
     BrokerHarness,
@@ -514,6 +516,10 @@ LIMIT_OPTIONS = {
 }
 
 
+# The queues' limits, of dallal.delivery, are in the same table.
+QUEUE_OPTIONS = ["max-queued", "max-queued-bytes"]
+
+
 class FakeRlimit:
     """
     The C{resource} module as far as the descriptor limit goes.
@@ -575,6 +581,15 @@ def test_badLimitValues(option, value, says):
         Options().parseOptions([f"--{option}", value])
     assert str(error.value).startswith(f"--{option} must be a whole number ")
     assert str(error.value).endswith(says)
+
+
+def test_readmeListsEveryLimitWithItsDefault():
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("### Limits\n") :]
+    section = section[: section.index("\n### ", 1)]
+    listed = dict(re.findall(r"^\| `--(max-[a-z-]+)` \| `(\d+)` \|", section, re.MULTILINE))
+    defaults = {name: str(value) for name, value in Options().defaults.items()}
+    assert listed == {option: defaults[option] for option in [*LIMIT_OPTIONS, *QUEUE_OPTIONS]}
 
 
 @pytest.mark.parametrize(
