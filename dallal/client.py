@@ -575,7 +575,8 @@ class DallalClientProtocol(FrameReceiver, _ClientSession):
         C{version=} options, as text).
 
         @return: a Deferred that fires with the broker's answer, a dict of
-            its limits (C{max-payload}, C{max-topic}, C{ping}, C{version}).
+            its limits (C{max-payload}, C{max-topic}, C{max-levels},
+            C{max-subscriptions}, C{max-line}), C{ping} and C{version}.
         """
         checkToken(clientId, "client id")
         requestId = self._nextId()

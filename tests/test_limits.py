@@ -16,7 +16,7 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.python import usage
 
-from dallal import limits
+from dallal import __version__, limits
 from dallal.core import BrokerConfig
 from dallal.delivery import DISCONNECT, DeliveryConfig
 from dallal.tap import Options, brokerConfig, makeService
@@ -249,6 +249,24 @@ def test_subscriptionsUpToTheLimit():
     assert (event["limit"], event["max"], event["session"]) == ("subscriptions", 2, 1)
 
 
+def test_helloTellsTheLimitsOnRequests():
+    harness = BrokerHarness(
+        BrokerConfig(
+            maxPayload=100,
+            maxTopicLength=64,
+            maxTopicLevels=8,
+            maxSubscriptions=5,
+            maxControlLine=1024,
+        )
+    )
+    client = harness.connect()
+    client.send(b"HELLO 1 me\r\n")
+    assert client.received() == (
+        b"HELLO 1 version=%s ping=10 max-payload=100 max-topic=64 max-levels=8 "
+        b"max-subscriptions=5 max-line=1024\r\n" % __version__.encode()
+    )
+
+
 def test_subscriptionsAreCountedPerClient():
     harness = BrokerHarness(BrokerConfig(maxSubscriptions=1))
     first, second = harness.connect(), harness.connect()
@@ -446,22 +464,26 @@ def test_udpClientPlaceFreedByExpiry():
 # Hellos per second from one address
 
 
+# A first HELLO long enough to be answered from an unknown address.
+HELLO = b"HELLO 1 someone pad=%s\r\n" % (b"x" * 32)
+
+
 def test_hellosPerSecondFromOneAddress():
     harness = UdpHarness(BrokerConfig(maxHellosPerSecond=3))
     peers = [harness.peer(port) for port in (40001, 40002, 40003, 40004)]
     for peer in peers:
-        peer.send(b"HELLO 1 someone pad=xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\r\n")
+        peer.send(HELLO)
     # Another port of the same address is the same address.
     assert [len(peer.received()) for peer in peers] == [1, 1, 1, 0]
     assert harness.counter("refused_hello_rate") == 1
     [event] = limitEvents(harness)
     assert (event["limit"], event["max"], event["client"]) == ("hello_rate", 3, "127.0.0.1:40004")
     other = harness.peer(40001, host="127.0.0.2")
-    other.send(b"HELLO 1 someone pad=xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\r\n")
+    other.send(HELLO)
     assert len(other.received()) == 1
     # A third of a second later, the rate allows one more.
     harness.clock.advance(1 / 3)
-    peers[3].send(b"HELLO 1 someone pad=xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\r\n")
+    peers[3].send(HELLO)
     assert len(peers[3].received()) == 1
 
 
