@@ -206,8 +206,8 @@ class Broker:
             logins_failed=0,
             denied=0,
         )
-        self.ledger = Ledger(self.counters, self.events)
         self.limits = LimitLog(clock, self.counters, self.events)
+        self.ledger = Ledger(self.counters, self.events, self.limits)
 
     # Sessions
 

@@ -27,6 +27,8 @@ from collections import deque
 
 from twisted.logger import LogLevel
 
+from dallal.limits import QUEUED_BYTES, QUEUED_MESSAGES
+
 LATEST = "latest"
 ALL = "all"
 FIRE = "fire"
@@ -237,6 +239,10 @@ class Outbox:
     def _enqueue(self, subscription, message, seq):
         size = len(message.payload)
         config = self.config
+        if len(self._queue) >= config.maxQueued:
+            self.ledger.queueFull(self, QUEUED_MESSAGES, config.maxQueued)
+        elif self._queuedBytes + size > config.maxQueuedBytes:
+            self.ledger.queueFull(self, QUEUED_BYTES, config.maxQueuedBytes)
         if size > config.maxQueuedBytes:
             # It can never be queued: dropping what is queued would not help.
             if config.slowConsumer == DISCONNECT:
@@ -441,9 +447,14 @@ class Ledger:
     replaced or dropped.
     """
 
-    def __init__(self, counters, events):
+    def __init__(self, counters, events, limits):
+        """
+        @param limits: the broker's L{dallal.limits.LimitLog}, which a full
+            queue reports to.
+        """
         self.counters = counters
         self.events = events
+        self.limits = limits
         for name in DELIVERY_COUNTERS:
             counters[name] = 0
 
@@ -497,6 +508,15 @@ class Ledger:
             events.emit(
                 "replace", mid=message.mid, topic=message.topic, session=sid, by=newer.mid
             )
+
+    def queueFull(self, outbox, limit, maximum):
+        """
+        A message met a session's full queue: C{limit} is the bound it hit.
+        """
+        subscriber = outbox.subscriber
+        self.limits.refused(
+            limit, maximum, subscriber.peer, subscriber.transportName, outbox.sid
+        )
 
     def dropped(self, sid, subscription, message, reason):
         counters = self.counters

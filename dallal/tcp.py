@@ -11,7 +11,7 @@ C{PING}, C{PONG} and C{BYE} until its C{HELLO} logs it in
 (L{dallal.auth.Gatekeeper}).
 """
 
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import IPushProducer, ISSLTransport
 from twisted.internet.protocol import Protocol, ServerFactory
 from twisted.logger import Logger
 from zope.interface import implementer
@@ -476,8 +476,10 @@ class RefusedConnection(Protocol):
     def connectionMade(self):
         self.transport.write(wire.encodeError(NO_ID, self.error.code, self.error.reason))
         halfClose = getattr(self.transport, "loseWriteConnection", None)
-        if halfClose is None:
-            # TLS has no half-close.
+        if halfClose is None or ISSLTransport.providedBy(self.transport):
+            # TLS sends the ERR once its handshake is done, then closes.  It
+            # has no half-close: the loseWriteConnection it seems to have is
+            # the TCP connection's under it, which would cut the handshake.
             self.transport.loseConnection()
         else:
             halfClose()

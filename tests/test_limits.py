@@ -720,3 +720,45 @@ def test_clientOverTheConnectionLimitIsToldWhy(tmp_path):
         for process in subscribers:
             process.kill()
         broker.stop()
+
+
+# Delivery queues: what a full one costs is the slow-consumer policy's
+# (tests/test_delivery.py); here, that it is counted and logged.
+
+
+@pytest.mark.parametrize(
+    "delivery, payloads, limit",
+    [
+        (DeliveryConfig(maxInflight=1, maxQueued=2), [b"a", b"b", b"c"], limits.QUEUED_MESSAGES),
+        (
+            DeliveryConfig(maxInflight=1, maxQueuedBytes=10),
+            [b"x", b"12345", b"67890"],
+            limits.QUEUED_BYTES,
+        ),
+    ],
+    ids=["messages", "bytes"],
+)
+def test_queueLimits(delivery, payloads, limit):
+    """
+    With one message in flight unacked, the queue behind it takes up to its
+    limit; the next message finds it full.  Once the client acks, a place
+    is free again.
+    """
+    harness = BrokerHarness(BrokerConfig(delivery=delivery))
+    subscriber, publisher = harness.connect(), harness.connect()
+    subscriber.send(b"SUB 1 news mode=all\r\n")
+    for number, payload in enumerate(payloads):
+        publisher.send(b"PUB %d news %d\r\n%s\r\n" % (number, len(payload), payload))
+    assert harness.broker.stats()[limit.counter] == 0
+    publisher.send(b"PUB 9 news 1\r\nz\r\n")
+    stats = harness.broker.stats()
+    assert (stats[limit.counter], stats["dropped_queue_full"]) == (1, 1)
+    [event] = limitEvents(harness)
+    assert (event["limit"], event["session"], event["client"]) == (
+        limit.name,
+        1,
+        subscriber.address,
+    )
+    subscriber.send(b"ACK 1\r\n")
+    publisher.send(b"PUB 10 news 1\r\nz\r\n")
+    assert harness.broker.stats()[limit.counter] == 1

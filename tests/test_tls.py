@@ -145,7 +145,7 @@ def pki(tmp_path_factory):
     return PKI(tmp_path_factory.mktemp("pki"))
 
 
-def startTlsBroker(folder, key, certificate):
+def startTlsBroker(folder, key, certificate, *options):
     """
     C{twistd dallal} listening on TLS only, on an ephemeral loopback port
     (its C{listening} event gives the port).
@@ -154,6 +154,7 @@ def startTlsBroker(folder, key, certificate):
         [
             TWISTD, "-n", "--pidfile=", "dallal",
             "--tcp", f"ssl:0:interface=127.0.0.1:privateKey={key}:certKey={certificate}",
+            *options,
         ],
         folder,
     )  # fmt: skip
@@ -322,6 +323,25 @@ def test_brokerClosesTlsConnections(pki, tlsBroker, sent, answer):
     with rawTls(pki, tlsBroker.port) as connection:
         connection.sendall(sent)
         assert readUntilClosed(connection) == answer
+
+
+def test_connectionOverTheLimitIsToldWhyOverTls(pki, tmp_path):
+    """
+    TLS has no half-close: a connection over --max-connections gets its
+    ERR once the handshake is done, then the broker closes it.
+    """
+    broker = startTlsBroker(tmp_path, pki.key, pki.certificate, "--max-connections", "1")
+    try:
+        with rawTls(pki, broker.port) as admitted:
+            admitted.sendall(b"PING\r\n")
+            assert admitted.recv(100) == b"PONG\r\n"
+            with rawTls(pki, broker.port) as refused:
+                assert readUntilClosed(refused) == (
+                    b"ERR - TOO_MANY_CLIENTS the broker has its maximum of 1 connections: "
+                    b"try again later\r\n"
+                )
+    finally:
+        broker.stop()
 
 
 # The client library
