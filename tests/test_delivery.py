@@ -297,6 +297,34 @@ def test_redeliveredAfterTheAckTimeout(mode):
     bench.assertAccountsAgree()
 
 
+def test_eachDeliveryTimesOutOnItsOwn():
+    """
+    Deliveries sent at different times are each sent again one ack timeout
+    after they were last sent, and a resend of the oldest does not delay the
+    next one due; all this with one timer per session, however many
+    deliveries are in flight, and none once the session is gone.
+    """
+    bench = Bench(ackTimeout=ACK_TIMEOUT)
+    subscriber = bench.subscribe(ALL)
+    sweepTimers = len(bench.clock.getDelayedCalls())
+    bench.publish(b"m1")
+    bench.clock.advance(ACK_TIMEOUT / 4)
+    bench.publish(b"m2", b"m3")
+    assert len(bench.clock.getDelayedCalls()) == sweepTimers + 1
+    subscriber.take()
+    resent = []
+    for _ in range(8):
+        bench.clock.advance(ACK_TIMEOUT / 4)
+        resent.append([sent.payload for sent in subscriber.take()])
+        if resent[-1] == [b"m2", b"m3"]:
+            bench.ack(subscriber, "3")
+    assert resent == [[], [], [b"m1"], [b"m2", b"m3"], [], [], [b"m1"], [b"m2"]]
+    assert len(bench.clock.getDelayedCalls()) == sweepTimers + 1
+    bench.broker.detach(subscriber, "closed")
+    assert len(bench.clock.getDelayedCalls()) == sweepTimers
+    bench.assertAccountsAgree()
+
+
 @pytest.mark.parametrize("mode", [LATEST, ALL])
 def test_redeliveryLimit(mode):
     """
