@@ -116,8 +116,25 @@ class FrameReceiver(LineReceiver):
         position = 0
         while position < end and not self.paused:
             if self._awaitingTerminator:
-                if self._payloadWanted:
-                    take = min(self._payloadWanted, end - position)
+                wanted = self._payloadWanted
+                if (
+                    wanted == self._payloadSize
+                    and not self._payloadDiscard
+                    and buffer.startswith(b"\r\n", position + wanted)
+                ):
+                    # The common case, one pipelined PUB after another: the
+                    # whole payload and its CRLF are in this buffer, so take
+                    # them in one step, without collecting parts.
+                    payload = buffer[position : position + wanted]
+                    position += wanted + 2
+                    self._awaitingTerminator = False
+                    self._payloadParts = None
+                    why = self.payloadReceived(payload)
+                    if why or self._closing():
+                        return None, why
+                    continue
+                if wanted:
+                    take = min(wanted, end - position)
                     if not self._payloadDiscard:
                         self._payloadParts.append(buffer[position : position + take])
                     position += take
