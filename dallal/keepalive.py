@@ -3,8 +3,12 @@ Keepalive: the server pings its clients and drops the ones that stop answering.
 
 One L{PingSweep} serves every connection of a broker: each interval it
 reports the peers whose previous ping went unanswered, drops those that have
-missed C{maxMissed} in a row, and pings the rest.  A single timer costs the
-reactor one delayed call however many clients there are.
+missed C{maxMissed} in a row, and pings the rest, but for those it heard
+from during the interval: any frame proves a connection alive as well as a
+C{PONG} would.  A single timer costs the reactor one delayed call however
+many clients there are, and an idle client that answers its pings is pinged
+every other interval (the C{PONG} counts), which halves the sweep's cost at
+tens of thousands of connections.
 """
 
 from twisted.internet.task import LoopingCall
@@ -40,11 +44,12 @@ class IPingable(Interface):
 
 
 class _PeerState:
-    __slots__ = ("awaiting", "missed")
+    __slots__ = ("awaiting", "missed", "heard")
 
     def __init__(self):
         self.awaiting = False
         self.missed = 0
+        self.heard = False
 
 
 class PingSweep:
@@ -68,10 +73,23 @@ class PingSweep:
         self._peers.pop(peer, None)
 
     def pongReceived(self, peer):
+        """
+        C{peer} answered its ping (for peers that are not really pinged,
+        UDP sessions: it sent something).
+        """
         state = self._peers.get(peer)
         if state is not None:
             state.awaiting = False
             state.missed = 0
+
+    def heardFrom(self, peer):
+        """
+        Something arrived from C{peer}: it is alive, so the next sweep does
+        not ping it.
+        """
+        state = self._peers.get(peer)
+        if state is not None:
+            state.heard = True
 
     def start(self):
         loop = self._loop = LoopingCall(self.sweep)
@@ -88,9 +106,15 @@ class PingSweep:
 
     def sweep(self):
         """
-        One period: count missed pings, drop the silent, ping everyone left.
+        One period: count missed pings, drop the silent, ping everyone left
+        but those heard from since the last sweep.
         """
         for peer, state in list(self._peers.items()):
+            if state.heard:
+                state.heard = False
+                state.awaiting = False
+                state.missed = 0
+                continue
             if state.awaiting:
                 state.missed += 1
                 if state.missed >= self.maxMissed:

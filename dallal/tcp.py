@@ -248,6 +248,8 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
     # Incoming frames
 
     def dataReceived(self, data):
+        # Any bytes prove the client alive: the sweep need not ping it.
+        self.sweep.heardFrom(self)
         return self.batch.run(FrameReceiver.dataReceived, self, data)
 
     def lineReceived(self, line):

@@ -158,3 +158,29 @@ def test_stop():
     tick(clock, 10)
     assert (peer.pings, peer.missed, peer.expired) == (1, [], [])
     assert clock.getDelayedCalls() == []
+
+
+def test_aPeerHeardFromIsNotPinged():
+    """
+    A peer heard from during an interval is not pinged at its end, and its
+    count of missed pings starts again; one that then falls silent is
+    pinged, reported and dropped as any other, one interval later.
+    """
+    clock, sweep, (peer,) = started("127.0.0.1:1")
+    tick(clock, 2)  # pinged, missed 1
+    assert (peer.pings, peer.missed) == (2, [1])
+    for _ in range(3):
+        sweep.heardFrom(peer)
+        tick(clock, 1)
+    assert (peer.pings, peer.missed) == (2, [1])
+    tick(clock, 4)  # pinged, missed 1, missed 2, dropped
+    assert (peer.pings, peer.missed, peer.expired) == (5, [1, 1, 2], [3])
+
+
+def test_heardFromAnUnknownPeerIsHarmless():
+    clock, sweep, (peer,) = started("127.0.0.1:1")
+    sweep.heardFrom(Peer("127.0.0.1:9"))
+    sweep.remove(peer)
+    sweep.heardFrom(peer)
+    tick(clock, 1)
+    assert peer.pings == 0

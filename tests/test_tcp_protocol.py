@@ -40,7 +40,10 @@ def test_protocolSession(harness):
     )
     assert subscriber.received() == b"MSG news 11 sub=1 seq=1 id=1\r\nhello world\r\n"
     subscriber.send(b"ACK 1\r\n")
-    # Acked: when the ack timeout is over, the next ping is all it gets.
+    # Acked: when the ack timeout is over, nothing is sent again; the
+    # client spoke during that interval, so the first ping comes one later.
+    harness.clock.advance(PING_INTERVAL)
+    assert subscriber.received() == b""
     harness.clock.advance(PING_INTERVAL)
     assert subscriber.received() == b"PING\r\n"
 
@@ -375,22 +378,43 @@ def logLinesWithoutTime(harness, name):
 
 def test_pingsAnswered(harness):
     """
-    A client that answers each ping is never reported.
+    A client that answers each ping is never reported; its PONG proves it
+    alive for the next interval, so it is pinged every other one.
     """
     client = harness.connect()
-    for _ in range(6):
+    for interval in range(1, 7):
         harness.clock.advance(PING_INTERVAL)
-        assert client.received() == b"PING\r\n"
-        client.send(b"PONG\r\n")
+        if interval % 2:
+            assert client.received() == b"PING\r\n"
+            client.send(b"PONG\r\n")
+        else:
+            assert client.received() == b""
     assert harness.logLines("ping_missed") == []
     assert not client.closing
+
+
+def test_aClientThatSpeaksIsNotPinged(harness):
+    """
+    Any frame proves a client alive: one that publishes in every interval
+    is never pinged, and one that falls silent is pinged one interval after
+    it last spoke.
+    """
+    client = harness.connect()
+    for _ in range(3):
+        client.send(b"PUB 1 news 2\r\nhi\r\n")
+        harness.clock.advance(PING_INTERVAL)
+        assert client.received() == b"PUBACK 1\r\n"
+    harness.clock.advance(PING_INTERVAL)
+    assert client.received() == b"PING\r\n"
+    assert harness.logLines("ping_missed") == []
 
 
 def test_missedPingsThenDropped(harness):
     """
     Each missed ping is logged with the client's address; after three in a
     row the connection is aborted and its subscriptions are forgotten,
-    while a client that answers stays.
+    while a client that answers stays.  (Their SUBs proved both alive for
+    the first interval: the first ping comes at the second.)
     """
     silent = harness.connect()
     silent.send(b"SUB 1 news\r\n")
@@ -399,10 +423,13 @@ def test_missedPingsThenDropped(harness):
     for client in (silent, healthy):
         client.received()
 
-    for _ in range(4):
+    for interval in range(1, 6):
         harness.clock.advance(PING_INTERVAL)
-        assert healthy.received() == b"PING\r\n"
-        healthy.send(b"PONG\r\n")
+        if interval % 2:
+            assert healthy.received() == b""
+        else:
+            assert healthy.received() == b"PING\r\n"
+            healthy.send(b"PONG\r\n")
 
     assert silent.received() == b"PING\r\n" * 3
     assert logLinesWithoutTime(harness, "ping_missed") == [
@@ -437,7 +464,8 @@ def test_pongResetsMissedPings(harness):
     for _ in range(3):
         harness.clock.advance(PING_INTERVAL)
     client.send(b"PONG\r\n")
-    for _ in range(3):
+    # Heard from: not pinged at the next sweep, pinged at the one after.
+    for _ in range(4):
         harness.clock.advance(PING_INTERVAL)
     assert [fields["missed"] for fields in harness.fields("ping_missed")] == [1, 2, 1, 2]
     assert not client.closing
