@@ -24,6 +24,29 @@ from dallal.udp import DEFAULT_ACK_TIMEOUT, BrokerDatagramProtocol
 DEFAULT_INTERFACE = "127.0.0.1"
 
 
+# The listen queue of a TCP endpoint whose description sets none.  Twisted's
+# default, 50, overflows whenever the broker is busy for a moment (a ping
+# sweep over 20,000 connections, a burst of subscribers) and the clients
+# whose SYN was dropped wait a second before they try again
+# (docs/CONNECTIONS.md).  Linux caps it at net.core.somaxconn.
+DEFAULT_BACKLOG = 1024
+# The server endpoint types that take a backlog= option.
+_QUEUED_ENDPOINTS = ("tcp", "tcp6", "ssl")
+
+
+def withBacklog(description, backlog=DEFAULT_BACKLOG):
+    """
+    C{description} with C{backlog=} added if it is a TCP or TLS endpoint
+    that does not set one.
+    """
+    fields = description.split(":")
+    if fields[0] in _QUEUED_ENDPOINTS and not any(
+        field.startswith("backlog=") for field in fields[1:]
+    ):
+        return f"{description}:backlog={backlog}"
+    return description
+
+
 class _Listener(Service):
     """
     Listens on one port while running, and logs where.
@@ -167,12 +190,15 @@ class DallalService(MultiService):
     def listenTCP(self, description):
         """
         Serve TCP clients on a server endpoint description
-        (C{"tcp:1373:interface=127.0.0.1"}, C{"ssl:..."}, ...).
+        (C{"tcp:1373:interface=127.0.0.1"}, C{"ssl:..."}, ...), with a
+        listen queue of L{DEFAULT_BACKLOG} unless it says C{backlog=}.
 
         @return: the child L{ListenerService}.
         """
         listener = ListenerService(
-            serverFromString(self.reactor, description), self.factory, self.broker.events
+            serverFromString(self.reactor, withBacklog(description)),
+            self.factory,
+            self.broker.events,
         )
         listener.setServiceParent(self)
         return listener

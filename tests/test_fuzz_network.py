@@ -301,7 +301,12 @@ def test_brokerSurvivesAStormOfBadFrames(tmp_path):
         opened, datagrams, flooded = storm(
             broker.port, udpPort, FUZZ_SECONDS, random.Random(1373)
         )
-        assert opened >= 200 and datagrams >= 1000 and flooded >= 500, (
+        # The storm was a storm.  The flooder's 100 publishes of 20 kB are
+        # 8 times a non-reader's queue bound; it gets fewer than it once
+        # did, as the broker's listen queue (1024) lets the storm's short
+        # connections in as fast as it accepts them (twice as many as with
+        # Twisted's 50, which dropped their SYNs), and they share its CPU.
+        assert opened >= 200 and datagrams >= 1000 and flooded >= 100, (
             opened,
             datagrams,
             flooded,
