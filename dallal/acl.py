@@ -258,28 +258,33 @@ class Permissions:
 
     def __init__(self, own, patterns):
         self._stages = (own, patterns)
-        self._decided = {}
+        # Topic -> decision, for reading and for writing.
+        self._readable = {}
+        self._writable = {}
 
-    def _decide(self, topic, access):
-        key = (topic, access)
-        decision = self._decided.get(key)
-        if decision is None:
-            decision = False
-            for stage in self._stages:
-                verdict = stage.decide(topic, access)
-                if verdict is not None:
-                    decision = verdict
-                    break
-            if len(self._decided) >= CACHED_TOPICS:
-                self._decided.clear()
-            self._decided[key] = decision
+    def _decide(self, decided, topic, access):
+        decision = False
+        for stage in self._stages:
+            verdict = stage.decide(topic, access)
+            if verdict is not None:
+                decision = verdict
+                break
+        if len(decided) >= CACHED_TOPICS:
+            decided.clear()
+        decided[topic] = decision
         return decision
 
     def mayRead(self, topic):
-        return self._decide(topic, READ)
+        decision = self._readable.get(topic)
+        if decision is None:
+            decision = self._decide(self._readable, topic, READ)
+        return decision
 
     def mayWrite(self, topic):
-        return self._decide(topic, WRITE)
+        decision = self._writable.get(topic)
+        if decision is None:
+            decision = self._decide(self._writable, topic, WRITE)
+        return decision
 
     def mayMatch(self, topicFilter, access):
         """

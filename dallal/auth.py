@@ -18,6 +18,8 @@ The pieces are Twisted's:
    L{FAILURE_DELAY} seconds (so guessing passwords over one connection
    goes at one guess a second, as Mosquitto and SSH slow it), and hands
    anonymous clients their avatar when the broker takes no passwords.
+   A connection has L{LOGIN_TIMEOUT} seconds to log in (MQTT asks the
+   same of a CONNECT).
 """
 
 import ipaddress
@@ -43,6 +45,10 @@ from dallal.passwords import (
 
 FAILURE_DELAY = 1.0
 MAX_CONCURRENT_CHECKS = 4
+# Seconds a connection has to log in (time for a person typing into nc),
+# after which it is closed: an idle connection that never logs in would
+# otherwise hold a descriptor for ever by answering pings.
+LOGIN_TIMEOUT = 60.0
 # How the log shows a user name the password file does not know: it may be
 # a password typed in the wrong field.
 UNKNOWN_USER = "?"
@@ -160,14 +166,18 @@ class Gatekeeper:
 
     @param checker: the L{PasswordFileChecker}, or C{None} when the broker
         takes no passwords (every client is anonymous).
-    @param clock: the C{IReactorTime} that delays failed logins.
+    @param clock: the C{IReactorTime} that delays failed logins and times
+        the connections that have yet to log in.
     """
 
-    def __init__(self, clock, realm, checker=None, failureDelay=FAILURE_DELAY):
+    def __init__(
+        self, clock, realm, checker=None, failureDelay=FAILURE_DELAY, loginTimeout=LOGIN_TIMEOUT
+    ):
         self.clock = clock
         self.realm = realm
         self.portal = Portal(realm, [checker]) if checker is not None else None
         self.failureDelay = failureDelay
+        self.loginTimeout = loginTimeout
 
     @classmethod
     def fromFiles(cls, clock, passwords=None, acl=None):

@@ -22,6 +22,7 @@ from dallal.errors import (
     BAD_ARGUMENTS,
     BAD_CREDENTIALS,
     BAD_FRAMING,
+    LOGIN_TIMEOUT,
     NO_ID,
     NOT_AUTHORIZED,
     RequestError,
@@ -171,6 +172,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         self._userName = None
         # Frames written while a batch is open, in order.
         self._output = []
+        self._loginDeadline = None
 
     def connectionMade(self):
         if self._connections is not None:
@@ -184,6 +186,10 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
             # Anonymous under the ACL; a HELLO may give the client id its
             # %c patterns need.
             self.broker.login(self, self.gatekeeper.anonymous())
+        if not self._loggedIn:
+            self._loginDeadline = self.gatekeeper.clock.callLater(
+                self.gatekeeper.loginTimeout, self._loginTimedOut
+            )
 
     def connectionLost(self, reason):
         self._output = []
@@ -192,6 +198,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         connections, self._connections = self._connections, None
         if connections is not None:
             connections.closed(self._host)
+        self._stopLoginDeadline()
         if self._attached:
             self._attached = False
             self.sweep.remove(self)
@@ -341,6 +348,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
     def _loginSucceeded(self, user, hello):
         if not self._attached:
             return
+        self._stopLoginDeadline()
         self._loggedIn = True
         self._userName = user.name
         self.broker.login(self, user)
@@ -357,12 +365,31 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
             self._log.failure("checking a password failed", failure)
         if not self._attached:
             return
+        self._stopLoginDeadline()
         if refused:
             self.broker.loginFailed(self, failure.value.shownUser)
             reason = "bad user name or password"
         else:
             reason = "the broker could not check the password (see its log)"
         self.refuse(RequestError(BAD_CREDENTIALS, reason, hello.id), fatal=True)
+
+    def _loginTimedOut(self):
+        self._loginDeadline = None
+        if self.paused or not self._attached:
+            # Its password is being checked: the check decides.
+            return
+        self.refuse(
+            RequestError(
+                LOGIN_TIMEOUT,
+                f"no login within {self.gatekeeper.loginTimeout:g} seconds of connecting",
+            ),
+            fatal=True,
+        )
+
+    def _stopLoginDeadline(self):
+        if self._loginDeadline is not None and self._loginDeadline.active():
+            self._loginDeadline.cancel()
+        self._loginDeadline = None
 
     def _answerHello(self, hello):
         """

@@ -19,6 +19,7 @@ from twisted.internet.task import Clock
 
 from dallal.auth import (
     FAILURE_DELAY,
+    LOGIN_TIMEOUT,
     MAX_CONCURRENT_CHECKS,
     BrokerRealm,
     Gatekeeper,
@@ -29,7 +30,14 @@ from dallal.auth import (
 )
 from dallal.acl import parseAcl
 from dallal.passwords import PasswordHash
-from helpers import CHEAP_SCRYPT, BrokerHarness, decodeFrames, makeGatekeeper, messages
+from helpers import (
+    CHEAP_SCRYPT,
+    PING_INTERVAL,
+    BrokerHarness,
+    decodeFrames,
+    makeGatekeeper,
+    messages,
+)
 from test_topics_core import MemoryRetained
 from test_udp import TOKEN, UdpHarness
 
@@ -278,29 +286,66 @@ def test_nothingButHelloPingAndByeBeforeLogin(secured, sent, answer):
 
 # The error codes of logins and permissions, on the side (open or closed)
 # PROTOCOL.md gives them; test_tcp_protocol checks the table against this.
-# (what is sent, having logged in as, the ERR, whether the connection closes)
+# (what is sent, having logged in as, seconds waited, the ERR, whether the
+# connection closes)
 AUTH_ERRORS = [
-    (b"SUB 1 news\r\n", None, b"ERR 1 NOT_AUTHORIZED ", False),
-    (b"HELLO h c1 " + credentialOptions("alice", b"guess") + b"\r\n", None, b"ERR h BAD_CREDENTIALS ", True),
-    (b"PUB 2 news 2\r\nhi\r\n", "bob", b"ERR 2 FORBIDDEN ", False),
+    (b"SUB 1 news\r\n", None, 0, b"ERR 1 NOT_AUTHORIZED ", False),
+    (
+        b"HELLO h c1 " + credentialOptions("alice", b"guess") + b"\r\n",
+        None,
+        FAILURE_DELAY,
+        b"ERR h BAD_CREDENTIALS ",
+        True,
+    ),
+    (b"PUB 2 news 2\r\nhi\r\n", "bob", 0, b"ERR 2 FORBIDDEN ", False),
+    (b"", None, LOGIN_TIMEOUT, b"ERR - LOGIN_TIMEOUT no login within 60 seconds", True),
 ]
 
 
 @pytest.mark.parametrize(
-    "sent, user, error, closes", AUTH_ERRORS, ids=[error.decode() for _, _, error, _ in AUTH_ERRORS]
+    "sent, user, wait, error, closes",
+    AUTH_ERRORS,
+    ids=[error.decode() for *_, error, _ in AUTH_ERRORS],
 )
-def test_authErrors(secured, sent, user, error, closes):
+def test_authErrors(secured, sent, user, wait, error, closes):
     client = secured.connect()
     if user is not None:
         client.login(user, USERS[user])
     client.send(sent)
-    secured.clock.advance(FAILURE_DELAY)
-    answer = client.received()
+    # The client answers the broker's pings while it waits.
+    while wait > 0:
+        secured.clock.advance(min(wait, PING_INTERVAL))
+        wait -= PING_INTERVAL
+        client.send(b"PONG\r\n")
+    answer = client.received().replace(b"PING\r\n", b"")
     assert answer.startswith(error) and answer.count(b"\r\n") == 1
     assert client.closing is closes
     if not closes:
         client.send(b"PING\r\n")
         assert client.received() == b"PONG\r\n"
+
+
+def test_loginInTimeIsNotClosed(secured):
+    client = secured.connect()
+    secured.clock.advance(LOGIN_TIMEOUT - 1)
+    client.login("alice", USERS["alice"])
+    secured.clock.advance(1)
+    client.send(b"PONG\r\nPONG\r\n")
+    assert not client.closing
+
+
+def test_loginTimeoutWaitsForAPasswordBeingChecked():
+    checks = PendingChecks()
+    harness = BrokerHarness(users=USERS, runHash=checks)
+    client = harness.connect()
+    client.login("alice", USERS["alice"])
+    # The deadline passes while the password is checked (in one step: the
+    # client, whose reading is paused, could not answer pings meanwhile).
+    harness.clock.advance(LOGIN_TIMEOUT)
+    checks.runAll()
+    answer = client.received()
+    assert b"\r\nHELLO h version=" in answer and answer.endswith(b" user=alice\r\n")
+    assert not client.closing
 
 
 def test_loginThenServed(secured):
@@ -498,6 +543,22 @@ def test_retainedMessagesRespectReadPermission(secured):
     frames = decodeFrames(bob.received())
     assert frames[0].line == b"SUBACK 1"
     assert [frame.arguments[0] for frame in frames[1:]] == [b"news/a"]
+
+
+def test_brokersOwnTopicsNeedReadPermissionToo():
+    """
+    The broker's C{$SYS} statistics reach only those who may read them: a
+    rule must name the C{$} level (C{#} does not reach it).
+    """
+    harness = BrokerHarness(users=USERS, acl=ACL + "user alice\ntopic read $SYS/broker/#\n")
+    alice, bob = loggedIn(harness, "alice"), loggedIn(harness, "bob")
+    alice.send(b"SUB 1 $SYS/# mode=fire\r\n")
+    bob.send(b"SUB 1 $SYS/# mode=fire\r\n")
+    assert alice.received() == b"SUBACK 1\r\n"
+    assert bob.received() == b"ERR 1 FORBIDDEN user bob may not subscribe to $SYS/#\r\n"
+    harness.broker.publishOwn("$SYS/broker/uptime", b"5")
+    harness.broker.publishOwn("$SYS/other", b"6")
+    assert messages(alice.received()) == [(b"$SYS/broker/uptime", b"5")]
 
 
 def test_publishToMatchingReachesOnlyWritableTopics(secured):

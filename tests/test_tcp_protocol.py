@@ -309,7 +309,7 @@ def test_everyDocumentedErrorIsTested():
     tested.update(
         {
             error.split()[2].decode(): "**closed**" if closes else "stays open"
-            for _, _, error, closes in AUTH_ERRORS
+            for *_, error, closes in AUTH_ERRORS
         }
     )
     # The limits' errors need a broker at its limits: tests/test_limits.py.
