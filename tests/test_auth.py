@@ -344,7 +344,7 @@ def test_loginTimeoutWaitsForAPasswordBeingChecked():
     harness.clock.advance(LOGIN_TIMEOUT)
     checks.runAll()
     answer = client.received()
-    assert b"\r\nHELLO h version=" in answer and answer.endswith(b" user=alice\r\n")
+    assert b"HELLO h version=" in answer and answer.endswith(b" user=alice\r\n")
     assert not client.closing
 
 
