@@ -10,7 +10,8 @@ C{IReactorTime}, so tests drive it with C{task.Clock}.
 from collections import Counter
 from dataclasses import dataclass
 
-from twisted.logger import LogLevel
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger, LogLevel
 
 from dallal.acl import READ, WRITE
 from dallal.delivery import (
@@ -29,6 +30,7 @@ from dallal.errors import (
     FORBIDDEN,
     NO_ID,
     NOT_SUBSCRIBED,
+    SHUTTING_DOWN,
     STORE_FAILED,
     RequestError,
 )
@@ -53,6 +55,10 @@ DEFAULT_MAX_PAYLOAD = 1024 * 1024
 # Bounds of the broker's memos of work done per topic rather than per
 # message (valid topics, routes): past them a memo starts again empty.
 TOPICS_REMEMBERED = 10_000
+# How often a draining broker looks whether what was in flight has settled.
+# Acks, drops and disk writes all settle things: polling while the broker
+# stops keeps that check off the per-message path.
+DRAIN_CHECK_INTERVAL = 0.05
 
 # Who publishes the broker's own topics, as the publish event names it.
 OWN_PUBLISHER = "$SYS"
@@ -156,7 +162,11 @@ class Broker:
     @ivar counters: running totals (see docs/EVENTS.md for their meaning).
     @ivar retained: the L{dallal.retained.RetainedStore}, or C{None} for a
         broker that keeps no retained messages.
+    @ivar shuttingDown: whether L{drain} has begun: new publishes and
+        subscriptions are refused.
     """
+
+    _log = Logger()
 
     def __init__(self, clock, config=BrokerConfig(), events=None, retained=None):
         self.clock = clock
@@ -186,6 +196,7 @@ class Broker:
         # subscriber (the strongest of its filters that match), before the
         # ACL's say.
         self._routes = {}
+        self.shuttingDown = False
         self.started = clock.seconds()
         # A plain dict: every counter is set here or by the ledger, and a
         # Counter's item access costs twice as much on the per-message path.
@@ -341,6 +352,45 @@ class Broker:
     def resumeDelivery(self, subscriber):
         self._sessions[subscriber].outbox.resume()
 
+    def drain(self, grace):
+        """
+        Begin shutting down: refuse new publishes and subscriptions with
+        C{SHUTTING_DOWN}, and let what is in flight settle -- deliveries
+        acked, retained messages written to disk -- for at most C{grace}
+        seconds.  Then call L{shutdown}.
+
+        @return: a Deferred that fires with C{None} once nothing is in
+            flight, or once the grace is over.
+        """
+        self.shuttingDown = True
+        self.events.emit(
+            "shutdown",
+            sessions=len(self._sessions),
+            inflight=self.counters["inflight"],
+            grace=grace,
+        )
+        deadline = self.clock.seconds() + grace
+
+        def check():
+            if self._settled() or self.clock.seconds() >= deadline:
+                loop.stop()
+
+        loop = LoopingCall(check)
+        loop.clock = self.clock
+        # Whatever goes wrong here, the broker must still shut down.
+        return loop.start(DRAIN_CHECK_INTERVAL).addCallbacks(
+            lambda _: None, lambda failure: self._log.failure("draining failed", failure)
+        )
+
+    def _settled(self):
+        """
+        Whether nothing is in flight: every delivery ended, and every
+        retained message is on disk (or refused).
+        """
+        return self.counters["inflight"] == 0 and (
+            self.retained is None or not self.retained.writing
+        )
+
     def shutdown(self):
         """
         Close every session, accounting for what they still held, and log
@@ -363,6 +413,14 @@ class Broker:
         self.events.emit("stats", **self.counters)
 
     # Requests
+
+    def _checkAccepting(self, requestId):
+        if self.shuttingDown:
+            raise RequestError(
+                SHUTTING_DOWN,
+                "the broker is shutting down: it delivers what it has and takes nothing new",
+                requestId,
+            )
 
     def refusedByLimit(self, subscriber, limit, maximum, reason=None, requestId=NO_ID):
         """
@@ -433,8 +491,10 @@ class Broker:
         @param mode: C{latest}, C{all} or C{fire} (see L{dallal.delivery}).
         @return: the L{Subscription}.
         @raise RequestError: the filter or the mode is refused, or the
-            client has as many subscriptions as it may.
+            client has as many subscriptions as it may, or the broker is
+            shutting down.
         """
+        self._checkAccepting(requestId)
         self.checkFilter(subscriber, topicFilter, requestId)
         if mode not in MODES:
             raise RequestError(
@@ -582,8 +642,10 @@ class Broker:
         topic.
 
         @return: the L{Message}.
-        @raise RequestError: the topic or the payload is refused.
+        @raise RequestError: the topic or the payload is refused, or the
+            broker is shutting down.
         """
+        self._checkAccepting(requestId)
         self.checkTopic(subscriber, topic, requestId)
         self.checkPayloadSize(subscriber, len(payload), requestId)
         if self._restricted:
@@ -605,10 +667,13 @@ class Broker:
         """
         if self.retained is None:
             raise RequestError(STORE_FAILED, "this broker keeps no retained messages", requestId)
-        return self.retained.set(topic, payload).addErrback(self._storeFailed, requestId)
+        return self.retained.set(topic, payload).addErrback(
+            self._storeFailed, topic, requestId
+        )
 
-    def _storeFailed(self, failure, requestId):
+    def _storeFailed(self, failure, topic, requestId):
         failure.trap(StoreError)
+        self.events.emit("store_failed", LogLevel.warn, topic=topic, error=failure.value.code)
         raise RequestError(
             STORE_FAILED, f"the retained message was not stored: {failure.value}", requestId
         )
@@ -620,8 +685,10 @@ class Broker:
         name; under an ACL, those of them the client may write.
 
         @return: how many topics it was published on.
-        @raise RequestError: the filter or the payload is refused.
+        @raise RequestError: the filter or the payload is refused, or the
+            broker is shutting down.
         """
+        self._checkAccepting(requestId)
         self.checkFilter(subscriber, topicFilter, requestId)
         if topicFilter.startswith(RESERVED_PREFIX):
             # It would reach the broker's own topics, which clients may not

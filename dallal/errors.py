@@ -25,6 +25,8 @@ STORE_FAILED = "STORE_FAILED"
 # has as many subscriptions, as it allows.
 TOO_MANY_CLIENTS = "TOO_MANY_CLIENTS"
 TOO_MANY_SUBSCRIPTIONS = "TOO_MANY_SUBSCRIPTIONS"
+# The broker is stopping: it finishes what is in flight, takes nothing new.
+SHUTTING_DOWN = "SHUTTING_DOWN"
 
 # Who may do what: a request before the client logged in (on a broker with
 # --passwords), a login refused (a bad user name or password), a topic the

@@ -52,7 +52,23 @@ class StoreError(Exception):
     """
     The retained message store cannot be opened or cannot store a message;
     the message says which file and why.
+
+    @ivar code: one word for the log: SQLite's name for the error
+        (C{SQLITE_FULL} when the disk is full, C{SQLITE_READONLY}, ...),
+        C{closed} for a write after L{RetainedStore.close}.
     """
+
+    def __init__(self, message, code="unknown"):
+        Exception.__init__(self, message)
+        self.code = code
+
+
+def _errorCode(error):
+    """
+    The one-word name of an exception from the worker thread: SQLite's
+    name for its own errors, the exception's type for anything else.
+    """
+    return getattr(error, "sqlite_errorname", None) or type(error).__name__
 
 
 class RetainedStats(NamedTuple):
@@ -174,6 +190,14 @@ class RetainedStore:
         return self._messages.match(topicFilter)
 
     @property
+    def writing(self):
+        """
+        Whether some retained message is not yet written to disk (or
+        refused): a C{set} whose Deferred has not fired.
+        """
+        return bool(self._unsettled)
+
+    @property
     def stats(self):
         """
         @return: a L{RetainedStats}.
@@ -204,7 +228,7 @@ class RetainedStore:
             topic is on its way).
         """
         if self._closed is not None:
-            return fail(StoreError(f"{self.path} is closed"))
+            return fail(StoreError(f"{self.path} is closed", "closed"))
         unsettled = self._unsettled.get(topic)
         if unsettled is None:
             unsettled = self._unsettled[topic] = _Unsettled(self.get(topic))
@@ -267,8 +291,8 @@ class RetainedStore:
         each in its own savepoint so that a write that fails does not take
         the others with it.
 
-        @return: for each write, C{None} if it is committed, otherwise why
-            not.
+        @return: for each write, C{None} if it is committed, otherwise the
+            L{sqlite3.Error} that stopped it.
         """
         connection = self._connection
         reasons = []
@@ -283,7 +307,7 @@ class RetainedStore:
                         connection.execute(CLEAR, (topic,))
                 except sqlite3.Error as error:
                     connection.execute("ROLLBACK TO write")
-                    reasons.append(str(error))
+                    reasons.append(error)
                 else:
                     reasons.append(None)
                 connection.execute("RELEASE write")
@@ -291,7 +315,7 @@ class RetainedStore:
         except sqlite3.Error as error:
             if connection.in_transaction:
                 connection.execute("ROLLBACK")
-            return [str(error)] * len(writes)
+            return [error] * len(writes)
         return reasons
 
     def _batchWritten(self, reasons, batch):
@@ -301,7 +325,7 @@ class RetainedStore:
         """
         if isinstance(reasons, Failure):
             # _writeBatch itself failed: every write of the batch did.
-            reasons = [reasons.getErrorMessage()] * len(batch)
+            reasons = [reasons.value] * len(batch)
         for (topic, payload, written), reason in zip(batch, reasons):
             unsettled = self._unsettled[topic]
             unsettled.writes -= 1
@@ -317,7 +341,8 @@ class RetainedStore:
                 written.errback(
                     StoreError(
                         f"retained message of {topic!r} not stored in "
-                        f"{self.path}: {reason}"
+                        f"{self.path}: {reason}",
+                        _errorCode(reason),
                     )
                 )
         self._writing = False

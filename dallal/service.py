@@ -8,7 +8,7 @@ one resolver).
 """
 
 from twisted.application.service import MultiService, Service
-from twisted.internet.defer import gatherResults
+from twisted.internet.defer import gatherResults, maybeDeferred
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
@@ -22,6 +22,8 @@ from dallal.tcp import BrokerFactory, formatAddress
 from dallal.udp import DEFAULT_ACK_TIMEOUT, BrokerDatagramProtocol
 
 DEFAULT_INTERFACE = "127.0.0.1"
+# Seconds a stopping broker gives what is in flight to be acked.
+DEFAULT_SHUTDOWN_GRACE = 2.0
 
 
 # The listen queue of a TCP endpoint whose description sets none.  Twisted's
@@ -166,6 +168,8 @@ class DallalService(MultiService):
         dataDir=None,
         sysInterval=DEFAULT_SYS_INTERVAL,
         gatekeeper=None,
+        shutdownGrace=DEFAULT_SHUTDOWN_GRACE,
+        events=None,
     ):
         """
         @param dataDir: the directory of the retained message store, or
@@ -174,12 +178,17 @@ class DallalService(MultiService):
             statistics topics, or 0 for none.
         @param gatekeeper: who may connect and what they may do
             (L{dallal.auth.Gatekeeper}), or C{None} for everyone, anything.
+        @param shutdownGrace: the longest L{stopService} waits for what is
+            in flight to be acked, in seconds.
+        @param events: the L{dallal.events.EventLog} to log to, if not the
+            global log.
         @raise dallal.retained.StoreError: the store cannot be opened.
         """
         MultiService.__init__(self)
         self.reactor = reactor
+        self.shutdownGrace = shutdownGrace
         retained = RetainedStore.open(dataDir, reactor) if dataDir is not None else None
-        self.broker = Broker(reactor, config, retained=retained)
+        self.broker = Broker(reactor, config, events, retained)
         self.sweep = PingSweep(reactor, pingInterval)
         self.gatekeeper = gatekeeper
         self.factory = BrokerFactory(self.broker, self.sweep, gatekeeper)
@@ -247,11 +256,34 @@ class DallalService(MultiService):
                 )
 
     def stopService(self):
+        """
+        Stop gracefully: stop accepting connections, refuse new publishes
+        and subscriptions, give what is in flight up to C{shutdownGrace}
+        seconds to be acked, then close every session (dropping, and
+        counting, what is still unacked), stop the UDP ports and close the
+        retained store.
+
+        @return: a Deferred that fires once all that is done.
+        """
+        Service.stopService(self)
         self.sweep.stop()
         if self.sysPublisher is not None:
             self.sysPublisher.stop()
-        stopped = [MultiService.stopService(self)]
+        # UDP ports stay open while draining: UDP clients' acks come
+        # through them.  Stream listeners only take new connections.
+        streams = [child for child in self if isinstance(child, ListenerService)]
+        stopped = [maybeDeferred(child.stopService) for child in streams]
+        drained = self.broker.drain(self.shutdownGrace)
+        drained.addCallback(lambda _: self._closeSessions(streams))
+        return gatherResults([*stopped, drained])
+
+    def _closeSessions(self, streams):
         self.broker.shutdown()
+        stopped = [
+            maybeDeferred(child.stopService)
+            for child in reversed(list(self))
+            if child not in streams
+        ]
         if self.broker.retained is not None:
             stopped.append(self.broker.retained.close())
         return gatherResults(stopped)

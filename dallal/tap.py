@@ -2,6 +2,7 @@
 C{twistd dallal}: command-line options and the service they build.
 """
 
+import math
 import resource
 from dataclasses import replace
 
@@ -16,7 +17,7 @@ from dallal.retained import StoreError
 from dallal.delivery import SLOW_CONSUMER_POLICIES, DeliveryConfig
 from dallal.keepalive import DEFAULT_INTERVAL
 from dallal.limits import CONNECTIONS, MAX_CONTROL_LINE, MIN_CONTROL_LINE, fitToDescriptors
-from dallal.service import DEFAULT_INTERFACE, DallalService
+from dallal.service import DEFAULT_INTERFACE, DEFAULT_SHUTDOWN_GRACE, DallalService
 from dallal.sysstats import DEFAULT_INTERVAL as DEFAULT_SYS_INTERVAL
 from dallal.topics import MAX_TOPIC_LENGTH
 from dallal.udp import DEFAULT_ACK_TIMEOUT as DEFAULT_UDP_ACK_TIMEOUT
@@ -32,7 +33,7 @@ def _positive(kind, zeroTurnsOff=False):
 
     def convert(text):
         value = kind(text)
-        if value < 0 or (value == 0 and not zeroTurnsOff):
+        if not math.isfinite(value) or value < 0 or (value == 0 and not zeroTurnsOff):
             least = "positive or 0" if zeroTurnsOff else "positive"
             raise ValueError(f"must be {least}, got {text}")
         return value
@@ -126,6 +127,15 @@ class Options(usage.Options):
             DEFAULT_SYS_INTERVAL,
             "Seconds between updates of the broker's statistics on its "
             "$SYS/broker/... topics.",
+            _positive(float, zeroTurnsOff=True),
+        ],
+        [
+            "shutdown-grace",
+            None,
+            DEFAULT_SHUTDOWN_GRACE,
+            "Seconds a stopping broker waits for the messages in flight to be "
+            "acked (it takes no new connections, publishes or subscriptions "
+            "meanwhile); 0 closes every connection at once.",
             _positive(float, zeroTurnsOff=True),
         ],
     ]
@@ -364,6 +374,7 @@ def makeService(options, reactor=None, rlimit=resource):
             dataDir=options["data-dir"],
             sysInterval=options["sys-interval"],
             gatekeeper=gatekeeper,
+            shutdownGrace=options["shutdown-grace"],
         )
     except (StoreError, PasswordFileError, AclError) as error:
         # twistd would show a traceback; the operator needs the reason.

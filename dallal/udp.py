@@ -48,6 +48,7 @@ from dallal.errors import (
     NO_SESSION,
     NOT_AUTHORIZED,
     PAYLOAD_TOO_LARGE,
+    SHUTTING_DOWN,
     RequestError,
 )
 from dallal.interfaces import ISubscriber
@@ -594,6 +595,11 @@ class BrokerDatagramProtocol(DatagramProtocol):
         """
         session = self._sessions.get(hello.clientId)
         resumed = session is not None
+        if not resumed and self.broker.shuttingDown:
+            self._refuse(
+                RequestError(SHUTTING_DOWN, "the broker is shutting down", hello.id), address
+            )
+            return
         if not resumed:
             maxClients = self.broker.config.maxUdpClients
             if len(self._sessions) >= maxClients:

@@ -25,11 +25,10 @@ from twisted.python.failure import Failure
 from dallal import wire
 from dallal.acl import parseAcl
 from dallal.auth import BrokerRealm, Gatekeeper, PasswordFileChecker
-from dallal.core import Broker, BrokerConfig
+from dallal.core import BrokerConfig
 from dallal.events import NAMESPACE, EventLog
-from dallal.keepalive import PingSweep
 from dallal.passwords import PasswordHash
-from dallal.tcp import BrokerFactory
+from dallal.service import DallalService
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -84,13 +83,19 @@ def makeGatekeeper(clock, users=None, acl=None, runHash=runInline):
 
 class BrokerHarness:
     """
-    A real L{Broker}, L{PingSweep} and L{BrokerFactory} driven by a
-    L{Clock}, with connections over L{StringTransport}s and the broker's log
-    events collected in C{events}.
+    A running L{DallalService} -- its L{Broker}, L{PingSweep} and
+    L{BrokerFactory} -- driven by a L{Clock}, with connections over
+    L{StringTransport}s and the broker's log events collected in C{events}.
     """
 
     def __init__(
-        self, config=BrokerConfig(messageEvents=True), users=None, acl=None, runHash=runInline
+        self,
+        config=BrokerConfig(messageEvents=True),
+        users=None,
+        acl=None,
+        runHash=runInline,
+        shutdownGrace=None,
+        clock=None,
     ):
         """
         @param config: the broker's; by default with per-message events
@@ -98,17 +103,30 @@ class BrokerHarness:
         @param users: user name -> password (bytes): the broker requires a
             login (L{makeGatekeeper}, which C{runHash} is given to).
         @param acl: the text of an ACL file the broker enforces.
+        @param shutdownGrace: the service's, if not its default.
+        @param clock: the service's reactor, if not a new L{Clock}.
         """
-        self.clock = Clock()
+        self.clock = Clock() if clock is None else clock
         self.events = []
         logger = Logger(namespace=NAMESPACE, observer=self.events.append)
-        self.broker = Broker(self.clock, config, EventLog(self.clock, logger=logger))
-        self.sweep = PingSweep(self.clock, PING_INTERVAL)
-        self.sweep.start()
         self.gatekeeper = None
         if users is not None or acl is not None:
             self.gatekeeper = makeGatekeeper(self.clock, users, acl, runHash)
-        self.factory = BrokerFactory(self.broker, self.sweep, self.gatekeeper)
+        grace = {} if shutdownGrace is None else {"shutdownGrace": shutdownGrace}
+        # No $SYS statistics: the tests that want them start their own.
+        self.service = DallalService(
+            self.clock,
+            config,
+            PING_INTERVAL,
+            sysInterval=0,
+            gatekeeper=self.gatekeeper,
+            events=EventLog(self.clock, logger=logger),
+            **grace,
+        )
+        self.service.startService()
+        self.broker = self.service.broker
+        self.sweep = self.service.sweep
+        self.factory = self.service.factory
         self._nextPort = 40001
 
     def connect(self, host="127.0.0.1", transport=None):

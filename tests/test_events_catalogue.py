@@ -7,11 +7,12 @@ there, and every counter it logs must be in its counter table.
 import re
 from pathlib import Path
 
-from twisted.internet.defer import succeed
+from twisted.internet.defer import fail, succeed
 
 from dallal import udp
 from dallal.delivery import ALL, FIRE, LATEST, DeliveryConfig
 from dallal.core import BrokerConfig
+from dallal.retained import StoreError
 from helpers import PING_INTERVAL, BrokerHarness, FakeDatagramTransport
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,7 +64,11 @@ class RetainedStub:
     def match(self, topicFilter):
         return [("kept/one", b"retained payload")]
 
+    writing = False
+
     def set(self, topic, payload):
+        if topic == "full/disk":
+            return fail(StoreError("simulated full disk", "SQLITE_FULL"))
         return succeed(None)
 
 
@@ -99,6 +104,7 @@ def exerciseEveryEvent():
     silent.send(b"SUB 4 kept/# mode=" + LATEST.encode() + b"\r\n")
     for number in range(4):
         publisher.send(b"PUB p%d news 5\r\nhello\r\n" % (number,))
+    publisher.send(b"PUB r1 full/disk 4 retain=1\r\nlost\r\n")
     latest.send(b"ACK 1\r\n")
     every.send(b"UNSUB 9 news\r\n")
     publisher.send(b"BOGUS\r\n")
@@ -115,7 +121,8 @@ def exerciseEveryEvent():
     # third miss.
     for _ in range(5):
         harness.clock.advance(PING_INTERVAL)
-    harness.broker.shutdown()
+    harness.service.stopService()
+    harness.clock.advance(harness.service.shutdownGrace)
     return harness
 
 

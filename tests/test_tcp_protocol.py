@@ -259,6 +259,41 @@ def test_largestPayloadAccepted():
     assert client.received() == b"PUBACK 1\r\n"
 
 
+# Refused while the broker drains before stopping (tests/test_shutdown.py):
+# the connection stays open until the broker closes it.
+
+SHUTDOWN_ERRORS = [
+    (b"PUB 1 news 2\r\nhi\r\n", b"ERR 1 SHUTTING_DOWN "),
+    (b"PUB 2 news 2 retain=1\r\nhi\r\n", b"ERR 2 SHUTTING_DOWN "),
+    (b"PUB 3 # 2 to-matching=1\r\nhi\r\n", b"ERR 3 SHUTTING_DOWN "),
+    (b"SUB 4 other\r\n", b"ERR 4 SHUTTING_DOWN "),
+]
+
+
+@pytest.mark.parametrize(
+    "request_, error", SHUTDOWN_ERRORS, ids=["PUB", "PUB-retain", "PUB-to-matching", "SUB"]
+)
+def test_errorWhileStopping(harness, request_, error):
+    """
+    While an unacked message holds the broker's drain, new work is refused
+    and nothing of it is published; the connection stays open.
+    """
+    holder = harness.connect()
+    holder.send(b"SUB 1 news mode=all\r\n")
+    client = harness.connect()
+    client.send(b"PUB 0 news 4\r\nheld\r\n")
+    client.received()
+    harness.service.stopService()
+    client.send(request_)
+    answer = client.received()
+    assert answer.startswith(error) and answer.count(b"\r\n") == 1
+    assert not client.closing
+    assert harness.broker.counters["published"] == 1
+    assert harness.fields("protocol_error") == [
+        {"session": 2, "client": client.address, "code": "SHUTTING_DOWN", "fatal": False}
+    ]
+
+
 # Errors that close the connection: the ERR, and nothing after it, not even
 # an answer to what followed in the same read.
 
@@ -300,7 +335,7 @@ def test_everyDocumentedErrorIsTested():
     documented = {
         code: connection
         for code, connection in re.findall(
-            r"^\| `([A-Z_]+)` \|.*\| (stays open|\*\*closed\*\*|-) \|$", protocol, re.MULTILINE
+            r"^\| `([A-Z_]+)` \|.*\| (stays open|\*\*closed\*\*|-)[^|]* \|$", protocol, re.MULTILINE
         )
         if connection != "-"  # UDP only
     }
@@ -315,6 +350,7 @@ def test_everyDocumentedErrorIsTested():
     # The limits' errors need a broker at its limits: tests/test_limits.py.
     tested[TOO_MANY_CLIENTS_ERROR.split()[2].decode()] = "**closed**"
     tested[TOO_MANY_SUBSCRIPTIONS_ERROR.split()[2].decode()] = "stays open"
+    tested.update({error.split()[2].decode(): "stays open" for _, error in SHUTDOWN_ERRORS})
     assert documented == tested
     assert {code for code, connection in documented.items() if connection == "**closed**"} == (
         CLOSING

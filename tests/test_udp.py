@@ -501,6 +501,35 @@ def test_unackedMessageIsResentEveryUdpAckTimeout(harness):
     assert harness.counter("acked") == 1
 
 
+def test_stoppingBrokerTakesAcksButNoNewSessions(harness):
+    """
+    While the broker drains, a UDP subscriber's ack still settles its
+    message (and ends the drain), and a new client's HELLO is refused with
+    SHUTTING_DOWN instead of starting a session.
+    """
+    alice = harness.peer(40001)
+    alice.hello()
+    alice.request(b"SUB 1 news mode=all")
+    bob = harness.peer(40002)
+    bob.hello("bob")
+    bob.publish(b"1", b"news", b"hi")
+    alice.received()
+
+    stopped = harness.service.stopService()
+    carol = harness.peer(40003)
+    carol.send(b"HELLO 1 carol pad=%s\r\n" % (b"x" * 32))
+    [answer] = carol.received()
+    token = TOKEN.search(answer).group(1)
+    carol.send(b"HELLO 2 carol token=%s\r\n" % token)
+    [refused] = carol.received()
+    assert refused.startswith(b"ERR 2 SHUTTING_DOWN ")
+    assert harness.counter("connections") == 2
+    alice.request(b"ACK 1")
+    harness.clock.advance(0.1)
+    assert stopped.called
+    assert harness.counter("acked") == 1
+
+
 def test_udpResendsForAsLongAsTcp():
     """
     Resending every second instead of every 10, a UDP subscriber gets as
