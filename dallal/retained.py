@@ -148,9 +148,9 @@ class RetainedStore:
         The store keeps its file locked while open, so that a second broker
         started on the same data directory is refused here.
 
-        @raise StoreError: if the directory cannot be created, or the file
-            cannot be opened, locked or read, is not a database, is corrupt,
-            or has another schema version.
+        @raise StoreError: if the directory cannot be created or written
+            to, or the file cannot be opened, locked or read, is not a
+            database, is corrupt, or has another schema version.
         """
         try:
             os.makedirs(dataDir, exist_ok=True)
@@ -158,6 +158,12 @@ class RetainedStore:
             raise StoreError(
                 f"cannot create the data directory {dataDir}: {error.strerror}"
             ) from error
+        if not os.access(dataDir, os.W_OK | os.X_OK):
+            # SQLite would only say "unable to open database file".
+            raise StoreError(
+                f"the data directory {dataDir} is not writable: the store and "
+                "its write-ahead log are created there"
+            )
         path = os.path.join(dataDir, FILE_NAME)
         try:
             # Used from the reactor's thread until open returns, then only

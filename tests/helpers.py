@@ -305,6 +305,22 @@ def splitAt(data, positions):
     return [data[start:end] for start, end in zip(bounds, bounds[1:])]
 
 
+def loggedEvents(log, name):
+    """
+    The fields of each event named C{name} in a broker's log as twistd
+    writes it (docs/EVENTS.md, "Format"), as C{str -> str} dicts without
+    the time C{t}.
+
+    @param log: the log's text, as bytes.
+    """
+    pattern = rb"\] event=%s( [^\n]*)? t=\S+$" % re.escape(name.encode())
+    found = []
+    for match in re.finditer(pattern, log, re.MULTILINE):
+        fields = (match.group(1) or b"").decode().split()
+        found.append(dict(field.split("=", 1) for field in fields))
+    return found
+
+
 # Real processes.
 
 
@@ -509,11 +525,13 @@ def dallal(*arguments, timeout=COMMAND_TIMEOUT, executable=DALLAL, env=None, inp
     )
 
 
-def subscriber(port, *topics):
+def subscriber(port, *topics, host="127.0.0.1", prefix=()):
     """
     Start C{dallal subscribe} and wait until it says it is subscribed.
+
+    @param prefix: a command that runs it (C{ip netns exec ...}).
     """
-    process = OutputCollector([DALLAL, "127.0.0.1", port, "subscribe", *topics], None)
+    process = OutputCollector([*prefix, DALLAL, host, port, "subscribe", *topics], None)
     try:
         process.waitFor(re.escape(b"subscribing on " + " ".join(topics).encode() + b"\n"))
     except BaseException:
