@@ -9,8 +9,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.testing import MemoryReactorClock
 
 from dallal.core import DRAIN_CHECK_INTERVAL, BrokerConfig
-from helpers import BrokerHarness, decodeFrames
-from test_udp import FakeDatagramTransport
+from helpers import BrokerHarness, FakeDatagramTransport, decodeFrames
 
 GRACE = 2.0
 
