@@ -17,7 +17,7 @@ from pathlib import Path
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import maybeDeferred
 from twisted.internet.error import ConnectionDone
-from twisted.internet.task import Clock
+from twisted.internet.task import Clock, deferLater
 from twisted.internet.testing import StringTransport
 from twisted.logger import Logger, formatEvent
 from twisted.python.failure import Failure
@@ -321,6 +321,18 @@ def loggedEvents(log, name):
     return found
 
 
+def countersAddUp(counters):
+    """
+    Whether a broker's counters add up (docs/EVENTS.md): C{matched = acked
+    + fired + replaced + dropped + inflight}.
+
+    @param counters: as C{STATS} answers them, or as L{loggedEvents} reads
+        them from a C{stats} event (text).
+    """
+    value = {name: int(counters[name]) for name in ("acked", "fired", "replaced", "dropped")}
+    return int(counters["matched"]) == sum(value.values()) + int(counters["inflight"])
+
+
 # Real processes.
 
 
@@ -331,13 +343,17 @@ class OutputCollector:
     blocking longer than they said.
     """
 
-    def __init__(self, argv, cwd, env=None):
+    def __init__(self, argv, cwd, env=None, stdin=False):
+        """
+        @param stdin: whether to give it a pipe for standard input (its
+            C{process.stdin}); otherwise it reads nothing.
+        """
         self.argv = [str(arg) for arg in argv]
         self.process = subprocess.Popen(
             self.argv,
             cwd=cwd,
             env=env,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
         )
@@ -538,6 +554,29 @@ def subscriber(port, *topics, host="127.0.0.1", prefix=()):
         process.kill()
         raise
     return process
+
+
+class SlowHandler:
+    """
+    A message handler (for L{dallal.client}) that finishes each message
+    C{delay} seconds after the previous one finished, as a consumer working
+    through them one by one: the broker's window fills up, and its ack
+    timeout may expire.
+
+    @ivar seen: C{(seq, payload)} of each message it was handed.
+    """
+
+    def __init__(self, delay, reactor):
+        self.delay = delay
+        self.reactor = reactor
+        self.seen = []
+        self._free = 0.0
+
+    def __call__(self, message):
+        self.seen.append((message.seq, message.payload))
+        now = self.reactor.seconds()
+        self._free = max(now, self._free) + self.delay
+        return deferLater(self.reactor, self._free - now)
 
 
 def environmentWithout(*names):

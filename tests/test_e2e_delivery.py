@@ -20,7 +20,7 @@ from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
 from dallal.client import connect
-from helpers import DALLAL, BrokerProcess, OutputCollector, dallal
+from helpers import DALLAL, BrokerProcess, OutputCollector, SlowHandler, countersAddUp, dallal
 
 MiB = 1024 * 1024
 FLOOD = 50
@@ -234,33 +234,6 @@ async def publishAll(client, topic, payloads):
     )
 
 
-def assertIdentity(stats):
-    assert stats["matched"] == (
-        stats["acked"] + stats["fired"] + stats["replaced"] + stats["dropped"] + stats["inflight"]
-    ), stats
-
-
-class SlowHandler:
-    """
-    A message handler that finishes each message C{delay} seconds after the
-    previous one finished, as a consumer working through them one by one:
-    the broker's window fills up and its ack timeout expires.
-
-    @ivar seen: C{(seq, payload)} of each message it was handed.
-    """
-
-    def __init__(self, delay):
-        self.delay = delay
-        self.seen = []
-        self._free = 0.0
-
-    def __call__(self, message):
-        self.seen.append((message.seq, message.payload))
-        now = reactor.seconds()
-        self._free = max(now, self._free) + self.delay
-        return deferLater(reactor, self._free - now)
-
-
 @pytest_twisted.ensureDeferred
 async def test_allModeSlowAcksLoseNothing(startBroker, subscribers):
     """
@@ -274,7 +247,7 @@ async def test_allModeSlowAcksLoseNothing(startBroker, subscribers):
     # machine from turning that into drops.
     broker = startBroker("--ack-timeout", "0.5", "--max-attempts", "20")
     printer = subscribers(broker.port, "work", "all")
-    handler = SlowHandler(0.01)
+    handler = SlowHandler(0.01, reactor)
     subscriber = await connected(broker.port)
     publisher = await connected(broker.port)
     try:
@@ -287,7 +260,7 @@ async def test_allModeSlowAcksLoseNothing(startBroker, subscribers):
         assert handler.seen == list(zip(range(1, count + 1), payloads))
         assert stats["redelivered"] > 0
         assert (stats["dropped"], stats["inflight"]) == (0, 0)
-        assertIdentity(stats)
+        assert countersAddUp(stats), stats
         assert printer.payloads() == payloads
         assert printer.gaps() == []
     finally:
@@ -364,14 +337,14 @@ async def test_mixedRunAddsUp(startBroker, subscribers):
         assert settled["matched"] == batch * subscriptions + batch * (subscriptions - 1)
         assert settled["fired"] == 2 * 2 * batch
         assert settled["replaced"] >= 2 * batch - 2
-        assertIdentity(settled)
+        assert countersAddUp(settled), settled
 
         reported = await deferToThread(dallal, "127.0.0.1", broker.port, "stats", "--json")
         table = await deferToThread(dallal, "127.0.0.1", broker.port, "stats")
         assert (reported.returncode, reported.stderr) == (0, b"")
         assert (table.returncode, table.stderr) == (0, b"")
         counters = json.loads(reported.stdout)
-        assertIdentity(counters)
+        assert countersAddUp(counters), counters
         assert counters["published"] == 2 * batch
         # Each `dallal stats` is a connection of its own, and time passes.
         changing = {"uptime", "connections", "connections_total"}
