@@ -305,6 +305,20 @@ def splitAt(data, positions):
     return [data[start:end] for start, end in zip(bounds, bounds[1:])]
 
 
+def resultOf(deferred):
+    """
+    What C{deferred} fired with (as trial's C{successResultOf}).
+
+    @raise AssertionError: it has not fired, or it failed (the failure is
+        then handled, so it is not also logged as unhandled).
+    """
+    outcome = []
+    deferred.addBoth(outcome.append)
+    assert outcome, f"{deferred!r} has not fired"
+    assert not isinstance(outcome[0], Failure), outcome[0].getTraceback()
+    return outcome[0]
+
+
 def loggedEvents(log, name):
     """
     The fields of each event named C{name} in a broker's log as twistd

@@ -1,14 +1,19 @@
 """
 Faults, end to end: the real C{twistd -n --pidfile= dallal} with clients
-killed in the middle of a frame, a subscriber that stops answering (stopped
-with SIGSTOP, as a peer that vanished without closing its connection looks
-from the broker), a SIGTERM in the middle of traffic, and a data directory
-that is full or read-only.  Every wait is bounded.
+killed (SIGKILL) in the middle of a frame, a subscriber that stops
+answering without closing its connection (stopped with SIGSTOP, or cut off
+by taking its network namespace's link down), a SIGTERM in the middle of
+traffic, and a data directory that is full or read-only.  Every wait is
+bounded.
 
 The other faults of the hardening list are proved elsewhere: a subscriber
 that never reads (tests/test_e2e_delivery.py,
 test_stoppedSubscriberDoesNotGrowTheBroker), retained messages across a
-restart and a data directory unusable at start (tests/test_e2e_topics.py).
+restart and a data directory unusable at start (tests/test_e2e_topics.py),
+SIGTERM with no traffic (tests/test_e2e_tcp.py and every end-to-end test's
+BrokerProcess.stop), the ping sweep on a clock (tests/test_keepalive.py),
+the shutdown's drain on a clock (tests/test_shutdown.py), and all of them
+at once under load (tests/test_soak_short.py, bench/soak.py).
 """
 
 import json
@@ -97,7 +102,7 @@ def test_clientKilledMidFrame(broker, head, filler):
         try:
             port = victim.waitFor(rb"sent from (\d+)\n", COMMAND_TIMEOUT).group(1)
         finally:
-            victim.kill()
+            victim.kill()  # SIGKILL
         broker.waitFor(
             rb"event=disconnect session=\d+ client=127\.0\.0\.1:%s transport=tcp reason=closed "
             % port,

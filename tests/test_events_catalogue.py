@@ -13,7 +13,7 @@ from dallal import udp
 from dallal.delivery import ALL, FIRE, LATEST, DeliveryConfig
 from dallal.core import BrokerConfig
 from dallal.retained import StoreError
-from helpers import PING_INTERVAL, BrokerHarness, FakeDatagramTransport
+from helpers import PING_INTERVAL, BrokerHarness, FakeDatagramTransport, resultOf
 
 ROOT = Path(__file__).resolve().parent.parent
 CATALOGUE = ROOT / "docs" / "EVENTS.md"
@@ -71,6 +71,9 @@ class RetainedStub:
             return fail(StoreError("simulated full disk", "SQLITE_FULL"))
         return succeed(None)
 
+    def close(self):
+        return succeed(None)
+
 
 def exerciseEveryEvent():
     """
@@ -121,8 +124,9 @@ def exerciseEveryEvent():
     # third miss.
     for _ in range(5):
         harness.clock.advance(PING_INTERVAL)
-    harness.service.stopService()
+    stopped = harness.service.stopService()
     harness.clock.advance(harness.service.shutdownGrace)
+    resultOf(stopped)
     return harness
 
 

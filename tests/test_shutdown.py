@@ -9,7 +9,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.testing import MemoryReactorClock
 
 from dallal.core import DRAIN_CHECK_INTERVAL, BrokerConfig
-from helpers import BrokerHarness, FakeDatagramTransport, decodeFrames
+from helpers import BrokerHarness, FakeDatagramTransport, decodeFrames, resultOf
 
 GRACE = 2.0
 
@@ -67,7 +67,7 @@ def test_drainEndsOnceEverythingIsAcked():
 
     subscriber.send(b"ACK " + second + b"\r\n")
     harness.clock.advance(DRAIN_CHECK_INTERVAL)
-    assert stopped.called
+    resultOf(stopped)
     assert subscriber.closing and publisher.closing
     assert [fields["reason"] for fields in harness.fields("disconnect")] == ["shutdown"] * 2
     stats = finalStats(harness)
@@ -89,7 +89,8 @@ def test_graceBoundsTheDrain():
     harness.clock.advance(GRACE - DRAIN_CHECK_INTERVAL)
     assert not stopped.called and not subscriber.closing
     harness.clock.advance(DRAIN_CHECK_INTERVAL)
-    assert stopped.called and subscriber.closing
+    resultOf(stopped)
+    assert subscriber.closing
     stats = finalStats(harness)
     assert (stats["dropped"], stats["dropped_disconnected"], stats["inflight"]) == (1, 1, 0)
 
@@ -98,7 +99,7 @@ def test_noGraceClosesAtOnce():
     harness = BrokerHarness(shutdownGrace=0)
     subscriber = subscribedClient(harness)
     harness.connect().send(b"PUB 1 news 4\r\nheld\r\n")
-    assert harness.service.stopService().called
+    resultOf(harness.service.stopService())
     assert subscriber.closing
     assert finalStats(harness)["dropped_disconnected"] == 1
 
@@ -114,7 +115,7 @@ def test_fireAndLatestNeedNoAcksToDrain():
     harness.connect().send(b"PUB 1 news 2\r\nhi\r\n")
     (delivery,) = deliveryIds(latest.received())
     latest.send(b"ACK " + delivery + b"\r\n")
-    assert harness.service.stopService().called
+    resultOf(harness.service.stopService())
     assert fire.closing and latest.closing
 
 
@@ -188,5 +189,5 @@ def test_listenersStopBeforeTheDrainAndUdpAfter():
     assert (tcp.running, tcp.port) == (False, None)
     assert udp.port is not None
     harness.clock.advance(GRACE)
-    assert stopped.called
+    resultOf(stopped)
     assert udp.port is None

@@ -16,7 +16,7 @@ from dallal import __version__, udp
 from dallal.client import DallalDatagramClient, SessionLost
 from dallal.datagram import MAX_PAYLOAD
 from dallal.retained import StoreError
-from helpers import PING_INTERVAL, BrokerHarness, FakeDatagramTransport, messages
+from helpers import PING_INTERVAL, BrokerHarness, FakeDatagramTransport, messages, resultOf
 
 SECRET = b"a fixed secret for the tests...."
 BROKER = ("127.0.0.1", 1234)
@@ -526,7 +526,7 @@ def test_stoppingBrokerTakesAcksButNoNewSessions(harness):
     assert harness.counter("connections") == 2
     alice.request(b"ACK 1")
     harness.clock.advance(0.1)
-    assert stopped.called
+    resultOf(stopped)
     assert harness.counter("acked") == 1
 
 
