@@ -855,7 +855,13 @@ def run(settings, directory, log=print):
     """
     raiseDescriptorLimit()
     plan = settings.plan()
-    broker = Broker(directory, extra=["--ping-interval", f"{settings.pingInterval:g}"], udp=True)
+    # Every client comes from 127.0.0.1: the per-address limit would be the
+    # broker's whole limit.
+    options = [
+        "--ping-interval", f"{settings.pingInterval:g}",
+        "--max-connections-per-ip", str(2 * settings.clients),
+    ]  # fmt: skip
+    broker = Broker(directory, extra=options, udp=True)
     reporting = []
     faults = control = None
     try:
