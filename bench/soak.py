@@ -120,7 +120,7 @@ class Settings:
     # Publishes per second, all publishers together.
     rate: float = 50.0
     # The broker's --ping-interval: the stopped subscribers stop for 1.5 of
-    # them, the subscribers that never read are dropped after 3 or 4.
+    # them, the subscribers that never read are dropped after 4 or 5.
     pingInterval: float = 5.0
     workers: int = 4
     udpShare: float = 0.2
