@@ -397,10 +397,10 @@ def test_silentClientExpires(harness):
 # Reliability
 
 
-def test_retriedPublishIsPublishedOnce(harness):
+def newsSubscriberAndPublisher(harness):
     """
-    A client that did not get its PubAck sends the PUB again: the broker
-    answers it again and does not publish it twice.
+    Two clients with sessions: one subscribed to C{news} in C{fire} mode,
+    and one to publish.
     """
     subscriber = harness.peer(40001)
     subscriber.hello("subscriber")
@@ -408,6 +408,15 @@ def test_retriedPublishIsPublishedOnce(harness):
     subscriber.received()
     publisher = harness.peer(40002)
     publisher.hello("publisher")
+    return subscriber, publisher
+
+
+def test_retriedPublishIsPublishedOnce(harness):
+    """
+    A client that did not get its PubAck sends the PUB again: the broker
+    answers it again and does not publish it twice.
+    """
+    subscriber, publisher = newsSubscriberAndPublisher(harness)
     for _ in range(3):
         publisher.publish(b"7", b"news", b"once")
     assert publisher.received() == [b"PUBACK 7\r\n"] * 3
@@ -438,12 +447,7 @@ def test_retriedRetainedPublishIsPublishedOnce(harness):
     retry after it was stored gets the same PubAck.
     """
     harness.broker.retained = SlowRetained()
-    subscriber = harness.peer(40001)
-    subscriber.hello("subscriber")
-    subscriber.request(b"SUB 1 news mode=fire")
-    subscriber.received()
-    publisher = harness.peer(40002)
-    publisher.hello("publisher")
+    subscriber, publisher = newsSubscriberAndPublisher(harness)
     publisher.request(b"PUB 7 news 4 retain=1", b"once")
     publisher.request(b"PUB 7 news 4 retain=1", b"once")
     assert publisher.received() == []
