@@ -587,10 +587,23 @@ async def _query(reactor, args, ask):
 async def statsCommand(reactor, args):
     stats = await _query(reactor, args, lambda client: client.stats())
     if stats is not None:
-        width = max(map(len, stats))
-        for name in sorted(stats):
-            print(f"{name:<{width}}  {stats[name]}")
+        for line in formatStats(stats):
+            print(line)
         sys.stdout.flush()
+
+
+def formatStats(stats):
+    """
+    The lines of C{dallal stats}: a counter per line, then a line per
+    bridge with its state and counts.
+    """
+    bridges = stats.pop("bridges", {})
+    width = max(map(len, stats))
+    lines = [f"{name:<{width}}  {stats[name]}" for name in sorted(stats)]
+    for name, status in sorted(bridges.items()):
+        fields = " ".join(f"{key}={value}" for key, value in sorted(status.items()))
+        lines.append(f"bridge {name}: {fields}")
+    return lines
 
 
 async def topicsCommand(reactor, args):

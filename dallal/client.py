@@ -264,19 +264,24 @@ class _ClientSession:
     def _nextId(self):
         return str(next(self._ids))
 
-    def publish(self, topic, payload, retain=False):
+    def publish(self, topic, payload, retain=False, options=None):
         """
         Publish C{payload} (bytes) on C{topic}.
 
         @param retain: also make it the topic's retained message, which the
             broker sends to every new subscription matching the topic (an
             empty payload clears it); the PubAck then means it is stored.
+        @param options: more C{key=value} options of the C{PUB}, as text
+            (a bridge's C{origin=}, PROTOCOL.md).
         @return: a Deferred that fires with C{None} on the broker's PubAck.
         """
         checkToken(topic, "topic")
         requestId = self._nextId()
+        options = dict(options or {})
         if retain:
-            frame = wire.encodePublishOptions(requestId, topic, payload, {"retain": "1"})
+            options["retain"] = "1"
+        if options:
+            frame = wire.encodePublishOptions(requestId, topic, payload, options)
         else:
             frame = wire.encodePublish(requestId, topic, payload)
         return self._request(frame, requestId)
@@ -327,7 +332,7 @@ class _ClientSession:
         options = {} if limit is None else {"limit": str(limit)}
         return self._request(wire.encodeDataRequest(b"TOPICS", requestId, options), requestId)
 
-    def subscribe(self, topics, onMessage, mode=None, onGap=None):
+    def subscribe(self, topics, onMessage, mode=None, onGap=None, options=None):
         """
         Subscribe to each of C{topics}; C{onMessage(message)} is then called
         with a L{ReceivedMessage} for every message delivered to this
@@ -341,6 +346,8 @@ class _ClientSession:
             sequence skips C{missed} messages (replaced by newer ones in
             C{latest} mode, or dropped by the broker, or lost by the network
             in C{fire} mode over UDP).
+        @param options: more C{key=value} options of each C{SUB}, as text
+            (a bridge's C{bridge=1}, PROTOCOL.md).
         @return: a Deferred that fires when every SubAck has arrived, or
             fails with the first refusal.
         """
@@ -354,7 +361,7 @@ class _ClientSession:
             requestId = self._nextId()
             self._subscriptions[requestId] = _SubscriptionState(topic)
             acks.append(
-                self._request(wire.encodeSubscribe(requestId, topic, mode), requestId)
+                self._request(wire.encodeSubscribe(requestId, topic, mode, options), requestId)
             )
         return gatherResults(acks, consumeErrors=True).addCallbacks(
             lambda _: None, lambda failure: failure.value.subFailure
@@ -822,7 +829,7 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
             resend.cancel()
         return _ClientSession._takePending(self, requestId)
 
-    def publish(self, topic, payload, retain=False):
+    def publish(self, topic, payload, retain=False, options=None):
         """
         Publish C{payload} (bytes) on C{topic}, and with C{retain} keep it as
         the topic's retained message (see L{_ClientSession.publish}).
@@ -837,7 +844,7 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
             )
         if len(topic.encode("utf-8")) > MAX_TOPIC_LENGTH:
             raise ValueError(f"topic is longer than {MAX_TOPIC_LENGTH} bytes")
-        return _ClientSession.publish(self, topic, payload, retain)
+        return _ClientSession.publish(self, topic, payload, retain, options)
 
     # Health
 

@@ -7,6 +7,7 @@ nothing of sockets, frames or ports.  Time comes from an injected
 C{IReactorTime}, so tests drive it with C{task.Clock}.
 """
 
+import secrets
 from collections import Counter
 from dataclasses import dataclass
 
@@ -47,6 +48,7 @@ from dallal.limits import (
     SUBSCRIPTIONS,
     LimitLog,
 )
+from dallal.origin import MAX_HOPS, Origin, SeenMessages, generatedName, originFromOptions
 from dallal.retained import StoreError
 from dallal.topics import MAX_TOPIC_LENGTH, WILDCARDS, TopicError, checkTopic
 from dallal.topictree import RESERVED_PREFIX, SubscriptionTree, TopicMap, checkFilter
@@ -86,6 +88,8 @@ class BrokerConfig:
     messageEvents: bool = True
     delivery: DeliveryConfig = DeliveryConfig()
     maxListed: int = 1000
+    # The broker's name among bridged brokers; generated if None.
+    name: str = None
 
 
 class Message:
@@ -99,6 +103,9 @@ class Message:
         subscription, rather than from a publish as it happened.
     @ivar encoded: what all its C{MSG} frames share, encoded by
         L{dallal.wire.encodeMessage} on the first delivery.
+    @ivar origin: for a message that came over a bridge, the L{Origin} it
+        came with, its C{hops} counting that bridge; C{None} for a message
+        published here.
     """
 
     __slots__ = (
@@ -110,9 +117,12 @@ class Message:
         "published",
         "retained",
         "encoded",
+        "origin",
     )
 
-    def __init__(self, mid, topic, payload, publisher, published, retained=False):
+    def __init__(
+        self, mid, topic, payload, publisher, published, retained=False, origin=None
+    ):
         self.mid = mid
         self.topic = topic
         self.wireTopic = topic.encode("utf-8")
@@ -121,6 +131,16 @@ class Message:
         self.published = published
         self.retained = retained
         self.encoded = None
+        self.origin = origin
+
+
+# Why a bridged message is discarded on arrival -> what counts it: its own
+# message coming back, or a copy, is a duplicate.
+_DISCARD_COUNTERS = {
+    "loop": "bridged_duplicates",
+    "duplicate": "bridged_duplicates",
+    "hop_limit": "bridged_hop_limit",
+}
 
 
 # When two filters of one session match a message, it is delivered once,
@@ -164,6 +184,10 @@ class Broker:
         broker that keeps no retained messages.
     @ivar shuttingDown: whether L{drain} has begun: new publishes and
         subscriptions are refused.
+    @ivar name: the broker's name among bridged brokers, the C{origin} of
+        the messages published here.
+    @ivar bridges: this broker's bridges to others by name, each with a
+        C{status()} for C{STATS} (L{dallal.bridge.BridgeLink}).
     """
 
     _log = Logger()
@@ -175,6 +199,12 @@ class Broker:
             clock, messageEvents=config.messageEvents
         )
         self.retained = retained
+        self.name = config.name or generatedName()
+        # Message ids restart at each start: this tells them apart, for the
+        # brokers that remember the messages they saw.
+        self.incarnation = secrets.token_hex(4)
+        self.seen = SeenMessages(clock)
+        self.bridges = {}
         self._sessions = {}
         self._tree = SubscriptionTree()
         # filter -> number of sessions subscribed with it, for TOPICS; and
@@ -216,6 +246,10 @@ class Broker:
             logins=0,
             logins_failed=0,
             denied=0,
+            bridged_published=0,
+            bridged_duplicates=0,
+            bridged_hop_limit=0,
+            bridged_refused=0,
         )
         self.limits = LimitLog(clock, self.counters, self.events)
         self.ledger = Ledger(self.counters, self.events, self.limits)
@@ -343,6 +377,13 @@ class Broker:
         """
         self._sessions[subscriber].outbox.acknowledge(deliveryId)
 
+    def reject(self, subscriber, deliveryId, reason):
+        """
+        The client can never take a delivery (a bridge's remote refused
+        it): drop it for C{reason}; unknown ids are ignored.
+        """
+        self._sessions[subscriber].outbox.reject(deliveryId, reason)
+
     def pauseDelivery(self, subscriber):
         """
         The client's transport is full: hold its messages in the broker.
@@ -407,6 +448,8 @@ class Broker:
         """
         stats = dict(self.counters)
         stats["uptime"] = round(self.clock.seconds() - self.started, 3)
+        if self.bridges:
+            stats["bridges"] = {name: link.status() for name, link in self.bridges.items()}
         return stats
 
     def logStats(self):
@@ -478,7 +521,7 @@ class Broker:
                 requestId,
             )
 
-    def subscribe(self, subscriber, topicFilter, requestId, mode=LATEST):
+    def subscribe(self, subscriber, topicFilter, requestId, mode=LATEST, bridge=False):
         """
         Subscribe a client to a topic filter (a topic, or a pattern with the
         wildcards C{+} and C{#}).  Subscribing again with the same filter
@@ -489,6 +532,7 @@ class Broker:
         client has been told its subscription is in place.
 
         @param mode: C{latest}, C{all} or C{fire} (see L{dallal.delivery}).
+        @param bridge: whether it carries messages to another broker.
         @return: the L{Subscription}.
         @raise RequestError: the filter or the mode is refused, or the
             client has as many subscriptions as it may, or the broker is
@@ -516,7 +560,7 @@ class Broker:
                     "unsubscribe from one first",
                     requestId,
                 )
-            subscription = Subscription(requestId, topicFilter, mode, session.outbox)
+            subscription = Subscription(requestId, topicFilter, mode, session.outbox, bridge)
             session.subscriptions[topicFilter] = subscription
             self._tree.add(topicFilter, subscriber, subscription)
             self._filterCounts[topicFilter] += 1
@@ -526,6 +570,7 @@ class Broker:
         else:
             subscription.id = requestId
             subscription.mode = mode
+            subscription.bridge = bridge
         # A new filter, or a new mode, which may change which of a
         # session's filters carries a message.
         self._routes.clear()
@@ -535,6 +580,7 @@ class Broker:
             client=subscriber.peer,
             topic=topicFilter,
             mode=mode,
+            bridge=bridge,
         )
         return subscription
 
@@ -726,6 +772,79 @@ class Broker:
         )
         return message
 
+    def publishBridged(self, subscriber, topic, payload, options, requestId):
+        """
+        Publish a message that came over a bridge (PROTOCOL.md, "Bridges"),
+        unless this broker has routed it already: it is never sent back on
+        the session it came on, its copies that come by other paths are
+        discarded, and so is a message that crossed too many bridges.
+
+        @param subscriber: the session it came on: another broker's bridge
+            connected to this one, or this broker's own bridge to another.
+        @param options: the options of the frame that carried it, with its
+            origin (L{originFromOptions}).
+        @return: the L{Message}, or C{None} if it was discarded (counted,
+            and logged with the per-message events).
+        @raise RequestError: refused: a bad origin, topic or payload size, or
+            a topic the session may not write (counted in
+            C{bridged_refused}).
+        """
+        counters = self.counters
+        session = self._sessions[subscriber]
+        try:
+            sent = originFromOptions(options, requestId)
+            self.checkTopic(subscriber, topic, requestId)
+            self.checkPayloadSize(subscriber, len(payload), requestId)
+            if session.permissions is not None and not session.permissions.mayWrite(topic):
+                self._forbid(session, "publish", topic, requestId)
+        except RequestError:
+            counters["bridged_refused"] += 1
+            raise
+        origin = Origin(sent.broker, sent.messageId, sent.hops + 1)
+        if origin.broker == self.name:
+            discarded = "loop"
+        elif origin.hops > MAX_HOPS:
+            discarded = "hop_limit"
+        elif not self.seen.firstTime(origin):
+            discarded = "duplicate"
+        else:
+            discarded = None
+        if discarded is not None:
+            counters[_DISCARD_COUNTERS[discarded]] += 1
+            if self.events.messageEvents:
+                self.events.emit(
+                    "bridge_discard",
+                    topic=topic,
+                    session=session.sid,
+                    origin=origin.broker,
+                    hops=origin.hops,
+                    reason=discarded,
+                )
+            return None
+        message = Message(
+            self._nextMid, topic, payload, subscriber.peer, self.clock.seconds(), False, origin
+        )
+        self._nextMid += 1
+        counters["published"] += 1
+        counters["bytes_in"] += len(payload)
+        counters["bridged_published"] += 1
+        # Never back on the session it came on.
+        receivers = [
+            subscription
+            for subscription in self._routeOf(topic)
+            if subscription.outbox.subscriber is not subscriber
+        ]
+        self._offer(message, receivers, session.sid, subscriber.peer, subscriber.transportName)
+        return message
+
+    def originOf(self, message):
+        """
+        The L{Origin} a message carries over a bridge.
+        """
+        if message.origin is None:
+            return Origin(self.name, f"{self.incarnation}.{message.mid}", 0)
+        return message.origin
+
     def publishOwn(self, topic, payload):
         """
         Publish on one of the broker's own topics (C{$SYS/...}), which no
@@ -762,6 +881,8 @@ class Broker:
                 client=peer,
                 transport=transportName,
                 subscribers=len(receivers),
+                origin=self.name if message.origin is None else message.origin.broker,
+                hops=0 if message.origin is None else message.origin.hops,
             )
         for subscription in receivers:
             subscription.outbox.offer(subscription, message)

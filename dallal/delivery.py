@@ -45,6 +45,7 @@ DISCONNECTED = "disconnected"
 REDELIVERY_LIMIT = "redelivery_limit"
 SUPERSEDED = "superseded"
 TOO_LARGE = "too_large"
+BRIDGE_REFUSED = "bridge_refused"
 DROP_REASONS = (
     QUEUE_FULL,
     SLOW_CONSUMER,
@@ -52,6 +53,7 @@ DROP_REASONS = (
     REDELIVERY_LIMIT,
     SUPERSEDED,
     TOO_LARGE,
+    BRIDGE_REFUSED,
 )
 
 
@@ -65,17 +67,20 @@ class Subscription:
     @ivar topic: its topic filter.
     @ivar latest: in C{latest} mode, topic -> L{_LatestSlot}, for the topics
         with a message in flight or waiting.
+    @ivar bridge: whether it carries messages to another broker (a bridge's
+        subscription), for the accounting of bridged traffic.
     """
 
-    __slots__ = ("id", "topic", "mode", "outbox", "lastSeq", "latest")
+    __slots__ = ("id", "topic", "mode", "outbox", "lastSeq", "latest", "bridge")
 
-    def __init__(self, subscriptionId, topic, mode, outbox):
+    def __init__(self, subscriptionId, topic, mode, outbox, bridge=False):
         self.id = subscriptionId
         self.topic = topic
         self.mode = mode
         self.outbox = outbox
         self.lastSeq = 0
         self.latest = {}
+        self.bridge = bridge
 
 
 class _LatestSlot:
@@ -290,6 +295,18 @@ class Outbox:
         self.ledger.acked(self.sid, delivery.subscription, delivery.message)
         self._settled(delivery)
 
+    def reject(self, deliveryId, reason):
+        """
+        The subscriber cannot take a delivery, for good: drop it for
+        C{reason}.  Unknown ids are ignored, as acks are.
+        """
+        delivery = self._inflight.pop(deliveryId, None)
+        if delivery is None:
+            return
+        delivery.timer.cancel()
+        self.ledger.dropped(self.sid, delivery.subscription, delivery.message, reason)
+        self._settled(delivery)
+
     def pause(self):
         """
         The transport's buffer is full: write nothing more until L{resume}.
@@ -476,6 +493,8 @@ DELIVERY_COUNTERS = (
     "replaced",
     "dropped",
     "inflight",
+    "bridged_delivered",
+    "bridged_dropped",
     *("dropped_" + reason for reason in DROP_REASONS),
 )
 
@@ -509,6 +528,8 @@ class Ledger:
         counters["bytes_out"] += len(message.payload)
         if attempt == 1:
             counters["delivered"] += 1
+            if subscription.bridge:
+                counters["bridged_delivered"] += 1
         else:
             counters["redelivered"] += 1
         events = self.events
@@ -565,6 +586,8 @@ class Ledger:
         counters["dropped"] += 1
         counters["dropped_" + reason] += 1
         counters["inflight"] -= 1
+        if subscription.bridge:
+            counters["bridged_dropped"] += 1
         events = self.events
         if events.messageEvents:
             events.emit(

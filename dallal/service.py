@@ -7,13 +7,17 @@ sharing that core (as C{twisted.names.tap} puts a TCP and a UDP server over
 one resolver).
 """
 
+import dataclasses
+
 from twisted.application.service import MultiService, Service
 from twisted.internet.defer import gatherResults, maybeDeferred
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
 from dallal.auth import beyondLoopback
+from dallal.bridge import BridgeLink
 from dallal.core import Broker, BrokerConfig
+from dallal.origin import storedName
 from dallal.retained import RetainedStore
 from dallal.datagram import MAX_PACKET_SIZE
 from dallal.keepalive import DEFAULT_INTERVAL, PingSweep
@@ -183,11 +187,15 @@ class DallalService(MultiService):
         @param events: the L{dallal.events.EventLog} to log to, if not the
             global log.
         @raise dallal.retained.StoreError: the store cannot be opened.
+        @raise dallal.origin.BrokerNameError: C{config} names no broker, and
+            the name kept in C{dataDir} cannot be read or written.
         """
         MultiService.__init__(self)
         self.reactor = reactor
         self.shutdownGrace = shutdownGrace
         retained = RetainedStore.open(dataDir, reactor) if dataDir is not None else None
+        if config.name is None and dataDir is not None:
+            config = dataclasses.replace(config, name=storedName(dataDir))
         self.broker = Broker(reactor, config, events, retained)
         self.sweep = PingSweep(reactor, pingInterval)
         self.gatekeeper = gatekeeper
@@ -229,6 +237,20 @@ class DallalService(MultiService):
         )
         listener.setServiceParent(self)
         return listener
+
+    def addBridge(self, spec, endpoint=None):
+        """
+        Connect to another broker as its client while running, and carry
+        the messages of some topics between the two: a bridge.
+
+        @param spec: the bridge's L{dallal.bridge.BridgeSpec}.
+        @param endpoint: the remote's C{IStreamClientEndpoint}, if not the
+            one C{spec} describes.
+        @return: the child L{BridgeLink}.
+        """
+        link = BridgeLink(spec, self.broker, self.reactor, self.sweep, endpoint)
+        link.setServiceParent(self)
+        return link
 
     def startService(self):
         MultiService.startService(self)

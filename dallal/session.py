@@ -40,6 +40,12 @@ class RequestHandler:
     """
 
     broker = None
+    # Whether this transport carries bridges between brokers (TCP does:
+    # bridges connect over stream endpoints).
+    carriesBridges = False
+    # Whether the client made a bridge subscription: its messages then
+    # carry their origin.
+    bridging = False
 
     def sendFrame(self, *chunks):
         """
@@ -71,6 +77,9 @@ class RequestHandler:
         options = request.options
         retain = options.get("retain") == "1"
         try:
+            if "origin" in options:
+                self._publishBridged(request, payload)
+                return
             if options.get("to-matching") == "1":
                 if retain:
                     raise RequestError(
@@ -91,6 +100,29 @@ class RequestHandler:
         else:
             self.answerWhenStored(request.id, stored)
 
+    def _publishBridged(self, request, payload):
+        """
+        A message from another broker's bridge (PROTOCOL.md, "Bridges"). It
+        is acked even when this broker discards it as a copy: the bridge
+        has nothing more to do with it.
+        """
+        self._checkBridgeable(request.id)
+        options = request.options
+        if options.get("retain") == "1" or options.get("to-matching") == "1":
+            raise RequestError(
+                BAD_ARGUMENTS,
+                "a bridged message is neither retained nor published to-matching",
+                request.id,
+            )
+        self.broker.publishBridged(self, request.topic, payload, options, request.id)
+        self.sendFrame(wire.encodePubAck(request.id))
+
+    def _checkBridgeable(self, requestId):
+        if not self.carriesBridges:
+            raise RequestError(
+                BAD_ARGUMENTS, "bridges connect over TCP, not this transport", requestId
+            )
+
     def answerWhenStored(self, requestId, stored):
         """
         Ack a retained message once it is on disk, or refuse it if it could
@@ -107,15 +139,24 @@ class RequestHandler:
         self.refuse(failure.value)
 
     def _handleSubscribe(self, request):
+        options = request.options
+        bridge = options.get("bridge") == "1"
         try:
+            if bridge:
+                self._checkBridgeable(request.id)
             subscription = self.broker.subscribe(
-                self, request.topic, request.id, request.options.get("mode", LATEST)
+                self, request.topic, request.id, options.get("mode", LATEST), bridge
             )
         except RequestError as error:
             self.refuse(error)
             return
         self.sendFrame(wire.encodeSubAck(request.id))
-        self.broker.sendRetained(self, subscription)
+        if bridge:
+            # Its messages carry their origin; retained messages stay on
+            # the broker they were published on.
+            self.bridging = True
+        else:
+            self.broker.sendRetained(self, subscription)
 
     def _handleUnsubscribe(self, request):
         try:

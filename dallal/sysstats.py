@@ -34,6 +34,18 @@ COUNTER_TOPICS = {
     "messages/replaced": "replaced",
     "bytes/received": "bytes_in",
     "bytes/sent": "bytes_out",
+    "messages/bridged/received": "bridged_published",
+    "messages/bridged/sent": "bridged_delivered",
+    "messages/bridged/dropped": "bridged_dropped",
+    "messages/bridged/duplicates": "bridged_duplicates",
+}
+
+# Topic under bridges/<name>/ -> the field of the bridge's status it shows.
+BRIDGE_TOPICS = {
+    "state": "state",
+    "connects": "connects",
+    "messages/received": "received",
+    "messages/sent": "forwarded",
 }
 
 # The moving averages of C{load/<quantity>/<window>}: seconds each window
@@ -66,6 +78,9 @@ def sysValues(stats):
     values["version"] = f"dallal {__version__}"
     values["uptime"] = str(int(stats["uptime"]))
     values["messages/sent"] = str(_sent(stats))
+    for name, status in stats.get("bridges", {}).items():
+        for topic, field in BRIDGE_TOPICS.items():
+            values[f"bridges/{name}/{topic}"] = str(status[field])
     return values
 
 

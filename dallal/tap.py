@@ -11,7 +11,9 @@ from twisted.python import usage
 
 from dallal.acl import AclError
 from dallal.auth import Gatekeeper
+from dallal.bridge import parseBridge
 from dallal.core import BrokerConfig
+from dallal.origin import BrokerNameError, checkName
 from dallal.passwords import PasswordFileError
 from dallal.retained import StoreError
 from dallal.delivery import SLOW_CONSUMER_POLICIES, DeliveryConfig
@@ -120,6 +122,14 @@ class Options(usage.Options):
             "UDP clients' pings to it; a client that misses 3 in a row is "
             "dropped.",
             _positive(float),
+        ],
+        [
+            "name",
+            None,
+            None,
+            "This broker's name among bridged brokers (letters, digits, '.', "
+            "'_', '-'); by default one generated at the first start and kept "
+            "in --data-dir.",
         ],
         [
             "sys-interval",
@@ -295,12 +305,19 @@ class Options(usage.Options):
     def __init__(self):
         usage.Options.__init__(self)
         self["tcp"] = []
+        self["bridge"] = []
 
     def opt_tcp(self, value):
         """
         Where to serve TCP clients: a port number (on --interface) or a Twisted endpoint description such as tcp:1373:interface=0.0.0.0 or ssl:8883:privateKey=key.pem:certKey=cert.pem. Repeat it to listen on several. [default: 1373]
         """
         self["tcp"].append(value)
+
+    def opt_bridge(self, value):
+        """
+        Connect to another Dallal broker as a client and carry messages between them: NAME=ENDPOINT[,topics=FILTER;FILTER...][,direction=in|out|both], such as hub=tcp:hub.example:1373,topics=news/#;alerts/+,direction=both (the default: every topic, both ways). Repeatable.
+        """
+        self["bridge"].append(value)
 
     def postOptions(self):
         if self["slow-consumer"] not in SLOW_CONSUMER_POLICIES:
@@ -310,6 +327,28 @@ class Options(usage.Options):
         if not self["tcp"]:
             self["tcp"] = [str(DEFAULT_TCP_PORT)]
         self["tcp"] = [self._endpoint(value) for value in self["tcp"]]
+        if self["name"] is not None:
+            try:
+                checkName(self["name"])
+            except ValueError as error:
+                raise usage.UsageError(f"--name: {error}")
+        self["bridge"] = self._bridges(self["bridge"])
+
+    def _bridges(self, values):
+        # twistd has installed its reactor by now: the endpoints are checked
+        # with the one they will use.
+        from twisted.internet import reactor
+
+        bridges = []
+        for value in values:
+            try:
+                bridge = parseBridge(value, reactor)
+            except ValueError as error:
+                raise usage.UsageError(f"--bridge {error}")
+            if bridge.name in {other.name for other in bridges}:
+                raise usage.UsageError(f"--bridge {bridge.name}: two bridges have this name")
+            bridges.append(bridge)
+        return bridges
 
     def _endpoint(self, value):
         if value.isdigit():
@@ -341,6 +380,7 @@ def brokerConfig(options):
         maxPayload=options["max-payload"],
         maxControlLine=options["max-line"],
         messageEvents=bool(options["message-events"]),
+        name=options["name"],
         delivery=DeliveryConfig(
             maxInflight=options["max-inflight"],
             maxQueued=options["max-queued"],
@@ -376,7 +416,7 @@ def makeService(options, reactor=None, rlimit=resource):
             gatekeeper=gatekeeper,
             shutdownGrace=options["shutdown-grace"],
         )
-    except (StoreError, PasswordFileError, AclError) as error:
+    except (StoreError, PasswordFileError, AclError, BrokerNameError) as error:
         # twistd would show a traceback; the operator needs the reason.
         raise SystemExit(f"dallal: cannot start: {error}")
     if allowed < requested:
@@ -394,4 +434,6 @@ def makeService(options, reactor=None, rlimit=resource):
         service.listenUDP(
             options["udp"], options["interface"], ackTimeout=options["udp-ack-timeout"]
         )
+    for bridge in options["bridge"]:
+        service.addBridge(bridge)
     return service

@@ -146,6 +146,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
     transportName = "tcp"
     peer = "?"
     _log = Logger()
+    carriesBridges = True
 
     def __init__(self, broker, sweep, gatekeeper=None, batch=None, connections=None, host=None):
         """
@@ -453,9 +454,18 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
 
     def sendMessage(self, message, subscriptionId, seq, deliveryId, redelivered):
         if self._attached and not self.transport.disconnecting:
-            self._write(
-                wire.encodeMessage(message, subscriptionId, seq, deliveryId, redelivered)
-            )
+            if self.bridging:
+                frame = wire.encodeMessageWithOptions(
+                    message,
+                    subscriptionId,
+                    seq,
+                    deliveryId,
+                    redelivered,
+                    self.broker.originOf(message).options(),
+                )
+            else:
+                frame = wire.encodeMessage(message, subscriptionId, seq, deliveryId, redelivered)
+            self._write(frame)
 
     def disconnect(self, reason):
         self._closeReason = reason

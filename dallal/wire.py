@@ -343,13 +343,15 @@ PONG_FRAME = b"PONG\r\n"
 
 
 def encodeMessageHeader(
-    topic, size, subscriptionId, seq, deliveryId, redelivered, retained=False
+    topic, size, subscriptionId, seq, deliveryId, redelivered, retained=False, options=None
 ):
     """
     The control line of a C{MSG} frame; the payload and a CRLF follow it.
 
     @param topic: the topic, already encoded as UTF-8.
     @param deliveryId: the id the client acks, or C{None} in C{fire} mode.
+    @param options: more C{key=value} options, as text (a bridged message's
+        origin).
     """
     line = b"MSG %s %d sub=%s seq=%d" % (topic, size, subscriptionId.encode("ascii"), seq)
     if deliveryId is not None:
@@ -358,6 +360,8 @@ def encodeMessageHeader(
         line += b" redelivered=1"
     if retained:
         line += b" retained=1"
+    if options:
+        line += _encodeOptions(options)
     return line + CRLF
 
 
@@ -378,14 +382,9 @@ def encodeMessage(message, subscriptionId, seq, deliveryId, redelivered):
     C{id=}.  A fan-out to many subscribers costs one formatting per
     subscriber instead of a header, a join and three buffered pieces.
     """
-    payload = message.payload
     if redelivered:
         # Rare (an ack timed out): the general encoder.
-        header = encodeMessageHeader(
-            message.wireTopic, len(payload), subscriptionId, seq, deliveryId, True,
-            message.retained,
-        )
-        return (header, payload, CRLF)
+        return encodeMessageWithOptions(message, subscriptionId, seq, deliveryId, True, None)
     shared = message.encoded
     if shared is None:
         shared = message.encoded = _sharedMessageParts(message)
@@ -414,6 +413,26 @@ def _sharedMessageParts(message):
     if len(payload) <= COPIED_PAYLOAD_SIZE:
         return start, end + payload + CRLF, None
     return start, end, payload
+
+
+def encodeMessageWithOptions(message, subscriptionId, seq, deliveryId, redelivered, options):
+    """
+    A whole C{MSG} frame with more C{key=value} options (a bridged
+    message's origin, as text), as the byte strings to write: the general
+    encoder, for the few deliveries that need it.
+    """
+    payload = message.payload
+    header = encodeMessageHeader(
+        message.wireTopic,
+        len(payload),
+        subscriptionId,
+        seq,
+        deliveryId,
+        redelivered,
+        message.retained,
+        options,
+    )
+    return (header, payload, CRLF)
 
 
 # Answers that carry a JSON document as their payload.
@@ -580,10 +599,15 @@ def encodePublishOptions(requestId, topic, payload, options):
     )
 
 
-def encodeSubscribe(requestId, topic, mode=None):
+def encodeSubscribe(requestId, topic, mode=None, options=None):
+    """
+    @param options: more C{key=value} options, as text (C{bridge=1}).
+    """
     line = b"SUB %s %s" % (requestId.encode("ascii"), topic.encode("utf-8"))
     if mode is not None:
         line += b" mode=" + mode.encode("ascii")
+    if options:
+        line += _encodeOptions(options)
     return line + CRLF
 
 

@@ -4,6 +4,7 @@ fake clock, and real C{twistd dallal} / C{dallal} processes with bounded
 waits on their output.
 """
 
+import dataclasses
 import os
 import re
 import select
@@ -78,6 +79,10 @@ def makeGatekeeper(clock, users=None, acl=None, runHash=runInline):
     return Gatekeeper(clock, BrokerRealm(parseAcl(acl) if acl is not None else None), checker)
 
 
+# The name of a BrokerHarness's broker, unless its config gives one.
+HARNESS_NAME = "harness"
+
+
 # In memory: a broker core, its TCP protocol and its ping sweep on a Clock.
 
 
@@ -105,10 +110,14 @@ class BrokerHarness:
         @param acl: the text of an ACL file the broker enforces.
         @param shutdownGrace: the service's, if not its default.
         @param clock: the service's reactor, if not a new L{Clock}.
+        A config without a name gets C{HARNESS_NAME}, so that two harnesses
+        log the same events.
         """
         self.clock = Clock() if clock is None else clock
         self.events = []
         logger = Logger(namespace=NAMESPACE, observer=self.events.append)
+        if config.name is None:
+            config = dataclasses.replace(config, name=HARNESS_NAME)
         self.gatekeeper = None
         if users is not None or acl is not None:
             self.gatekeeper = makeGatekeeper(self.clock, users, acl, runHash)
@@ -264,11 +273,16 @@ class Frame:
         return f"Frame({self.line!r}, {self.payload!r})"
 
 
+# Where the payload size is among a frame's arguments, by verb.
+_SIZE_ARGUMENT = {b"MSG": 1, b"PUB": 2}
+
+
 def decodeFrames(data):
     """
-    Cut what the broker wrote into L{Frame}s, as PROTOCOL.md describes them
-    (and without L{dallal.wire}, which is under test): CRLF-terminated
-    control lines, and after C{MSG <topic> <size>} exactly C{size} bytes of
+    Cut what the broker wrote (or a client, such as a bridge) into
+    L{Frame}s, as PROTOCOL.md describes them (and without L{dallal.wire},
+    which is under test): CRLF-terminated control lines, and after C{MSG
+    <topic> <size>} or C{PUB <id> <topic> <size>} exactly C{size} bytes of
     payload and a CRLF.
     """
     frames = []
@@ -277,8 +291,8 @@ def decodeFrames(data):
         end = data.index(b"\r\n", position)
         frame = Frame(data[position:end])
         position = end + 2
-        if frame.verb == b"MSG":
-            size = int(frame.arguments[1])
+        if frame.verb in _SIZE_ARGUMENT:
+            size = int(frame.arguments[_SIZE_ARGUMENT[frame.verb]])
             frame.payload = data[position : position + size]
             assert data[position + size : position + size + 2] == b"\r\n", data
             position += size + 2
@@ -555,13 +569,17 @@ def dallal(*arguments, timeout=COMMAND_TIMEOUT, executable=DALLAL, env=None, inp
     )
 
 
-def subscriber(port, *topics, host="127.0.0.1", prefix=()):
+def subscriber(port, *topics, host="127.0.0.1", prefix=(), mode=None):
     """
-    Start C{dallal subscribe} and wait until it says it is subscribed.
+    Start C{dallal subscribe} (with C{--mode}, if given) and wait until it
+    says it is subscribed.
 
     @param prefix: a command that runs it (C{ip netns exec ...}).
     """
-    process = OutputCollector([*prefix, DALLAL, host, port, "subscribe", *topics], None)
+    modeOption = [] if mode is None else ["--mode", mode]
+    process = OutputCollector(
+        [*prefix, DALLAL, host, port, "subscribe", *modeOption, *topics], None
+    )
     try:
         process.waitFor(re.escape(b"subscribing on " + " ".join(topics).encode() + b"\n"))
     except BaseException:

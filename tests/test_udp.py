@@ -172,6 +172,25 @@ def test_sessionOverUdp(harness):
     ]
 
 
+def test_bridgesAreRefusedOverUdp(harness):
+    """
+    Bridges connect over TCP: their subscriptions and publishes are refused
+    over UDP (PROTOCOL.md, "Bridges").
+    """
+    alice = harness.peer(40001)
+    alice.hello()
+    alice.request(b"SUB 3 news mode=all bridge=1")
+    alice.request(b"PUB 4 news 2 origin=leaf oid=a.1 hops=0", b"hi")
+    refusals = alice.received()
+    assert [refusal.split(b" ", 3)[:3] for refusal in refusals] == [
+        [b"ERR", b"3", b"BAD_ARGUMENTS"],
+        [b"ERR", b"4", b"BAD_ARGUMENTS"],
+    ]
+    assert b"bridges connect over TCP" in refusals[0]
+    assert harness.counter("subscriptions") == 0
+    assert harness.counter("published") == 0
+
+
 @pytest.mark.parametrize(
     "identity",
     [b"", b" client=me token=AAAAAAAAAAAAAAAA", b" client=someone-else token=%s"],

@@ -1,0 +1,178 @@
+"""
+Where a bridged message comes from, so that brokers joined by bridges in any
+shape (a star, a triangle, a ring) deliver each message once.
+
+A message crossing a bridge carries its L{Origin}: the name of the broker a
+client published it on, its id there, and how many bridges it has crossed.
+A broker routes a bridged message only the first time it sees it: it drops
+its own messages coming back, copies that arrive by another path (the
+L{SeenMessages} table), and messages that crossed more than L{MAX_HOPS}
+bridges (a safety net should the table forget too soon).  On the wire the
+origin is three options of C{PUB} and C{MSG}: C{origin=<broker>
+oid=<message id> hops=<n>} (PROTOCOL.md, "Bridges").
+"""
+
+import os
+import re
+import secrets
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from dallal.errors import BAD_ARGUMENTS, RequestError
+
+# Bridges a message may cross; a full mesh of this many brokers plus one
+# never needs more.
+MAX_HOPS = 8
+
+# How long, and for how many messages at most, a broker remembers the
+# bridged messages it routed.  A copy comes by another path within
+# milliseconds, or after a link's outage and its resend: seconds.
+SEEN_WINDOW = 60.0
+SEEN_CAPACITY = 100_000
+
+# The file in the data directory that keeps a broker's generated name.
+NAME_FILE = "broker-name"
+
+# A broker's name: it is an option value on the control line and a level
+# of $SYS topics.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+_MESSAGE_ID = re.compile(r"[!-~]{1,64}\Z")
+
+
+def checkName(name, what="broker name"):
+    """
+    @raise ValueError: C{name} is not 1 to 64 letters, digits, C{.}, C{_} or
+        C{-}, starting with a letter or digit.
+    """
+    if not NAME.match(name):
+        raise ValueError(
+            f"{what} {name!r} must be 1 to 64 letters, digits, '.', '_' or '-', "
+            "starting with a letter or a digit"
+        )
+
+
+def generatedName():
+    """
+    A name for a broker that was given none.
+    """
+    return "dallal-" + secrets.token_hex(4)
+
+
+class BrokerNameError(Exception):
+    """
+    The broker's name cannot be read or kept; the message says why.
+    """
+
+
+def storedName(directory):
+    """
+    The name of the broker whose data directory is C{directory}: generated
+    at its first start and kept there, so that it stays the same across
+    restarts (a bridged message's origin must not change meaning).
+
+    @raise BrokerNameError: the file cannot be read or written, or holds no
+        valid name.
+    """
+    path = os.path.join(directory, NAME_FILE)
+    try:
+        with open(path, encoding="ascii") as file:
+            name = file.read().strip()
+    except FileNotFoundError:
+        name = generatedName()
+        try:
+            with open(path, "x", encoding="ascii") as file:
+                file.write(name + "\n")
+        except OSError as error:
+            raise BrokerNameError(f"cannot keep the broker's name in {path}: {error.strerror}")
+        return name
+    except (OSError, UnicodeDecodeError) as error:
+        raise BrokerNameError(f"cannot read the broker's name from {path}: {error}")
+    try:
+        checkName(name)
+    except ValueError as error:
+        raise BrokerNameError(f"{path}: {error} (remove the file for a new one)")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """
+    @ivar broker: the name of the broker the message was first published on.
+    @ivar messageId: its id there, unique across that broker's restarts.
+    @ivar hops: the bridges it crossed to reach the broker that holds it.
+    """
+
+    broker: str
+    messageId: str
+    hops: int
+
+    def options(self):
+        """
+        Its C{key=value} options, as text, for a C{PUB} or C{MSG} frame.
+        """
+        return {"origin": self.broker, "oid": self.messageId, "hops": str(self.hops)}
+
+
+def originFromOptions(options, requestId):
+    """
+    The origin a bridged C{PUB} or C{MSG} carries, as sent (its C{hops} do
+    not count the bridge it came over yet).
+
+    @return: an L{Origin}, or C{None} if the frame carries no C{origin=}.
+    @raise RequestError: an origin option is missing or malformed.
+    """
+    broker = options.get("origin")
+    if broker is None:
+        return None
+    messageId = options.get("oid", "")
+    hops = options.get("hops", "")
+    if not NAME.match(broker) or not _MESSAGE_ID.match(messageId) or not (
+        hops.isdigit() and len(hops) <= 3
+    ):
+        raise RequestError(
+            BAD_ARGUMENTS,
+            "a bridged message needs origin=<broker name> oid=<1 to 64 printable "
+            "ASCII characters> hops=<number>",
+            requestId,
+        )
+    return Origin(broker, messageId, int(hops))
+
+
+class SeenMessages:
+    """
+    The bridged messages a broker routed recently, by origin: a bounded,
+    time-limited set.
+
+    Entries leave after C{window} seconds, or earlier, oldest first, when
+    there are C{capacity} of them.
+    """
+
+    def __init__(self, clock, window=SEEN_WINDOW, capacity=SEEN_CAPACITY):
+        self.clock = clock
+        self.window = window
+        self.capacity = capacity
+        # (broker, message id) -> when it was seen, oldest first.
+        self._seen = OrderedDict()
+
+    def __len__(self):
+        return len(self._seen)
+
+    def firstTime(self, origin):
+        """
+        Record a message, unless it was seen within the window.
+
+        @return: C{True} if it was not.
+        """
+        now = self.clock.seconds()
+        seen = self._seen
+        horizon = now - self.window
+        while seen:
+            oldest = next(iter(seen.values()))
+            if oldest > horizon and len(seen) < self.capacity:
+                break
+            seen.popitem(last=False)
+        key = (origin.broker, origin.messageId)
+        if key in seen:
+            return False
+        seen[key] = now
+        return True
