@@ -847,17 +847,26 @@ class Broker:
 
     def publishOwn(self, topic, payload):
         """
-        Publish on one of the broker's own topics (C{$SYS/...}), which no
-        client may publish on, and keep the message as the topic's retained
-        one, in memory only.
+        Set the value of one of the broker's own topics (C{$SYS/...}), which
+        no client may publish on: keep it as the topic's retained message,
+        in memory only, and publish it to the topic's subscribers.
+
+        A value nobody subscribes to is not published at all: it is no
+        message, and is neither counted nor logged.
         """
         self._ownTopics[topic] = payload
+        receivers = self._routeOf(topic)
+        if not receivers:
+            return
         message = Message(
             self._nextMid, topic, payload, OWN_PUBLISHER, self.clock.seconds()
         )
         self._nextMid += 1
-        self.counters["sys_published"] += 1
-        self._offer(message, self._routeOf(topic), 0, OWN_PUBLISHER, OWN_TRANSPORT)
+        counters = self.counters
+        counters["published"] += 1
+        counters["bytes_in"] += len(payload)
+        counters["sys_published"] += 1
+        self._offer(message, receivers, 0, OWN_PUBLISHER, OWN_TRANSPORT)
 
     def _offer(self, message, receivers, sid, peer, transportName):
         """

@@ -28,7 +28,6 @@ COUNTER_TOPICS = {
     "clients/connected": "connections",
     "clients/total": "connections_total",
     "subscriptions/count": "subscriptions",
-    "messages/received": "published",
     "messages/inflight": "inflight",
     "messages/dropped": "dropped",
     "messages/replaced": "replaced",
@@ -53,6 +52,14 @@ BRIDGE_TOPICS = {
 LOAD_WINDOWS = {"1min": 60.0, "5min": 300.0, "15min": 900.0}
 
 
+def _received(stats):
+    """
+    Messages published by clients and bridges: the broker's own C{$SYS}
+    messages left out.
+    """
+    return stats["published"] - stats["sys_published"]
+
+
 def _sent(stats):
     """
     Messages sent to subscribers, redeliveries included.
@@ -62,7 +69,7 @@ def _sent(stats):
 
 # Quantity -> how to read its running total from the broker's stats.
 LOAD_QUANTITIES = {
-    "messages/received": lambda stats: stats["published"],
+    "messages/received": _received,
     "messages/sent": _sent,
     "bytes/received": lambda stats: stats["bytes_in"],
     "bytes/sent": lambda stats: stats["bytes_out"],
@@ -77,6 +84,7 @@ def sysValues(stats):
     values = {topic: str(stats[counter]) for topic, counter in COUNTER_TOPICS.items()}
     values["version"] = f"dallal {__version__}"
     values["uptime"] = str(int(stats["uptime"]))
+    values["messages/received"] = str(_received(stats))
     values["messages/sent"] = str(_sent(stats))
     for name, status in stats.get("bridges", {}).items():
         for topic, field in BRIDGE_TOPICS.items():

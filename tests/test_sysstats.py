@@ -125,7 +125,31 @@ def test_stoppedPublisherPublishesNothing():
     publisher.stop()
     harness.clock.advance(10 * INTERVAL)
     assert values(watcher) == {}
-    assert harness.broker.stats()["sys_published"] > 0
+
+
+def test_onlyValuesSomeoneSubscribesToAreMessages():
+    """
+    A round publishes, counts and logs only the values someone subscribes
+    to; the others are only kept for the next subscriber.
+    """
+    harness, _ = sysHarness()
+    assert harness.fields("publish") == []
+    watcher = harness.connect()
+    subscribe(watcher, b"$SYS/broker/uptime")
+    harness.clock.advance(INTERVAL)
+    [publish] = harness.fields("publish")
+    assert (publish["topic"], publish["transport"], publish["subscribers"]) == (
+        PREFIX + "uptime",
+        "sys",
+        1,
+    )
+    stats = harness.broker.stats()
+    assert (stats["published"], stats["sys_published"]) == (1, 1)
+    # messages/received counts what clients published: none.
+    harness.clock.advance(INTERVAL)
+    reader = harness.connect()
+    subscribe(reader, b"$SYS/broker/messages/received")
+    assert values(reader) == {PREFIX + "messages/received": "0"}
 
 
 def test_aFailingRoundIsLogged():
