@@ -303,7 +303,7 @@ class Outbox:
         delivery = self._inflight.pop(deliveryId, None)
         if delivery is None:
             return
-        delivery.timer.cancel()
+        # As for an ack, the timer finds it gone.
         self.ledger.dropped(self.sid, delivery.subscription, delivery.message, reason)
         self._settled(delivery)
 
