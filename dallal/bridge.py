@@ -48,7 +48,7 @@ from zope.interface import implementer
 
 from dallal.client import DallalClientProtocol, ServerError
 from dallal.delivery import ALL, BRIDGE_REFUSED, DROP_OLDEST
-from dallal.errors import NO_ID, RequestError
+from dallal.errors import NO_ID, SHUTTING_DOWN, RequestError
 from dallal.interfaces import ISubscriber
 from dallal.keepalive import IPingable
 from dallal.origin import checkName
@@ -418,6 +418,10 @@ class BridgeLink(Service):
                 self, message.topic, message.payload, message.options, NO_ID
             )
         except RequestError as error:
+            if error.code == SHUTTING_DOWN:
+                # Never acked: the remote keeps it for the next connection,
+                # to this broker's next run.
+                return Deferred()
             self._log.warn(
                 "bridge {name}: refused a message on {topic} from the remote: {reason}",
                 name=self.name,
@@ -456,8 +460,9 @@ class BridgeLink(Service):
 
     def _remoteFailed(self, failure, deliveryId):
         self._outstanding.discard(deliveryId)
-        if not failure.check(ServerError):
-            # The connection went: sent again once the link is back up.
+        if not failure.check(ServerError) or failure.value.code == SHUTTING_DOWN:
+            # The connection went, or is about to with the remote broker:
+            # sent again once the link is back up.
             return
         message = self._unacked.pop(deliveryId, None)
         if message is not None and self._attached:

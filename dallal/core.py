@@ -787,8 +787,10 @@ class Broker:
             and logged with the per-message events).
         @raise RequestError: refused: a bad origin, topic or payload size, or
             a topic the session may not write (counted in
-            C{bridged_refused}).
+            C{bridged_refused}); or the broker is shutting down (the bridge
+            sends it again to the broker's next run).
         """
+        self._checkAccepting(requestId)
         counters = self.counters
         session = self._sessions[subscriber]
         try:

@@ -176,6 +176,17 @@ def test_malformedBridgedPublishesAreRefused(harness, line):
     assert harness.broker.stats()["published"] == 0
 
 
+def test_bridgedPublishesWaitForTheNextRunWhileShuttingDown(harness):
+    bridge = harness.connect()
+    harness.broker.drain(1.0)
+    bridge.send(bridgedPub(b"7", b"news", b"hi", b"leaf", b"a1.5", 0))
+    assert bridge.received().startswith(b"ERR 7 SHUTTING_DOWN ")
+    stats = harness.broker.stats()
+    assert (stats["published"], stats["bridged_refused"]) == (0, 0)
+    # Not remembered: the same message, sent again to the next run, is new.
+    assert len(harness.broker.seen) == 0
+
+
 def test_bridgedPublishOnAReservedTopicIsRefusedAndCounted(harness):
     bridge = harness.connect()
     bridge.send(bridgedPub(b"7", b"$SYS/x", b"hi", b"leaf", b"a1.5", 0))
@@ -412,6 +423,29 @@ def test_aMessageTheRemoteRefusesIsDroppedHere():
         1,
         1,
     )
+
+
+def test_aRemoteShuttingDownGetsTheMessageAgainAfterItsRestart():
+    harness = LinkHarness()
+    remote, _ = harness.connect()
+    harness.local.connect().send(b"PUB 1 news 3\r\none\r\n")
+    remote.received()
+    remote.send(b"ERR 2 SHUTTING_DOWN the broker is shutting down\r\n")
+    assert harness.local.broker.stats()["dropped"] == 0
+    remote.lose()
+    harness.local.clock.advance(1)
+    again, _ = harness.connect()
+    [resent] = frames(again.received(), b"PUB")
+    assert resent.payload == b"one"
+
+
+def test_whileThisBrokerShutsDownInboundMessagesAreNotAcked():
+    harness = LinkHarness()
+    remote, _ = harness.connect()
+    harness.local.broker.drain(1.0)
+    remote.send(remoteMessage(b"5", b"news", b"hello"))
+    assert remote.received() == b""
+    assert harness.local.broker.stats()["bridged_refused"] == 0
 
 
 def test_theLinkReconnectsResubscribesAndResendsWhatWasNotAcked():
