@@ -1,7 +1,8 @@
 """
-Helpers shared by bench/connections.py and bench/flow_control.py: a
-C{twistd -n dallal} process on free loopback ports, what /proc says about
-it, and a raw control connection that asks it for its counters.
+What the benchmarks share about the brokers they measure: a broker process
+on free loopback ports and what /proc says about it (L{ServerProcess}), a
+C{twistd -n dallal} one (L{Broker}; bench/compare.py starts its peers the
+same way), and a raw control connection that asks it for its counters.
 """
 
 import glob
@@ -24,6 +25,12 @@ PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 class BenchError(Exception):
     pass
+
+
+class RequestRefused(BenchError):
+    """
+    The broker answered a request with C{ERR}.
+    """
 
 
 def twistdExecutable():
@@ -67,92 +74,96 @@ def tryRaiseHardLimit(wanted):
     return raiseDescriptorLimit()
 
 
-class Broker:
+class ServerProcess:
     """
-    A C{twistd -n dallal} process listening on free loopback ports, logging
-    to a file in C{directory}.
+    A broker process on free loopback ports, logging to a file in
+    C{directory}, measured through /proc (CPU, memory, descriptors) and
+    stopped by its PID.  Subclasses say how to start it (L{startCommand})
+    and find where it listens (L{awaitPorts}).
 
-    @param tcpDescription: the endpoint of C{--tcp}.
-    @param udp: also serve UDP (on a free port) if true.
-    @param extra: more C{twistd dallal} options.
-    @param nofile: the RLIMIT_NOFILE (soft and hard) the broker starts with.
+    @cvar name: names its log and output files.
     """
 
-    def __init__(self, directory, extra=(), udp=False, nofile=None,
-                 tcpDescription="tcp:0:interface=127.0.0.1"):
-        self.logPath = os.path.join(directory, "twistd.log")
-        self.command = [
-            twistdExecutable(), "-n", "--pidfile=", f"--logfile={self.logPath}",
-            "dallal", "--tcp", tcpDescription,
-            "--data-dir", os.path.join(directory, "data"),
-            *extra,
-        ]
-        if udp:
-            self.command += ["--udp", "0"]
-        self._output = open(os.path.join(directory, "twistd.out"), "wb")
+    name = "server"
 
-        def limits():
-            if nofile:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-
+    def __init__(self, directory):
+        self.logPath = os.path.join(directory, f"{self.name}.log")
+        self.command = self.startCommand(directory)
+        self._output = open(os.path.join(directory, f"{self.name}.out"), "wb")
         self.process = subprocess.Popen(
             self.command, stdout=self._output, stderr=subprocess.STDOUT,
-            preexec_fn=limits,
+            preexec_fn=self.beforeExec,
         )
         self.pid = self.process.pid
         try:
-            self.port, self.udpPort = self._waitForPorts(udp)
+            self.awaitPorts()
         except BenchError as error:
             self.stop()
             raise BenchError(f"{error}\n{self.lastWords()}") from None
 
+    def startCommand(self, directory):
+        raise NotImplementedError
+
+    def awaitPorts(self):
+        """
+        Wait until the server listens, and set C{port} to where.
+
+        @raise BenchError: it exited, or took longer than
+            C{BROKER_START_TIMEOUT}.
+        """
+        raise NotImplementedError
+
+    def beforeExec(self):
+        """
+        Run in the child process before the server's executable.
+        """
+
+    def checkAlive(self):
+        """
+        @raise BenchError: the server has exited.
+        """
+        if self.process.poll() is not None:
+            raise BenchError(
+                f"{self.name} exited with status {self.process.returncode}: "
+                f"{shlex.join(self.command)}"
+            )
+
     def reproduce(self):
         return shlex.join(self.command)
 
-    def _waitForPorts(self, udp):
-        deadline = time.monotonic() + BROKER_START_TIMEOUT
-        tcpLine = re.compile(rb"event=listening transport=tcp address=127\.0\.0\.1:(\d+)")
-        udpLine = re.compile(rb"event=listening transport=udp address=127\.0\.0\.1:(\d+)")
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise BenchError(
-                    f"the broker exited with status {self.process.returncode}: "
-                    f"{shlex.join(self.command)}"
-                )
-            try:
-                with open(self.logPath, "rb") as log:
-                    text = log.read()
-            except FileNotFoundError:
-                text = b""
-            tcp = tcpLine.search(text)
-            found = udpLine.search(text) if udp else None
-            if tcp and (found or not udp):
-                return int(tcp.group(1)), (int(found.group(1)) if found else None)
-            time.sleep(0.05)
-        raise BenchError("the broker did not log event=listening in time")
-
     # /proc
+
+    def _stat(self):
+        with open(f"/proc/{self.pid}/stat", "rb") as stat:
+            # The command name, in parentheses, may hold spaces: count the
+            # fields after its closing parenthesis (utime is field 14).
+            return stat.read().rpartition(b")")[2].split()
 
     def cpuSplit(self):
         """
-        (user, system) CPU seconds: the broker's Python and its system calls.
+        (user, system) CPU seconds of all its threads: its own code and its
+        system calls.
         """
-        with open(f"/proc/{self.pid}/stat", "rb") as stat:
-            fields = stat.read().rpartition(b")")[2].split()
+        fields = self._stat()
         return int(fields[11]) / CLOCK_TICKS, int(fields[12]) / CLOCK_TICKS
 
     def cpuSeconds(self):
-        with open(f"/proc/{self.pid}/stat", "rb") as stat:
-            fields = stat.read().rpartition(b")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        return sum(self.cpuSplit())
 
     def secondsWaitingForCore(self):
         """
-        Time the broker was ready to run but waited for a core (the second
-        field of /proc/<pid>/schedstat, nanoseconds).
+        How long its threads have been ready to run but waiting for a core
+        (the second field of each /proc/<pid>/task/<tid>/schedstat, in
+        nanoseconds): time the machine's other load took from it.
         """
-        with open(f"/proc/{self.pid}/schedstat") as schedstat:
-            return int(schedstat.read().split()[1]) / 1e9
+        total = 0
+        for thread in os.listdir(f"/proc/{self.pid}/task"):
+            try:
+                with open(f"/proc/{self.pid}/task/{thread}/schedstat") as schedstat:
+                    total += int(schedstat.read().split()[1])
+            except FileNotFoundError:  # the thread ended meanwhile
+                pass
+        return total / 1e9
 
     def status(self, field):
         """
@@ -164,8 +175,11 @@ class Broker:
                     return int(line.split()[1]) * 1024
         raise BenchError(f"no {field} in /proc/<pid>/status")
 
-    def rss(self):
+    def residentMemory(self):
         return self.status("VmRSS")
+
+    def peakMemory(self):
+        return self.status("VmHWM")
 
     def descriptors(self):
         return len(os.listdir(f"/proc/{self.pid}/fd"))
@@ -189,12 +203,15 @@ class Broker:
         return count
 
     def lastWords(self):
+        """
+        The end of its log and output, to explain a failure.
+        """
         lines = []
         for path in (self.logPath, self._output.name):
             if os.path.exists(path):
                 with open(path, "rb") as output:
                     lines += output.read().decode("utf-8", "replace").splitlines()[-10:]
-        return "\n".join(["the broker's last lines:", *lines])
+        return "\n".join([f"{self.name}'s last lines:", *lines])
 
     def alive(self):
         return self.process.poll() is None
@@ -208,6 +225,85 @@ class Broker:
                 self.process.kill()
                 self.process.wait()
         self._output.close()
+
+
+class Broker(ServerProcess):
+    """
+    A C{twistd -n dallal} process, its retained messages in C{directory}.
+
+    @param tcpDescription: the endpoint of C{--tcp}.
+    @param udp: also serve UDP (on a free port, C{udpPort}) if true.
+    @param messageEvents: log an event per message (C{--message-events}).
+    @param extra: more C{twistd dallal} options.
+    @param nofile: the RLIMIT_NOFILE (soft and hard) the broker starts with.
+    """
+
+    name = "twistd"
+
+    def __init__(self, directory, extra=(), udp=False, nofile=None,
+                 tcpDescription="tcp:0:interface=127.0.0.1", messageEvents=False):
+        self._tcpDescription = tcpDescription
+        self._udp = udp
+        self._messageEvents = messageEvents
+        self._extra = list(extra)
+        self._nofile = nofile
+        self.udpPort = None
+        ServerProcess.__init__(self, directory)
+
+    def startCommand(self, directory):
+        command = [
+            twistdExecutable(), "-n", "--pidfile=", f"--logfile={self.logPath}",
+            "dallal", "--tcp", self._tcpDescription,
+            "--data-dir", os.path.join(directory, "data"),
+            *self._extra,
+        ]
+        if self._udp:
+            command += ["--udp", "0"]
+        if self._messageEvents:
+            command.append("--message-events")
+        return command
+
+    def beforeExec(self):
+        if self._nofile:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (self._nofile, self._nofile))
+
+    def awaitPorts(self):
+        """
+        The ports from the broker's C{event=listening} lines, which go to
+        the log file (twistd writes nothing else to stdout with --logfile).
+        """
+        deadline = time.monotonic() + BROKER_START_TIMEOUT
+        tcpLine = re.compile(rb"event=listening transport=tcp address=127\.0\.0\.1:(\d+)")
+        udpLine = re.compile(rb"event=listening transport=udp address=127\.0\.0\.1:(\d+)")
+        while time.monotonic() < deadline:
+            self.checkAlive()
+            try:
+                with open(self.logPath, "rb") as log:
+                    text = log.read()
+            except FileNotFoundError:
+                text = b""
+            tcp = tcpLine.search(text)
+            udp = udpLine.search(text) if self._udp else None
+            if tcp and (udp or not self._udp):
+                self.port = int(tcp.group(1))
+                self.udpPort = int(udp.group(1)) if udp else None
+                return
+            time.sleep(0.05)
+        raise BenchError("the broker did not log event=listening in time")
+
+    def counters(self, timeout=10.0):
+        """
+        The broker's counters, from a C{STATS} request on a connection of
+        its own, or C{None} from a broker that refuses it (commits older
+        than C{STATS}).
+        """
+        control = ControlConnection(self.port)
+        try:
+            return control.stats(timeout)
+        except RequestRefused:
+            return None
+        finally:
+            control.close()
 
 
 class ControlConnection:
@@ -298,7 +394,7 @@ class ControlConnection:
             parts = line.split(b" ")
             if len(parts) > 1 and parts[1] == requestId:
                 if parts[0] == b"ERR":
-                    raise BenchError(f"the broker refused a request: {line!r}")
+                    raise RequestRefused(f"the broker refused a request: {line!r}")
                 return line, payload
 
     def stats(self, timeout=10.0):

@@ -19,7 +19,6 @@ measures latency from a timestamp in the payload.
 bench/README.md describes the output; docs/PERFORMANCE.md has the figures.
 """
 
-import argparse
 import collections
 import math
 import multiprocessing
@@ -44,18 +43,16 @@ from protocols import (
     payload,
     stampedPayload,
 )
+from brokerproc import BROKER_START_TIMEOUT, CLOCK_TICKS, BenchError, Broker, ServerProcess
 from throughput import (
-    BROKER_START_TIMEOUT,
-    CLOCK_TICKS,
     PUBLISH_WRITES_PER_WINDOW,
     RECEIVE_SIZE,
-    BenchError,
-    Broker,
     awaitReport,
+    commandLine,
     connect,
     describeSetup,
+    runOptions,
     spread,
-    twistdExecutable,
 )
 
 # The publishers' window is also capped in payload bytes, so that what a
@@ -71,67 +68,11 @@ LATENCY_PAYLOAD_SIZE = 64
 # The brokers.
 
 
-class Server(Broker):
-    """
-    A broker process, measured as throughput.Broker measures twistd (CPU
-    time from /proc/<pid>/stat, peak RSS, its last words, stopped by PID);
-    this constructor replaces Broker's, which starts twistd, and subclasses
-    say how to start their broker and where it listens.
-    """
-
-    name = None
-
-    def __init__(self, directory):
-        self.logPath = os.path.join(directory, f"{self.name}.log")
-        self.command = self.startCommand(directory)
-        self._output = open(os.path.join(directory, f"{self.name}.out"), "wb")
-        self.process = subprocess.Popen(
-            self.command, stdout=self._output, stderr=subprocess.STDOUT
-        )
-        try:
-            self.port = self.awaitPort()
-        except BenchError as error:
-            self.stop()
-            raise BenchError(f"{error}\n{self.lastWords()}") from None
-
-    def startCommand(self, directory):
-        raise NotImplementedError
-
-    def awaitPort(self):
-        raise NotImplementedError
-
-    def secondsWaitingForCore(self):
-        """
-        How long the broker's threads have been ready to run but waiting for
-        a core (NATS runs several; /proc/<pid>/schedstat is the main one's).
-        """
-        total = 0
-        for thread in os.listdir(f"/proc/{self.process.pid}/task"):
-            try:
-                with open(f"/proc/{self.process.pid}/task/{thread}/schedstat") as schedstat:
-                    total += int(schedstat.read().split()[1])
-            except FileNotFoundError:  # the thread ended meanwhile
-                pass
-        return total / 1e9
-
-
-class DallalServer(Server):
+class DallalServer(Broker):
     """
     C{twistd -n dallal} with its defaults (no --message-events), retained
     messages stored in the measurement's directory.
     """
-
-    name = "dallal"
-
-    def startCommand(self, directory):
-        return [
-            twistdExecutable(), "-n", "--pidfile=", f"--logfile={self.logPath}",
-            "dallal", "--tcp", "tcp:0:interface=127.0.0.1",
-            "--data-dir", os.path.join(directory, "data"),
-        ]
-
-    def awaitPort(self):
-        return self._waitForPort()
 
     @staticmethod
     def version():
@@ -146,7 +87,7 @@ def freePort():
         return probe.getsockname()[1]
 
 
-class PeerServer(Server):
+class PeerServer(ServerProcess):
     """
     A broker from a Debian package, started in the foreground on a free
     loopback port with a minimal configuration.
@@ -160,19 +101,16 @@ class PeerServer(Server):
 
     def __init__(self, directory):
         self._port = freePort()
-        Server.__init__(self, directory)
+        ServerProcess.__init__(self, directory)
 
-    def awaitPort(self):
+    def awaitPorts(self):
         deadline = time.monotonic() + BROKER_START_TIMEOUT
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise BenchError(
-                    f"{self.name} exited with status {self.process.returncode}: "
-                    f"{shlex.join(self.command)}"
-                )
+            self.checkAlive()
             try:
                 socket.create_connection(("127.0.0.1", self._port), timeout=1).close()
-                return self._port
+                self.port = self._port
+                return
             except OSError:
                 time.sleep(0.05)
         raise BenchError(f"{self.name} did not listen on port {self._port} in time")
@@ -871,39 +809,25 @@ def printComparisons(groups, scenarios, contenders):
 
 
 def reproduceCommand(arguments):
-    environment = (
-        [f"PYTHONPATH={os.environ['PYTHONPATH']}"] if os.environ.get("PYTHONPATH") else []
-    )
-    return shlex.join([
-        *environment, "python3", "bench/compare.py",
-        "--messages", str(arguments.messages),
-        "--runs", str(arguments.runs),
-        "--window", str(arguments.window),
+    return commandLine(
+        "compare.py", arguments,
         "--latency-rate", str(arguments.latency_rate),
         "--latency-seconds", str(arguments.latency_seconds),
         "--scenarios", *arguments.scenarios,
         "--brokers", *arguments.brokers,
-    ])
+    )
 
 
 def parseArguments(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--messages", type=int, default=50_000,
-        help="deliveries per measurement with 64-byte payloads (a scenario with "
-        "S subscribers publishes messages/S); 1 KiB payloads get a quarter, "
-        "64 KiB ones a 32nd (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--runs", type=int, default=3,
-        help="runs of every measurement, interleaved across brokers; the "
-        "summary gives medians and spreads (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--window", type=int, default=1000,
-        help="messages published and not yet received by the slowest "
-        f"subscriber, shared by the publishers and capped at "
-        f"{WINDOW_BYTES // 2**20} MiB of payload (default: %(default)s)",
+    parser = runOptions(
+        __doc__.split("\n\n")[0],
+        50_000,
+        "deliveries per measurement with 64-byte payloads (a scenario with S "
+        "subscribers publishes messages/S); 1 KiB payloads get a quarter, 64 KiB "
+        "ones a 32nd",
+        "across brokers",
+        "messages published and not yet received by the slowest subscriber, "
+        f"shared by the publishers and capped at {WINDOW_BYTES // 2**20} MiB of payload",
     )
     parser.add_argument(
         "--latency-rate", type=float, default=5000,
@@ -926,10 +850,6 @@ def parseArguments(argv):
         "--brokers", nargs="+", choices=list(CONTENDERS_BY_KEY),
         default=list(CONTENDERS_BY_KEY),
         help="which brokers and modes (default: all)",
-    )
-    parser.add_argument(
-        "--timeout", type=float, default=120.0,
-        help="seconds one measurement may take before the run fails (default: %(default)s)",
     )
     return parser.parse_args(argv)
 

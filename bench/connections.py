@@ -386,7 +386,7 @@ class Run:
         self.series.append({
             "t": round(time.monotonic() - started, 3),
             "held": status["held"],
-            "rss": self.broker.rss(),
+            "rss": self.broker.residentMemory(),
             "cpu": self.broker.cpuSeconds(),
             "fds": self.broker.descriptors(),
         })
@@ -448,7 +448,7 @@ class Run:
                 processes.append(process)
             time.sleep(0.5)
             control = ControlConnection(broker.port)
-            baselineRss = broker.rss()
+            baselineRss = broker.residentMemory()
             baselineSock = sockstat()
             control.stats()
             overflowsBefore = listenOverflows()
@@ -521,7 +521,7 @@ class Run:
             # Memory, once everything has settled.
             time.sleep(1.0)
             control.pollPings()
-            rss = broker.rss()
+            rss = broker.residentMemory()
             sock = sockstat()
             stats = control.stats()
             perConnection = (rss - baselineRss) / max(held, 1)
@@ -532,7 +532,7 @@ class Run:
                 "rss_slope_per_connection": round(slope) if slope else None,
                 "kernel_tcp_mem_pages_delta": kernelPages,
                 "broker_connections": stats["connections"],
-                "vmhwm": broker.status("VmHWM"),
+                "vmhwm": broker.peakMemory(),
             })
             log(f"memory: broker RSS {rss / 2**20:.1f} MiB, "
                 f"{(rss - baselineRss) / 2**20:.1f} MiB over its baseline: "

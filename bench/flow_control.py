@@ -307,7 +307,7 @@ class UdpSubscriber:
 
 def rss(broker):
     try:
-        return broker.rss()
+        return broker.residentMemory()
     except (OSError, BenchError):
         return None
 
@@ -371,7 +371,7 @@ def runMode(transport, mode, options, outDirectory):
         info["udp_pings_sent"] = getattr(subscriber, "pings", None)
         info["stats_end"] = control.stats()
         info["rss_end"] = rss(broker)
-        info["vmhwm"] = broker.status("VmHWM")
+        info["vmhwm"] = broker.peakMemory()
         info["log_tail"] = [line for line in logLines(broker)
                             if "event=ping_missed" in line or "event=client_dropped" in line
                             or "event=disconnect" in line]

@@ -15,7 +15,7 @@ import re
 import struct
 import time
 
-from throughput import BenchError
+from brokerproc import BenchError
 
 # A payload starting with this marks a publisher's last message: a
 # subscriber that has one from every publisher it hears has had everything

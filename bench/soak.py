@@ -783,7 +783,7 @@ class Samples:
         self.started = time.monotonic()
 
     def sample(self):
-        self.rss.append(self.broker.rss())
+        self.rss.append(self.broker.residentMemory())
         self.load.append(os.getloadavg())
 
     def counters(self, control):
@@ -866,7 +866,7 @@ def run(settings, directory, log=print):
     faults = control = None
     try:
         log(f"broker: {broker.reproduce()}")
-        startRss = broker.rss()
+        startRss = broker.residentMemory()
         loadJobs, stoppedJob, killedJob = jobs(settings, broker.port, broker.udpPort)
         reporting = [LoadProcess(job, directory) for job in (*loadJobs, stoppedJob)]
         answers(reporting, "ready")
@@ -892,7 +892,7 @@ def run(settings, directory, log=print):
         final = control.stats()
         elapsed = time.monotonic() - started
         cpu = broker.cpuSeconds() - samples.startCpu
-        peakRss = broker.status("VmHWM")
+        peakRss = broker.peakMemory()
         control.close()
         control = None
         for process in reporting:

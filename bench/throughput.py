@@ -22,13 +22,11 @@ bench/README.md describes the output; docs/PERFORMANCE.md has the figures.
 
 import argparse
 import importlib.util
-import json
 import multiprocessing
 import os
 import platform
 import re
 import shlex
-import signal
 import socket
 import statistics
 import subprocess
@@ -38,7 +36,7 @@ import time
 from dataclasses import dataclass
 from selectors import EVENT_READ, DefaultSelector
 
-from brokerproc import BROKER_START_TIMEOUT, CLOCK_TICKS, BenchError, twistdExecutable
+from brokerproc import BROKER_START_TIMEOUT, BenchError, Broker
 
 TOPIC = b"bench"
 PAYLOAD = b"x" * 64
@@ -344,145 +342,6 @@ def runPublisher(
         pipe.send(("error", f"publisher: {error!r}"))
 
 
-# The broker.
-
-
-class Broker:
-    """
-    A C{twistd -n dallal} process listening on a free port, logging to a
-    file in C{directory}.
-    """
-
-    def __init__(self, directory, messageEvents, extraArguments=()):
-        self.logPath = os.path.join(directory, "twistd.log")
-        self.command = [
-            twistdExecutable(), "-n", "--pidfile=",
-            f"--logfile={self.logPath}",
-            "dallal", "--tcp", "tcp:0:interface=127.0.0.1",
-            *extraArguments,
-        ]
-        if messageEvents:
-            self.command.append("--message-events")
-        self._output = open(os.path.join(directory, "twistd.out"), "wb")
-        self.process = subprocess.Popen(
-            self.command, stdout=self._output, stderr=subprocess.STDOUT
-        )
-        try:
-            self.port = self._waitForPort()
-        except BenchError as error:
-            self.stop()
-            raise BenchError(f"{error}\n{self.lastWords()}") from None
-
-    def _waitForPort(self):
-        """
-        The port from the broker's C{event=listening} line, which goes to the
-        log file (twistd writes nothing else to stdout with --logfile).
-        """
-        deadline = time.monotonic() + BROKER_START_TIMEOUT
-        listening = re.compile(rb"event=listening .*address=127\.0\.0\.1:(\d+)")
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise BenchError(
-                    f"the broker exited with status {self.process.returncode}: "
-                    f"{shlex.join(self.command)}"
-                )
-            try:
-                with open(self.logPath, "rb") as log:
-                    match = listening.search(log.read())
-            except FileNotFoundError:
-                match = None
-            if match:
-                return int(match.group(1))
-            time.sleep(0.05)
-        raise BenchError("the broker did not log event=listening in time")
-
-    def cpuSeconds(self):
-        with open(f"/proc/{self.process.pid}/stat", "rb") as stat:
-            # The command name, in parentheses, may hold spaces: count the
-            # fields after its closing parenthesis (utime is field 14).
-            fields = stat.read().rpartition(b")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-    def secondsWaitingForCore(self):
-        """
-        How long the broker has been ready to run but waiting for a core
-        (the second field of /proc/<pid>/schedstat, in nanoseconds): time
-        the other processes on the machine took from it.
-        """
-        with open(f"/proc/{self.process.pid}/schedstat") as schedstat:
-            return int(schedstat.read().split()[1]) / 1e9
-
-    def peakMemory(self):
-        """
-        The peak resident set size in bytes (VmHWM).
-        """
-        return self._memoryStatus("VmHWM")
-
-    def residentMemory(self):
-        """
-        The resident set size now, in bytes (VmRSS).
-        """
-        return self._memoryStatus("VmRSS")
-
-    def _memoryStatus(self, field):
-        with open(f"/proc/{self.process.pid}/status") as status:
-            for line in status:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-        raise BenchError(f"no {field} in /proc/<pid>/status")
-
-    def counters(self, timeout=5.0):
-        """
-        The broker's counters, from a C{STATS} request on a connection of
-        its own, or C{None} from a broker that refuses it (commits older
-        than C{STATS}).
-        """
-        with connect(self.port) as sock:
-            sock.settimeout(timeout)
-            sock.sendall(b"STATS bench\r\n")
-            received = b""
-            while True:
-                data = sock.recv(RECEIVE_SIZE)
-                if not data:
-                    raise BenchError("the broker closed the STATS connection")
-                received += data
-                # The keepalive's PING may come first.
-                while received.startswith(b"PING"):
-                    received = received.partition(b"\n")[2]
-                header, lineEnd, payload = received.partition(b"\n")
-                if not lineEnd:
-                    continue
-                words = header.split()
-                if words[:2] == [b"ERR", b"bench"]:
-                    return None
-                if words[0] != b"STATS":
-                    raise BenchError(f"the broker answered STATS with {header!r}")
-                size = int(words[2])
-                if len(payload) >= size:
-                    return json.loads(payload[:size])
-
-    def lastWords(self):
-        """
-        The end of the broker's log and output, to explain a failure.
-        """
-        lines = []
-        for path in (self.logPath, self._output.name):
-            if os.path.exists(path):
-                with open(path, "rb") as output:
-                    lines += output.read().decode("utf-8", "replace").splitlines()[-10:]
-        return "\n".join(["the broker's last lines:", *lines])
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._output.close()
-
-
 # One measurement.
 
 
@@ -676,7 +535,7 @@ def measure(
     """
     messages = max(1, deliveries // subscribers)
     with tempfile.TemporaryDirectory(prefix="dallal-bench-") as directory:
-        broker = Broker(directory, messageEvents)
+        broker = Broker(directory, messageEvents=messageEvents)
         try:
             result = exchange(
                 broker, subscribers, messages, mode, window, deliveryWindow, timeout
@@ -759,9 +618,7 @@ def measureStalled(mode, messages, payloadSize, window, deliveryWindow, timeout)
     (and acks), whose receiving the last message ends the measurement.
     """
     with tempfile.TemporaryDirectory(prefix="dallal-bench-") as directory:
-        broker = Broker(
-            directory, False, extraArguments=["--ping-interval", str(STALLED_PING_INTERVAL)]
-        )
+        broker = Broker(directory, extra=["--ping-interval", str(STALLED_PING_INTERVAL)])
         try:
             with stalledSubscriber(broker.port, mode, timeout):
                 result = exchange(
@@ -974,34 +831,73 @@ def printStalled(measurement):
     )
 
 
-def reproduceCommand(arguments):
+def commandLine(script, arguments, *options):
+    """
+    The shell command that runs the benchmark C{script} again: its
+    PYTHONPATH (which says which broker it measured), the options of
+    L{runOptions} as C{arguments} holds them, then C{options}.
+    """
     environment = (
         [f"PYTHONPATH={os.environ['PYTHONPATH']}"] if os.environ.get("PYTHONPATH") else []
     )
-    command = [
-        *environment,
-        "python3", "bench/throughput.py",
+    return shlex.join([
+        *environment, "python3", f"bench/{script}",
         "--messages", str(arguments.messages),
         "--runs", str(arguments.runs),
         "--window", str(arguments.window),
+        *options,
+    ])
+
+
+def reproduceCommand(arguments):
+    options = [
         "--delivery-window", str(arguments.delivery_window),
         "--subscribers", *map(str, arguments.subscribers),
         "--modes", *arguments.modes,
     ]
     if arguments.message_events:
-        command.append("--message-events")
+        options.append("--message-events")
     if arguments.no_message_events:
-        command.append("--no-message-events")
+        options.append("--no-message-events")
     if arguments.stalled_only:
-        command.append("--stalled-only")
+        options.append("--stalled-only")
     if arguments.no_stalled:
-        command.append("--no-stalled")
+        options.append("--no-stalled")
     else:
-        command += [
+        options += [
             "--stalled-messages", str(arguments.stalled_messages),
             "--stalled-payload", str(arguments.stalled_payload),
         ]
-    return shlex.join(command)
+    return commandLine("throughput.py", arguments, *options)
+
+
+def runOptions(description, messages, messagesHelp, interleaved, windowHelp):
+    """
+    An argument parser with the options of every throughput benchmark:
+    C{--messages} (default C{messages}), C{--runs}, C{--window} and
+    C{--timeout}.
+
+    @param interleaved: what the runs are interleaved across.
+    """
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument(
+        "--messages", type=int, default=messages,
+        help=f"{messagesHelp} (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--runs", type=int, default=3,
+        help=f"runs of every measurement, interleaved {interleaved}; the "
+        "summary gives medians and spreads (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--window", type=int, default=1000,
+        help=f"{windowHelp} (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=120.0,
+        help="seconds one measurement may take before the run fails (default: %(default)s)",
+    )
+    return parser
 
 
 def payloadSize(text):
@@ -1012,20 +908,12 @@ def payloadSize(text):
 
 
 def parseArguments(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--messages", type=int, default=100_000,
-        help="deliveries per measurement: a scenario with S subscribers "
-        "publishes messages/S messages (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--runs", type=int, default=3,
-        help="runs of every measurement, interleaved; the summary gives "
-        "their median and spread (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--window", type=int, default=1000,
-        help="PUBs the publisher keeps unacknowledged (default: %(default)s)",
+    parser = runOptions(
+        __doc__.split("\n\n")[0],
+        100_000,
+        "deliveries per measurement: a scenario with S subscribers publishes messages/S",
+        "across scenarios and modes",
+        "PUBs the publisher keeps unacknowledged",
     )
     parser.add_argument(
         "--delivery-window", type=int, default=500,
@@ -1052,10 +940,6 @@ def parseArguments(argv):
         "--no-message-events", action="store_true",
         help="measure the broker without per-message events (what it does "
         "by default; with --message-events too, both are measured and compared)",
-    )
-    parser.add_argument(
-        "--timeout", type=float, default=120.0,
-        help="seconds one measurement may take before it fails (default: %(default)s)",
     )
     stalled = parser.add_mutually_exclusive_group()
     stalled.add_argument(
