@@ -46,6 +46,7 @@ from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from dallal.limits import RESERVED_DESCRIPTORS  # noqa: E402
 from brokerproc import (  # noqa: E402
     BenchError,
     Broker,
@@ -717,7 +718,7 @@ def stopCause(held, target, fds, limit, emfile, status, memoryStop, refused):
     if refused:
         return (
             f"the broker's --max-connections, its descriptor limit ({limit:,}) less the "
-            f"32 it keeps for its other files: it answered {refused:,} connections past it "
+            f"{RESERVED_DESCRIPTORS} it keeps for its other files: it answered {refused:,} connections past it "
             f"ERR TOO_MANY_CLIENTS and closed them; the clients saw {dict(failures)}"
         )
     if fds >= limit - 1:
@@ -792,8 +793,11 @@ def verdict(report, options):
     lines = ["targets:"]
     # The baseline counts the broker's own descriptors (log, listening
     # socket, epoll, Twisted's EMFILE reserve, ...) and the control
-    # connection: the rest is what subscribers can have.
-    spare = limit - report["baseline_fds"]
+    # connection: the rest is what subscribers can have, within the
+    # connections the broker accepts at that limit (its --max-connections
+    # fitted under it, the control connection among them).
+    accepted = limit - RESERVED_DESCRIPTORS - 1
+    spare = min(limit - report["baseline_fds"], accepted)
     if report["target"] > spare:
         allHeld = held >= spare
         what = f"the broker's limit of {limit:,} descriptors leaves {spare:,} for subscribers"
