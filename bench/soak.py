@@ -165,21 +165,40 @@ class Settings:
 # The load processes.
 
 
-def runWorker():
+def runWorker(job):
     """
-    The body of a load process: read its job (one JSON line) from standard
-    input, run its clients, and answer the driver's commands (C{go},
-    C{stop}, C{report}) with one JSON line each on standard output.
+    The body of a load process: run the clients of its C{job}, and answer
+    the driver's commands on standard input (C{go}, C{stop}, C{report})
+    with one JSON line each on standard output.
     """
     from twisted.internet import reactor
-    from twisted.internet.defer import ensureDeferred
 
-    job = json.loads(sys.stdin.readline())
     worker = Worker(reactor, job)
     done = ensureDeferred(worker.run())
     done.addErrback(worker.crashed)
     done.addBoth(lambda _: reactor.stop())
     reactor.run()
+
+
+class Commands(LineReceiver):
+    """
+    The load process's standard input and output: the driver's commands in,
+    its answers and errors out.
+
+    @ivar closed: fires once standard output is closed, all written.
+    """
+
+    delimiter = b"\n"
+
+    def __init__(self, worker):
+        self.worker = worker
+        self.closed = Deferred()
+
+    def lineReceived(self, line):
+        self.worker.command(line.decode().strip()).callback(None)
+
+    def connectionLost(self, reason):
+        self.closed.callback(None)
 
 
 class Worker:
@@ -189,7 +208,6 @@ class Worker:
     """
 
     def __init__(self, reactor, job):
-
         self.reactor = reactor
         self.job = job
         self.rng = random.Random(job["seed"])
@@ -202,10 +220,13 @@ class Worker:
         self.tasks = []
         self.clients = set()
         self._commands = {}
+        # Written through the reactor: StandardIO makes standard output
+        # non-blocking, and a long report would not fit a pipe at once.
+        self._stdio = Commands(self)
+        stdio.StandardIO(self._stdio)
         globalLogBeginner.beginLoggingTo([self._observe], redirectStandardIO=False)
 
     def _observe(self, event):
-
         level = event.get("log_level")
         self.logLevels[level.name if level else "?"] += 1
         if level in (LogLevel.error, LogLevel.critical) or event.get("log_failure"):
@@ -213,34 +234,32 @@ class Worker:
             text = formatEvent(event)
             if failure is not None:
                 text += "\n" + failure.getTraceback()
-            print(text, file=sys.stderr, flush=True)
+            self._write(text)
+
+    def _write(self, text):
+        self._stdio.transport.write(text.encode("utf-8", "replace") + b"\n")
 
     def say(self, **message):
-        print(json.dumps(message), flush=True)
+        self._write(json.dumps(message))
 
     def crashed(self, failure):
-        print(failure.getTraceback(), file=sys.stderr, flush=True)
+        self._write(failure.getTraceback())
+        return self.closeOutput()
+
+    def closeOutput(self):
+        """
+        @return: a Deferred that fires once all that was written is out.
+        """
+        self._stdio.transport.loseConnection()
+        return self._stdio.closed
 
     def command(self, name):
         """
         @return: a Deferred that fires when the driver says C{name}.
         """
-
         if name not in self._commands:
             self._commands[name] = Deferred()
         return self._commands[name]
-
-    def _readCommands(self):
-
-        worker = self
-
-        class Commands(LineReceiver):
-            delimiter = b"\n"
-
-            def lineReceived(self, line):
-                worker.command(line.decode().strip()).callback(None)
-
-        stdio.StandardIO(Commands())
 
     def problem(self, what, error=None):
         """
@@ -250,14 +269,12 @@ class Worker:
         self.problems[key] += 1
 
     async def run(self):
-        self._readCommands()
         job = self.job
         await self._startSubscribers()
         if job["killed"]:
             self._startKilled(job["killed"])
             self.say(ready=True)
             # Runs until the driver kills it.
-
             await Deferred()
         self.say(ready=True)
         await self.command("go")
@@ -269,22 +286,20 @@ class Worker:
             self.spawn(self._neverRead(number))
         await self.command("stop")
         self.running = False
-
         await DeferredList(self.tasks)
         self.say(stopped=True)
         await self.command("report")
         self.say(report=self.report())
         for client in list(self.clients):
             client.close()
+        await self.closeOutput()
 
     def spawn(self, coroutine):
-
         task = ensureDeferred(coroutine)
         task.addErrback(lambda failure: self.problem("task crashed", failure.value))
         self.tasks.append(task)
 
     async def sleep(self, seconds):
-
         await deferLater(self.reactor, seconds)
 
     # Connecting
@@ -299,7 +314,6 @@ class Worker:
         return "udp" if int((number + 1) * share) > int(number * share) else "tcp"
 
     async def connect(self, transport):
-
         if transport == "udp":
             attempt = connectUDP(self.reactor, "127.0.0.1", self.job["udpPort"])
         else:
@@ -315,7 +329,6 @@ class Worker:
     # Subscribers that stay
 
     async def _startSubscribers(self):
-
         starting = [
             self._subscribeChecked(kind, number)
             for kind in ("checked", "slow", "stopped")
@@ -325,7 +338,6 @@ class Worker:
         await gatherResults([ensureDeferred(coroutine) for coroutine in starting])
 
     async def _subscribeChecked(self, kind, number):
-
         name = f"{kind}{number}"
         transport = self.transportFor(number)
         client = await self.connect(transport)
@@ -480,7 +492,6 @@ class Worker:
     # Subscribers that never read
 
     async def _neverRead(self, number):
-
         class NeverReads(Protocol):
             def connectionMade(self):
                 self.transport.write(b"SUB n %s/# mode=all\r\n" % PREFIX.encode())
@@ -621,12 +632,11 @@ class LoadProcess:
     def __init__(self, job, directory):
         self.job = job
         self.collector = OutputCollector(
-            [sys.executable, os.path.abspath(__file__), "--worker"],
+            [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(job)],
             directory,
             stdin=True,
         )
         self.pid = self.collector.process.pid
-        self.tell(json.dumps(job))
 
     def tell(self, line):
         self.collector.process.stdin.write(line.encode() + b"\n")
@@ -686,7 +696,8 @@ def answers(processes, key, control=None, timeout=120.0):
 
 
 def _jsonLine(output, key):
-    for line in output.splitlines():
+    # The last part is a line still being written (a report is long).
+    for line in output.split(b"\n")[:-1]:
         if line.startswith(b"{") and b'"%s"' % key.encode() in line:
             message = json.loads(line)
             if key in message:
@@ -1155,6 +1166,7 @@ def printResult(result, log=print):
     )
     log(f"broker warnings: {dict(figures['warnings'])}")
     log(f"clients: {workers['counts']}")
+    log(f"clients' log, by level: {workers['clientLogLevels']}")
     if workers["problems"]:
         log(f"client problems: {workers['problems']}")
     for check in result.checks:
@@ -1165,7 +1177,7 @@ def printResult(result, log=print):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--worker", metavar="JOB", help=argparse.SUPPRESS)
     defaults = Settings()
     parser.add_argument("--clients", type=int, default=defaults.clients)
     parser.add_argument("--minutes", type=float, default=defaults.seconds / 60)
@@ -1179,7 +1191,7 @@ def main():
     parser.add_argument("--keep", action="store_true", help="keep the broker's log folder")
     args = parser.parse_args()
     if args.worker:
-        runWorker()
+        runWorker(json.loads(args.worker))
         return
     settings = Settings(
         clients=args.clients,

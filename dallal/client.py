@@ -423,7 +423,18 @@ class _ClientSession:
                 "dropping a message whose delivery id cannot be acked: {id!r}", id=deliveryId
             )
             return
-        subscription = self._subscriptions.get(options.get("sub"))
+        subscriptionId = options.get("sub")
+        subscription = self._subscriptions.get(subscriptionId)
+        if self._onMessage is None or (subscriptionId is not None and subscription is None):
+            # Not for this client: over UDP, a resend to the session that
+            # had this address (and port) before, whose client vanished
+            # without a BYE.  Acking it would ack a delivery of ours.
+            self._log.warn(
+                "dropping a message for no subscription of this client: {topic} sub={sub}",
+                topic=header.topic,
+                sub=subscriptionId,
+            )
+            return
         try:
             seq = int(options.get("seq", "0"))
         except ValueError:

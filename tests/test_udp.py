@@ -948,6 +948,27 @@ def test_clientIgnoresDatagramsFromOthers():
     assert [message.payload for message in received] == [b"hello"]
 
 
+def test_clientDropsAMessageForASubscriptionItDoesNotHave():
+    """
+    A message whose C{sub=} is none of this client's subscriptions -- over
+    UDP, a resend to the session that had this port before, whose client
+    vanished without a BYE -- is neither handed over nor acked (the ack
+    would settle a delivery of this client's with the same id), before the
+    client subscribes and after.
+    """
+    broker = FakeBroker()
+    broker.handshake()
+    broker.answer(b"MSG old 5 sub=3 seq=4 id=1\r\nstale\r\n")
+    received = []
+    broker.client.subscribe(["news"], received.append)
+    broker.answer(b"SUBACK 3\r\n")
+    broker.sent()
+    broker.answer(b"MSG old 5 sub=9 seq=5 id=2 redelivered=1\r\nstale\r\n")
+    broker.answer(b"MSG news 5 sub=3 seq=1 id=1\r\nhello\r\n")
+    assert [message.payload for message in received] == [b"hello"]
+    assert broker.sent() == [b"ACK 1 client=me token=TOKEN\r\n"]
+
+
 def test_clientHandsOverAMessageThatArrivesLate():
     """
     Over UDP a lost message, resent, arrives after later ones: it is handed
