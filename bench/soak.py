@@ -1031,29 +1031,29 @@ def checkDeliveries(reports, counters):
             acked[publisher["name"]] = set(publisher["acked"])
     totalAcked = sum(len(seqs) for seqs in acked.values())
     problems = []
-    checkedCount = expectedTotal = receivedTotal = gapsTotal = 0
+    # kind -> [subscribers, PubAck'd deliveries due, received, gaps]
+    kinds = defaultdict(lambda: [0, 0, 0, 0])
     stayed = Counter()
     for report in reports:
         for record in report["checked"]:
             if record["disconnected"]:
                 problems.append(f"{record['name']} ({record['transport']}) lost its connection")
                 continue
-            checkedCount += 1
             stayed[f"{record['kind']} {record['transport']}"] += 1
             received = {name: set(seqs) for name, seqs in record["received"].items()}
-            missing = 0
+            due = got = 0
             for name, seqs in acked.items():
                 expected = {seq for seq in seqs if matches(record["filter"], seq)}
-                got = received.get(name, set())
-                expectedTotal += len(expected)
-                receivedTotal += len(expected & got)
-                missing += len(expected - got)
-            gapsTotal += record["gaps"]
+                due += len(expected)
+                got += len(expected & received.get(name, set()))
+            figures = kinds[record["kind"]]
+            for index, value in enumerate((1, due, got, record["gaps"])):
+                figures[index] += value
             allowed = 0 if record["kind"] == "checked" else record["gaps"]
-            if missing > allowed:
+            if due - got > allowed:
                 problems.append(
                     f"{record['name']} ({record['kind']}, {record['transport']}, "
-                    f"{record['filter']}): {missing} PubAck'd messages missing, "
+                    f"{record['filter']}): {due - got} PubAck'd messages missing, "
                     f"{record['gaps']} reported as gaps"
                 )
             if record["duplicates"] or record["corrupt"]:
@@ -1061,15 +1061,15 @@ def checkDeliveries(reports, counters):
                     f"{record['name']}: {record['duplicates']} messages handed over twice, "
                     f"{record['corrupt']} not as published"
                 )
+    gaps = sum(figures[3] for figures in kinds.values())
     counted = counters["dropped_queue_full"] + counters["dropped_redelivery_limit"]
-    if gapsTotal > counted:
-        problems.append(f"{gapsTotal} gaps seen, but only {counted} drops counted by the broker")
-    if not checkedCount or not totalAcked:
+    if gaps > counted:
+        problems.append(f"{gaps} gaps seen, but only {counted} drops counted by the broker")
+    if not kinds or not totalAcked:
         problems.append("nothing to check: no checked subscriber or no PubAck")
-    detail = (
-        f"{checkedCount} checked all-mode subscribers stayed connected ({dict(stayed)}); "
-        f"{totalAcked} messages PubAck'd; of the {expectedTotal} deliveries of them due to "
-        f"these subscribers, {receivedTotal} received, {gapsTotal} reported as gaps"
+    detail = f"{totalAcked} messages PubAck'd; stayed connected: {dict(stayed)}; " + "; ".join(
+        f"{kind}: {due} PubAck'd deliveries due, {got} received, {kindGaps} told as gaps"
+        for kind, (_, due, got, kindGaps) in kinds.items()
     )
     if problems:
         detail += "; " + "; ".join(problems[:10])
