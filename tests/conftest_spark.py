@@ -237,7 +237,7 @@ HAND_WRITTEN_SUMMARY = {
     "dropped": 2,
     "dropped_by_reason": {
         "disconnected": 1, "queue_full": 1, "redelivery_limit": 0,
-        "slow_consumer": 0, "superseded": 0, "too_large": 0,
+        "slow_consumer": 0, "superseded": 0, "too_large": 0, "bridge_refused": 0,
     },
     "inflight": 1,
     "bytes_in": 56,

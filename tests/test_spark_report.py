@@ -264,3 +264,38 @@ def test_counter_mismatches_name_the_counter():
     assert reportModule.counterMismatches([run]) == [
         {"run": 1, "counter": "published", "broker": 3, "log": 2}
     ]
+
+
+def test_suppressed_refusals_count_as_errors(spark, logLines, tmp_path):
+    """
+    Refusals the broker counted but did not log one by one (a flood of
+    datagrams that named no session) are in the errors as its counter has
+    them: no counter mismatch.
+    """
+    import report as reportModule
+
+    t = 1795292880.0
+    stranger = dict(session=0, client="10.0.0.9:7")
+    logLines.write(
+        tmp_path / "logs" / "twistd.log",
+        [
+            logLines.event(t, "listening", transport="udp", address="127.0.0.1:1234"),
+            logLines.event(t + 1, "protocol_error", "warn", **stranger, code="BAD_TOKEN", fatal=False),
+            logLines.event(t + 2, "protocol_errors_suppressed", "warn", code="BAD_TOKEN", count=20),
+            logLines.event(t + 3, "stats", connections=0, connections_total=0, errors=21),
+        ],
+    )
+    summary = reportModule.runReport(spark, [str(tmp_path / "logs")], tmp_path / "out")
+    assert summary["counter_mismatches"] == []
+    [run] = table(spark, tmp_path / "out", "runs")
+    assert run["errors"] == 21
+    [window] = table(spark, tmp_path / "out", "health")
+    assert window["errors"] == 21
+
+
+def test_every_drop_reason_of_the_broker_is_counted():
+    from dallal_analytics import questions
+
+    from dallal.delivery import DROP_REASONS
+
+    assert set(questions.DROP_REASONS) == set(DROP_REASONS)

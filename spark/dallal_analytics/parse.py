@@ -35,7 +35,7 @@ JSON_RECORD_SEPARATOR = "\x1e"
 
 INT_FIELDS = (
     "mid", "bytes", "session", "subscribers", "seq", "attempt", "by",
-    "missed", "subscriptions",
+    "missed", "subscriptions", "count",
 )
 FLOAT_FIELDS = ("latency",)
 BOOL_FIELDS = ("fatal",)

@@ -16,7 +16,7 @@ from dallal_analytics.parse import EVENT
 
 DROP_REASONS = (
     "queue_full", "slow_consumer", "disconnected", "redelivery_limit", "superseded",
-    "too_large",
+    "too_large", "bridge_refused",
 )
 LATENCY_QUANTILES = (0.5, 0.95, 0.99)
 # percentile_approx's accuracy: the rank error is at most 1/accuracy.
@@ -548,17 +548,30 @@ def errors(events):
     )
 
 
+def refusalCount():
+    """
+    Refused requests, as the broker's C{errors} counter counts them: one per
+    C{protocol_error}, plus those a C{protocol_errors_suppressed} reports
+    (refusals of datagrams that named no session, beyond those logged).
+    """
+    return F.count_if(isEvent("protocol_error")) + F.coalesce(
+        F.sum(F.when(isEvent("protocol_errors_suppressed"), col("count"))), F.lit(0)
+    )
+
+
 def health(events, windowSeconds):
     """
     Per window with trouble: pings missed, clients dropped for them, errors.
     """
     return (
-        events.where(isEvent("ping_missed", "client_dropped", "protocol_error"))
+        events.where(
+            isEvent("ping_missed", "client_dropped", "protocol_error", "protocol_errors_suppressed")
+        )
         .groupBy(windowStart(col("t"), windowSeconds).alias("window_start"))
         .agg(
             F.count_if(isEvent("ping_missed")).alias("pings_missed"),
             F.count_if(isEvent("client_dropped")).alias("clients_dropped"),
-            F.count_if(isEvent("protocol_error")).alias("errors"),
+            refusalCount().alias("errors"),
         )
     )
 
@@ -620,7 +633,7 @@ def runs(events, messageTable, connectionTable):
             for reason in DROP_REASONS
         ),
         F.coalesce(F.sum(F.when(isEvent("publish"), col("bytes"))), F.lit(0)).alias("bytes_in"),
-        F.count_if(isEvent("protocol_error")).alias("errors"),
+        refusalCount().alias("errors"),
         F.count_if(isEvent("ping_missed")).alias("pings_missed"),
         F.count_if(isEvent("client_dropped")).alias("clients_dropped"),
         F.max_by(F.when(isStats, col("stats")), F.when(isStats, col("t"))).alias("counters"),
