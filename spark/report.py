@@ -184,9 +184,11 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
     """
     Analyse the logs at C{paths} into C{outDir}; return the summary.
 
-    The parsed lines are cached once and every question reads the cache;
-    tables that others derive from are read back from their Parquet files.
+    The logs are read and parsed once, into a cache of the columns the
+    questions read; every question then reads that cache or smaller results
+    derived from it (see L{questions}).
     """
+    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     col = F.col
@@ -194,44 +196,55 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
     outDir = Path(outDir)
     outDir.mkdir(parents=True, exist_ok=True)
     tables = Tables(spark, outDir)
+    cached = []
+
+    def cache(frame):
+        cached.append(frame.persist(StorageLevel.MEMORY_AND_DISK))
+        return frame
 
     with progress.stage("read and parse"):
-        lines = parse.parseLines(parse.readLines(spark, paths)).cache()
+        lines = cache(parse.parseLines(parse.readLines(spark, paths)).select(
+            "kind", *questions.EVENT_COLUMNS, "raw"
+        ))
         survey = _rows(questions.lineSurvey(lines, parse.KINDS))[0]
         starts = questions.brokerStarts(lines, survey.pop("listening"))
+        messages = survey.pop("messages")
         unparsedExamples = [
             row.raw for row in lines.where(col("kind") == parse.UNPARSED)
             .select("raw").limit(UNPARSED_EXAMPLES).collect()
         ] if survey[parse.UNPARSED] else []
         events = questions.assignRuns(lines, starts)
 
-    with progress.stage("sessions"):
-        sessionTable = tables.write("sessions", questions.sessions(events, len(starts)))
+    with progress.stage("event summary and sessions"):
+        summary = cache(questions.eventSummary(
+            events, questions.messageSizes(events, messages), window
+        ))
+        activity = cache(questions.sessionActivity(summary))
+        sessionTable = tables.write("sessions", questions.sessions(
+            activity, questions.sessionNames(summary), len(starts)
+        ))
         sessionTransports = sessionTable.select(
             "run", "session", col("transport").alias("session_transport")
         )
         connectionTable = tables.write("connections", questions.connections(sessionTable))
-        byWindow = tables.write(
+        tables.write(
             "connections_by_window", questions.connectionsByWindow(connectionTable, window)
         )
 
     with progress.stage("traffic"):
-        activity = questions.messageActivity(events, sessionTransports).cache()
-        trafficTable = tables.write("traffic", questions.traffic(activity, window))
-        topicTable = tables.write("topics", questions.topics(activity))
-        activity.unpersist()
-        publisherTable = tables.write(
-            "publishers", questions.publishers(events, sessionTransports)
-        )
+        actors = cache(questions.actorTraffic(summary, sessionTransports))
+        trafficTable = tables.write("traffic", questions.traffic(actors))
+        topicTable = tables.write("topics", questions.topics(actors))
+        publisherTable = tables.write("publishers", questions.publishers(actors))
 
     with progress.stage("latency"):
-        ackFrame = questions.acks(events, sessionTransports).cache()
-        latencyTable = tables.write("latency", questions.latency(ackFrame))
-        histogramTable = tables.write(
-            "latency_histogram", questions.latencyHistogram(ackFrame)
+        latencies = cache(questions.latency(questions.acks(events, sessionTransports)))
+        latencyTable = tables.write(
+            "latency", latencies.where(~col("overall")).drop("overall")
         )
-        overallLatency = _rows(questions.overallLatency(ackFrame))[0]
-        ackFrame.unpersist()
+        # Without acks the overall grouping has no row.
+        overallLatency = (_rows(latencies.where(col("overall"))) or [{"acks": 0}])[0]
+        histogramTable = tables.write("latency_histogram", questions.latencyHistogram(summary))
 
     with progress.stage("loss account"):
         deliveryTable = tables.write("deliveries", questions.deliveries(events))
@@ -239,12 +252,13 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
         lossTable = tables.write("loss_account", questions.lossAccount(messageTable))
 
     with progress.stage("health"):
-        errorTable = tables.write("errors", questions.errors(events))
-        healthTable = tables.write("health", questions.health(events, window))
-        runTable = tables.write(
-            "runs", questions.runs(events, messageTable, connectionTable)
-        )
-    lines.unpersist()
+        errorTable = tables.write("errors", questions.errors(summary))
+        healthTable = tables.write("health", questions.health(summary))
+        runTable = tables.write("runs", questions.runs(
+            summary, activity, messageTable, connectionTable
+        ))
+    for frame in cached:
+        frame.unpersist()
 
     with progress.stage("summary and HTML"):
         # The per-topic and per-code tables are small: what the summary and
@@ -326,11 +340,13 @@ def summarize(window, survey, starts, unparsedExamples, runRows, topicRows, loss
     sessionsByTransport = tally(sessionKinds, "transport", "count")
     trafficByTransport = {row["transport"]: row for row in transports}
     return {
-        "publishes": total(topicRows, "publishes"),
+        # The broker's own publishes ($SYS/...) apart, as in its counters.
+        "publishes": total(runRows, "publishes"),
+        "sys_published": total(runRows, "sys_published"),
         "retained": total(runRows, "retained"),
         "deliveries": total(topicRows, "deliveries"),
         "redeliveries": total(topicRows, "redeliveries"),
-        "bytes_in": total(topicRows, "bytes_in"),
+        "bytes_in": total(runRows, "bytes_in"),
         "bytes_out": total(topicRows, "bytes_out"),
         "matched": total(lossRows, "matched"),
         **{name: total(lossRows, name) for name in questions.OUTCOME_COUNTS},
@@ -353,7 +369,7 @@ def summarize(window, survey, starts, unparsedExamples, runRows, topicRows, loss
         "pings_missed": total(runRows, "pings_missed"),
         "clients_dropped": total(runRows, "clients_dropped"),
         "latency": {
-            name: overallLatency[name] for name in ("acks", "p50", "p95", "p99", "mean", "max")
+            name: overallLatency.get(name) for name in ("acks", "p50", "p95", "p99", "mean", "max")
         },
         "unparsed_lines": survey[parse.UNPARSED],
         "lines": survey,

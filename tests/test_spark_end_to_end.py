@@ -4,10 +4,9 @@ End to end: a real `twistd --logfile=... dallal` broker, real clients (the
 counts in summary.json must equal what the test did.
 
 L{BrokerScenario} counts what each step should log: each subscriber says
-how the stories of the messages it is sent end (acked, dropped, ...).  A new
-kind of client (say, a slow `latest` subscriber whose messages are
-replaced) is a new method that registers its topics with the outcome it
-expects, and a new step in L{brokerRun}.
+how the stories of the messages it is sent end (acked, dropped, replaced,
+...).  A new kind of client is a new method that registers its topics with
+the outcome it expects, and a new step in L{brokerRun}.
 """
 
 import queue
@@ -23,6 +22,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
+from helpers import decodeFrames
 
 pytest_plugins = ["conftest_spark"]
 # Starting the JVM and its first queries take long on a busy machine.
@@ -146,11 +147,13 @@ class BrokerScenario:
     def _published(self, topic):
         outcomes = self.subscribers.get(topic, Counter())
         receivers = sum(outcomes.values())
+        # A replaced message was never sent.
+        sent = receivers - outcomes["replaced"]
         counts = self.topics.setdefault(topic, {"publishes": 0, "deliveries": 0})
         counts["publishes"] += 1
-        counts["deliveries"] += receivers
+        counts["deliveries"] += sent
         self.expected["publishes"] += 1
-        self.expected["deliveries"] += receivers
+        self.expected["deliveries"] += sent
         self.expected["matched"] += receivers
         self.expected.update(outcomes)
 
@@ -189,6 +192,46 @@ class BrokerScenario:
         self.connected -= 1
         self._published(topic)
 
+    def _rawClient(self):
+        client = socket.create_connection(("127.0.0.1", self.port), timeout=STEP_TIMEOUT)
+        self.silentClients.append(client)
+        self._session()
+        return client
+
+    def _readFrames(self, client, received, enough, answerPings=False):
+        """
+        Read what the broker sends C{client} after the C{received} bytes
+        until its frames are C{enough} or it hangs up.
+
+        @return: the bytes received, and whether the broker hung up.
+        """
+        deadline = time.monotonic() + STEP_TIMEOUT
+        pings = 0
+        while time.monotonic() < deadline:
+            try:
+                data = client.recv(65536)
+            except ConnectionResetError:
+                return received, True
+            if not data:
+                return received, True
+            received += data
+            try:
+                frames = decodeFrames(received)
+            except (ValueError, AssertionError):
+                # The last frame is not all there yet.
+                continue
+            newPings = sum(1 for frame in frames if frame.verb == b"PING")
+            if answerPings and newPings > pings:
+                client.sendall(b"PONG\r\n" * (newPings - pings))
+                pings = newPings
+            if enough(frames):
+                return received, False
+        pytest.fail(f"the broker did not send what was expected: {received!r}")
+
+    def _clientAddress(self, client):
+        host, port = client.getsockname()
+        return f"{host}:{port}"
+
     def silentSubscriber(self, topic, messages, badTopic):
         """
         A raw socket that subscribes to C{topic} in mode C{all}, publishes
@@ -198,9 +241,7 @@ class BrokerScenario:
 
         @return: its address as the broker logs it.
         """
-        client = socket.create_connection(("127.0.0.1", self.port), timeout=STEP_TIMEOUT)
-        self.silentClients.append(client)
-        self._session()
+        client = self._rawClient()
         client.sendall(f"SUB 1 {topic} mode=all\r\n".encode())
         for index, message in enumerate(messages, 2):
             client.sendall(f"PUB {index} {topic} {len(message)}\r\n{message}\r\n".encode())
@@ -212,23 +253,53 @@ class BrokerScenario:
         self.expected["errors"] += 1
         self.expected["clients_dropped"] += 1
         # Read (and never answer) until the broker hangs up.
-        deadline = time.monotonic() + STEP_TIMEOUT
-        received = b""
-        while time.monotonic() < deadline:
-            try:
-                data = client.recv(65536)
-            except ConnectionResetError:
-                break
-            if not data:
-                break
-            received += data
-        else:
-            pytest.fail(f"the broker did not drop the silent client: {received!r}")
+        received, _ = self._readFrames(client, b"", lambda frames: False)
         self.connected -= 1
         self._subscribed(topic, "dropped", -1)
         assert b"SUBACK 1" in received and b"ERR 0 BAD_TOPIC" in received
-        host, port = client.getsockname()
-        return f"{host}:{port}"
+        return self._clientAddress(client)
+
+    def slowLatestSubscriber(self, topic, messages):
+        """
+        A raw socket that subscribes to C{topic} in mode C{latest} and,
+        before reading anything, publishes C{messages} there itself: the
+        broker sends it the first; the second waits for its ack, and each
+        later one replaces the one waiting.  Only then does it ack the first,
+        and the last, which the broker sends next; then it says BYE.
+
+        @return: its address as the broker logs it, and the MSG frames it
+            received.
+        """
+        client = self._rawClient()
+        client.sendall(f"SUB 1 {topic} mode=latest\r\n".encode() + b"".join(
+            f"PUB {index} {topic} {len(message)}\r\n{message}\r\n".encode()
+            for index, message in enumerate(messages, 2)
+        ))
+        last = len(messages) - 1
+        for index in range(len(messages)):
+            outcome = "replaced" if 0 < index < last else "acked"
+            self._subscribed(topic, outcome)
+            self._published(topic)
+            self._subscribed(topic, outcome, -1)
+
+        def sent(count):
+            return lambda frames: sum(frame.verb == b"MSG" for frame in frames) >= count
+
+        received = b""
+        for count in (1, 2):
+            received, hungUp = self._readFrames(client, received, sent(count), answerPings=True)
+            assert not hungUp, received
+            delivery = [frame for frame in decodeFrames(received) if frame.verb == b"MSG"][-1]
+            options = dict(option.split(b"=") for option in delivery.arguments[2:])
+            client.sendall(b"ACK " + options[b"id"] + b"\r\n")
+        client.sendall(b"BYE\r\n")
+        received, hungUp = self._readFrames(client, received, lambda frames: False,
+                                            answerPings=True)
+        address = self._clientAddress(client)
+        self._waitForLogged(f"event=disconnect session=\\d+ client={re.escape(address)} ",
+                            f"the disconnect of {address}")
+        self.connected -= 1
+        return address, [frame for frame in decodeFrames(received) if frame.verb == b"MSG"]
 
     def waitForMessages(self, output, count):
         """
@@ -238,18 +309,24 @@ class BrokerScenario:
         assert None not in lines, f"only received {lines}"
         return lines
 
+    def _waitForLogged(self, pattern, what, count=1):
+        """
+        Wait until the broker has logged C{count} lines matching C{pattern}.
+        """
+        deadline = time.monotonic() + STEP_TIMEOUT
+        while time.monotonic() < deadline:
+            found = len(re.findall(pattern, self.log.read_text()))
+            if found >= count:
+                return
+            time.sleep(0.05)
+        pytest.fail(f"{what}: {found} logged, {count} expected")
+
     def waitForAcks(self):
         """
         Wait until the broker has logged every ack expected, so that
         stopping the subscribers drops none of their messages.
         """
-        deadline = time.monotonic() + STEP_TIMEOUT
-        while time.monotonic() < deadline:
-            acks = self.log.read_text().count("] event=ack ")
-            if acks >= self.expected["acked"]:
-                return
-            time.sleep(0.05)
-        pytest.fail(f"{acks} acks logged, {self.expected['acked']} expected")
+        self._waitForLogged(r"\] event=ack ", "acks", self.expected["acked"])
 
 
 @pytest.fixture(scope="module")
@@ -263,6 +340,7 @@ def brokerRun(tmp_path_factory):
         sports = scenario.subscribe("news", "sport")
         news = scenario.subscribe("news")
         silent = scenario.silentSubscriber("ghost", ["boo", "hoo"], badTopic="+bad")
+        slow = scenario.slowLatestSubscriber("slow", ["one", "two", "three", "four", "five"])
         for topic, message in [("news", "hello world"), ("news", "again"), ("sport", "goal"),
                                ("weather", "nobody listens")]:
             scenario.publish(topic, message)
@@ -272,14 +350,14 @@ def brokerRun(tmp_path_factory):
         scenario.stop()
     finally:
         scenario.kill()
-    return scenario, silent
+    return scenario, silent, slow
 
 
 @pytest.fixture(scope="module")
 def brokerReport(spark, brokerRun, tmp_path_factory):
     import report
 
-    scenario, _ = brokerRun
+    scenario, _, _ = brokerRun
     out = tmp_path_factory.mktemp("report")
     return out, report.runReport(spark, [str(scenario.log)], out)
 
@@ -287,7 +365,7 @@ def brokerReport(spark, brokerRun, tmp_path_factory):
 def test_real_broker_lines_all_parse(spark, brokerRun):
     from dallal_analytics import parse
 
-    scenario, _ = brokerRun
+    scenario, _, _ = brokerRun
     text = scenario.log.read_text().splitlines()
     rows = parse.parseLines(parse.readLines(spark, [str(scenario.log)])).collect()
     kinds = Counter(row.kind for row in rows)
@@ -300,22 +378,48 @@ def test_real_broker_lines_all_parse(spark, brokerRun):
 
 
 def test_summary_counts_what_the_clients_did(brokerRun, brokerReport):
-    scenario, _ = brokerRun
+    scenario, _, _ = brokerRun
     _, summary = brokerReport
     expected = scenario.expected
-    for key in ("publishes", "deliveries", "sessions", "peak_connections", "errors",
-                "clients_dropped", "matched"):
+    for key in ("publishes", "deliveries", "matched", "acked", "replaced", "dropped",
+                "sessions", "peak_connections", "errors", "clients_dropped"):
         assert summary[key] == expected[key], key
+    # The broker's own $SYS/... topics appear if the run outlasted its first
+    # --sys-interval: they are not the clients'.
     assert {topic: {name: values[name] for name in ("publishes", "deliveries")}
-            for topic, values in summary["topics"].items()} == scenario.topics
+            for topic, values in summary["topics"].items()
+            if not topic.startswith("$")} == scenario.topics
     assert summary["errors_by_code"] == {"BAD_TOPIC": 1}
     assert summary["unparsed_lines"] == 0
     assert summary["runs"] == 1
     assert summary["counter_mismatches"] == []
 
 
+def test_broker_counters_say_the_same(spark, brokerRun, brokerReport):
+    """
+    The counters the broker logged when it stopped equal what the clients
+    did (and so, by the summary's test, what its events add up to).
+    """
+    scenario, _, _ = brokerRun
+    out, _ = brokerReport
+    expected = scenario.expected
+    run, = spark.read.parquet(str(out / "tables" / "runs")).collect()
+    counters = run.counters
+    assert {name: counters[name] for name in (
+        "published", "delivered", "matched", "acked", "replaced", "dropped",
+        "dropped_disconnected", "connections_total", "errors", "clients_dropped",
+    )} == {
+        "published": expected["publishes"], "delivered": expected["deliveries"],
+        "matched": expected["matched"], "acked": expected["acked"],
+        "replaced": expected["replaced"], "dropped": expected["dropped"],
+        "dropped_disconnected": expected["dropped_disconnected"],
+        "connections_total": expected["sessions"], "errors": expected["errors"],
+        "clients_dropped": expected["clients_dropped"],
+    }
+
+
 def test_every_story_ended_as_expected(brokerRun, brokerReport):
-    scenario, _ = brokerRun
+    scenario, _, _ = brokerRun
     _, summary = brokerReport
     expected = scenario.expected
     for outcome in ("acked", "fired", "replaced", "dropped"):
@@ -329,7 +433,7 @@ def test_every_story_ended_as_expected(brokerRun, brokerReport):
 
 
 def test_silent_client_session(spark, brokerRun, brokerReport):
-    _, silent = brokerRun
+    _, silent, _ = brokerRun
     out, _ = brokerReport
     sessions = spark.read.parquet(str(out / "tables" / "sessions"))
     row, = sessions.where(sessions.client == silent).collect()
@@ -338,3 +442,29 @@ def test_silent_client_session(spark, brokerRun, brokerReport):
     assert row.pings_missed == 2
     assert row.errors == 1
     assert row.publishes == 2
+
+
+def test_slow_latest_subscriber_had_messages_replaced(spark, brokerRun, brokerReport):
+    _, _, (slow, received) = brokerRun
+    out, _ = brokerReport
+    # It was sent the first message and the newest; seq jumped over the
+    # three replaced in between.
+    assert [(frame.payload, frame.arguments[3]) for frame in received] == [
+        (b"one", b"seq=1"), (b"five", b"seq=5"),
+    ]
+    session, = spark.read.parquet(str(out / "tables" / "sessions")).where(
+        f"client = '{slow}'"
+    ).collect()
+    assert (session.end_reason, session.publishes, session.deliveries, session.acks) == (
+        "closed", 5, 2, 2,
+    )
+    stories = spark.read.parquet(str(out / "tables" / "deliveries")).where(
+        f"session = {session.session}"
+    ).orderBy("mid").collect()
+    assert [(row.outcome, row.mode) for row in stories] == [
+        ("acked", "latest"), ("replaced", None), ("replaced", None), ("replaced", None),
+        ("acked", "latest"),
+    ]
+    mids = [row.mid for row in stories]
+    # Each waiting message was replaced by the next.
+    assert [row.replaced_by for row in stories[1:4]] == mids[2:5]

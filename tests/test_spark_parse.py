@@ -70,6 +70,54 @@ def test_every_documented_event(spark, tmp_path, logLines):
     assert all(row["stats"] is None for name, row in rows.items() if name != "stats")
 
 
+def test_message_events_by_position_or_by_name(spark, tmp_path, logLines):
+    """
+    A per-message event laid out as EVENTS.md documents it is read by
+    position; with a field added (as a newer broker may), inserted, moved
+    or repeated, by name, to the same values.
+    """
+    e = logLines.event
+    client = dict(session=3, client="127.0.0.1:50124")
+    lines = [
+        e(T, "publish", mid=7, topic="a/b", bytes=11, **client, transport="tcp", subscribers=2),
+        e(T, "publish", mid=8, topic="a/b", bytes=11, **client, transport="tcp", subscribers=2,
+          origin="elsewhere", hops=1),
+        e(T, "publish", mid=9, colour="red", topic="a/b", bytes=11, **client, transport="tcp",
+          subscribers=2),
+        e(T, "publish", topic="a/b", mid=10, bytes=11, **client, transport="tcp", subscribers=2),
+        e(T, "publish", mid=0, topic="a/b", bytes=11, **client, transport="tcp", subscribers=2)
+        + " mid=11",
+        e(T, "deliver", mid=12, topic="a/b", **client, mode="all", seq=4, attempt=2),
+        e(T, "deliver", mid=13, topic="a/b", **client, mode="all", attempt=2, seq=4),
+    ]
+    rows = events(spark, logLines.write(tmp_path / "twistd.log", lines))
+    assert [
+        (row["mid"], row["topic"], row["bytes"], row["session"], row["client"],
+         row["transport"], row["subscribers"], row["t"])
+        for row in rows[:5]
+    ] == [(mid, "a/b", 11, 3, "127.0.0.1:50124", "tcp", 2, pytest.approx(T, abs=1e-6))
+          for mid in (7, 8, 9, 10, 11)]
+    assert [(row["mid"], row["mode"], row["seq"], row["attempt"]) for row in rows[5:]] == [
+        (12, "all", 4, 2), (13, "all", 4, 2),
+    ]
+
+
+def test_positions_are_those_of_the_catalogue():
+    """
+    The positions the parser reads per-message events' fields at are those
+    of docs/EVENTS.md: a broker that logs a field more must be taught here
+    too, or every such line takes the slower way.
+    """
+    from test_events_catalogue import catalogue
+
+    from dallal_analytics import parse
+
+    documented, _ = catalogue()
+    assert {name: tuple(documented[name][1]) for name in parse.MESSAGE_EVENT_FIELDS} == (
+        parse.MESSAGE_EVENT_FIELDS
+    )
+
+
 def test_lines_that_are_not_events(spark, tmp_path, logLines):
     from dallal_analytics import parse
 

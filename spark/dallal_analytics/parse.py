@@ -50,6 +50,18 @@ MOST_INT = 2 ** 40
 MOST_TIME = 253402300799.0
 MOST_SECONDS = 365 * 86400.0
 
+# The fields of the per-message events in the order the broker logs them
+# (docs/EVENTS.md): nearly every line of a busy broker's log is one of
+# these.
+MESSAGE_EVENT_FIELDS = {
+    "publish": ("mid", "topic", "bytes", "session", "client", "transport", "subscribers"),
+    "retained": ("mid", "topic", "bytes", "session", "client"),
+    "deliver": ("mid", "topic", "session", "client", "mode", "seq", "attempt"),
+    "ack": ("mid", "topic", "session", "latency"),
+    "replace": ("mid", "topic", "session", "by"),
+    "drop": ("mid", "topic", "session", "reason"),
+}
+
 # Unparsed lines keep their text, cut to this, for the report's examples.
 UNPARSED_EXAMPLE_LENGTH = 200
 
@@ -62,13 +74,58 @@ def readLines(spark, paths):
     return spark.read.text(list(paths))
 
 
+# A text event's line split on its spaces: twistd's time, [system], then
+# event=<name> and the fields.
+TIME_PART, SYSTEM_PART, EVENT_PART = 0, 1, 2
+TWISTD_TIME = r"^(?:\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[+-]\d{4})?|-)$"
+
+
+def _fieldValue(name):
+    """
+    A field's text: by position in a per-message event laid out as
+    documented (C{layout} is its position in L{MESSAGE_EVENT_FIELDS}, from
+    1), else from the C{fields} map (see L{parseLines}).  Values hold no
+    C{=}: a field's is what follows its last one.
+    """
+    position = None
+    for layout, names in enumerate(MESSAGE_EVENT_FIELDS.values(), 1):
+        if name in names:
+            index = F.lit(EVENT_PART + 1 + names.index(name))
+            condition = F.col("layout") == layout
+            position = F.when(condition, index) if position is None else (
+                position.when(condition, index)
+            )
+    if name == "t":
+        position = F.size("parts") - 1
+    if position is None:
+        return F.col("fields")[name]
+    return F.when(
+        F.col("laid_out"), F.substring_index(F.get(F.col("parts"), position), "=", -1)
+    ).otherwise(F.col("fields")[name])
+
+
+def _laidOut(parts, layout):
+    """
+    Whether a text event's space-separated fields are exactly those of its
+    C{layout} in L{MESSAGE_EVENT_FIELDS}, in order, then C{t}.
+    """
+    check = F.lit(False)
+    for code, names in enumerate(MESSAGE_EVENT_FIELDS.values(), 1):
+        expected = (*names, "t")
+        laidOut = F.size(parts) == EVENT_PART + 1 + len(expected)
+        for index, field in enumerate(expected, EVENT_PART + 1):
+            laidOut = laidOut & F.get(parts, index).startswith(f"{field}=")
+        check = F.when(layout == code, laidOut).otherwise(check)
+    return check
+
+
 def _typed(name, sqlType, highest):
     """
     A field as C{sqlType}, or null if it is not one from 0 to C{highest}:
     Spark 4 runs in ANSI mode, where one absurd value (t=1e300, bytes of
     19 digits) would make a time or a sum overflow and fail the whole job.
     """
-    value = F.expr(f"try_cast(fields['{name}'] AS {sqlType})")
+    value = _fieldValue(name).try_cast(sqlType)
     return F.when(value.between(0, highest), value)
 
 
@@ -80,61 +137,92 @@ def parseLines(lines):
     type, is null.  C{t} falls back on twistd's one-second time when an
     event has none.  C{stats} is the counters of a C{stats} event; C{raw}
     the text of an unparsed line.
+
+    Each line is split on its spaces once.  A per-message event laid out as
+    EVENTS.md documents it (the fields of L{MESSAGE_EVENT_FIELDS} in order,
+    then C{t}: nearly every line of a busy broker) is read by position;
+    any other event (an unknown field, a repeated one, an unknown event)
+    goes through C{str_to_map}, dearer, so that the last of a repeated key
+    wins and unknown keys are ignored.  Character positions are avoided:
+    Spark finds them by walking the string.
     """
     value = F.col("value")
+    parts = F.split(value, " ")
+    system = F.get(parts, SYSTEM_PART)
+    eventPart = F.get(parts, EVENT_PART)
     isJson = value.startswith(JSON_RECORD_SEPARATOR)
-    withRecords = lines.select(
+    split = lines.select(
         "value",
+        parts.alias("parts"),
+        (
+            system.startswith(f"[{EVENT_SYSTEM}") & system.endswith("]")
+            & eventPart.startswith("event=")
+            & F.get(parts, TIME_PART).rlike(TWISTD_TIME)
+        ).alias("text_event"),
         F.when(
             isJson, F.from_json(F.substring(value, 2, 1 << 30), "map<string,string>")
         ).alias("record"),
     )
 
-    isTwistdLine = value.rlike(TWISTD_PREFIX)
-    # The system ends at the first "] ": it holds no "]".
-    head = F.substring_index(value, "] ", 1)
-    system = F.substring_index(head, " [", -1)
-    text = F.substring(value, F.length(head) + 3, 1 << 30)
-    isTextEvent = (
-        isTwistdLine & system.startswith(EVENT_SYSTEM) & text.startswith("event=")
-    )
+    parts = F.col("parts")
+    system = F.get(parts, SYSTEM_PART)
+    isTextEvent = F.col("text_event")
     record = F.col("record")
     isJsonEvent = (record["log_namespace"] == NAMESPACE) & record["dallal_event"].isNotNull()
+    isTwistdLine = value.rlike(TWISTD_PREFIX)
     isContinuation = value.startswith("\t")
-    classified = withRecords.select(
+    name = F.substring_index(F.get(parts, EVENT_PART), "=", -1)
+    layout = F.array_position(F.array(*map(F.lit, MESSAGE_EVENT_FIELDS)), name)
+    classified = split.select(
         F.when(isTextEvent | isJsonEvent, F.lit(EVENT))
         .when(isTwistdLine | record.isNotNull(), F.lit(OTHER))
         .when(isContinuation, F.lit(CONTINUATION))
         .otherwise(F.lit(UNPARSED))
         .alias("kind"),
-        F.when(isTextEvent, F.substring(system, len(EVENT_SYSTEM) + 1, 1 << 30))
+        F.when(isTextEvent, F.rtrim(F.substring_index(system, "#", -1), F.lit("]")))
         .when(isJsonEvent, F.get_json_object(record["log_level"], "$.name"))
         .alias("level"),
-        F.when(isTextEvent, F.str_to_map(text, F.lit(" "), F.lit("=")))
-        .when(
-            isJsonEvent,
-            # The same fields, beside Twisted's log_* keys, with the name in
-            # dallal_event.
-            F.map_concat(
-                F.create_map(F.lit("event"), record["dallal_event"]),
-                F.map_filter(
-                    record,
-                    lambda key, _: ~key.startswith("log_") & (key != "dallal_event"),
-                ),
-            ),
-        )
-        .alias("fields"),
-        F.when(isTextEvent, F.substring_index(value, " ", 1)).alias("stamp"),
+        F.when(isTextEvent, parts).alias("parts"),
+        F.when(isTextEvent, name).when(isJsonEvent, record["dallal_event"]).alias("event"),
+        F.when(isTextEvent, layout).alias("layout"),
+        F.when(isTextEvent, F.get(parts, TIME_PART)).alias("stamp"),
+        F.when(isJsonEvent, record).alias("record"),
         F.when(
             ~isTwistdLine & ~isContinuation & record.isNull(),
             F.substring(value, 1, UNPARSED_EXAMPLE_LENGTH),
         ).alias("raw"),
     )
+
+    laidOut = classified.select(
+        "*", F.coalesce(_laidOut(F.col("parts"), F.col("layout")), F.lit(False)).alias("laid_out"),
+    )
+    withFields = laidOut.select(
+        "*",
+        F.when(F.col("record").isNotNull(), F.col("record"))
+        .when(
+            ~F.col("laid_out"),
+            # The text from event= on.
+            F.str_to_map(
+                F.array_join(F.slice("parts", EVENT_PART + 1, 1 << 30), " "),
+                F.lit(" "), F.lit("="),
+            ),
+        )
+        .alias("fields"),
+    )
+    fields = F.col("fields")
+    event = F.col("event")
+    # The counters of a stats event: its fields but the event's own keys
+    # (and in a JSON record, Twisted's).
     envelope = ", ".join(f"'{key}'" for key in ENVELOPE_KEYS)
-    return classified.select(
+    counters = F.expr(
+        "transform_values(map_filter(fields, (k, v) -> NOT array_contains("
+        f"array({envelope}, 'dallal_event'), k) AND NOT startswith(k, 'log_')),"
+        " (k, v) -> try_cast(v AS BIGINT))"
+    )
+    return withFields.select(
         "kind",
         "level",
-        F.col("fields")["event"].alias("event"),
+        "event",
         F.coalesce(
             _typed("t", "DOUBLE", MOST_TIME),
             F.unix_micros(
@@ -143,15 +231,8 @@ def parseLines(lines):
         ).alias("t"),
         *(_typed(name, "BIGINT", MOST_INT).alias(name) for name in INT_FIELDS),
         *(_typed(name, "DOUBLE", MOST_SECONDS).alias(name) for name in FLOAT_FIELDS),
-        *(F.expr(f"try_cast(fields['{name}'] AS BOOLEAN)").alias(name) for name in BOOL_FIELDS),
-        *(F.col("fields")[name].alias(name) for name in TEXT_FIELDS),
-        F.when(
-            F.col("fields")["event"] == "stats",
-            F.expr(
-                "transform_values("
-                f"map_filter(fields, (k, v) -> NOT array_contains(array({envelope}), k)),"
-                " (k, v) -> try_cast(v AS BIGINT))"
-            ),
-        ).alias("stats"),
+        *(_fieldValue(name).try_cast("BOOLEAN").alias(name) for name in BOOL_FIELDS),
+        *(_fieldValue(name).alias(name) for name in TEXT_FIELDS),
+        F.when(event == "stats", counters).alias("stats"),
         "raw",
     )

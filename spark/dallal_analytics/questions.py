@@ -8,6 +8,16 @@ L{assignRuns}).  Every time is a double C{t} (seconds since the epoch, as
 logged) and, for people, a UTC timestamp column beside it.
 
 Only native functions are used: nothing here needs Python on executors.
+
+The events are many (a busy broker logs millions an hour); sessions,
+topics, windows and runs are few.  So the questions read the events as
+few times as possible: L{eventSummary} sums them once per session, event
+name, window, topic and the like, and the sessions, runs, traffic, errors,
+health and latency histogram are sums of its few rows; only the latency
+percentiles and the stories of messages (L{deliveries}, L{messages}) read
+the events again.  The events' aggregations sum numbers only, which Spark
+keeps in a hash table: text in a sum's buffer would make it sort every
+event.  Text (clients, transports, reasons) is a grouping key instead.
 """
 
 from pyspark.sql import Window, functions as F
@@ -18,6 +28,9 @@ DROP_REASONS = (
     "queue_full", "slow_consumer", "disconnected", "redelivery_limit", "superseded",
     "too_large", "bridge_refused",
 )
+MODES = ("fire", "latest", "all")
+# A mode or drop reason that EVENTS.md does not list.
+OTHER = "other"
 LATENCY_QUANTILES = (0.5, 0.95, 0.99)
 # percentile_approx's accuracy: the rank error is at most 1/accuracy.
 LATENCY_ACCURACY = 10_000
@@ -27,6 +40,16 @@ BUCKETS_PER_DECADE = 10
 # bucket instead of breaking the logarithm.
 SMALLEST_LATENCY = 1e-6
 UNKNOWN_TRANSPORT = "unknown"
+# The transport of the broker's own publishes on $SYS/... topics.
+SYS_TRANSPORT = "sys"
+
+# The columns of the parsed lines the questions read: what the report
+# caches.
+EVENT_COLUMNS = (
+    "event", "t", "mid", "bytes", "session", "subscribers", "attempt", "by", "latency",
+    "fatal", "count", "topic", "client", "transport", "mode", "reason", "code", "address",
+    "stats",
+)
 
 col = F.col
 
@@ -58,6 +81,32 @@ def isStory():
     return isEvent("publish", "retained")
 
 
+def isSysPublish():
+    """
+    The broker's own publishes ($SYS/...), which its C{published} and
+    C{bytes_in} counters leave out.
+    """
+    return isEvent("publish") & col("transport").eqNullSafe(SYS_TRANSPORT)
+
+
+def isErrorReport():
+    """
+    Refusals: one C{protocol_error} each, or C{count} of them in a
+    C{protocol_errors_suppressed}.
+    """
+    return isEvent("protocol_error", "protocol_errors_suppressed")
+
+
+def errorsReported(each):
+    """
+    The refusals a row reports: C{each} for C{protocol_error} rows, their
+    C{count} for C{protocol_errors_suppressed} ones.
+    """
+    return F.when(isEvent("protocol_error"), each).when(
+        isEvent("protocol_errors_suppressed"), F.coalesce(col("count"), F.lit(0))
+    )
+
+
 def timestamp(seconds):
     return F.timestamp_seconds(seconds)
 
@@ -67,6 +116,23 @@ def windowStart(seconds, windowSeconds):
     The start of the tumbling window of C{windowSeconds} holding C{seconds}.
     """
     return timestamp(F.floor(seconds / windowSeconds) * windowSeconds)
+
+
+def _code(column, names):
+    """
+    A text column as its position in C{names} (from 1), 0 for a name not in
+    them: a number, so that aggregations keep it in a hash table.
+    """
+    return F.array_position(F.array(*map(F.lit, names)), column)
+
+
+def _name(code, names):
+    """
+    The inverse of L{_code}: C{other} for 0.
+    """
+    return F.when(code > 0, F.element_at(F.array(*map(F.lit, names)), code.cast("int"))).when(
+        code == 0, F.lit(OTHER)
+    )
 
 
 def _timesAtOrBefore(times, t):
@@ -117,29 +183,201 @@ def assignRuns(lines, starts):
     """
     return lines.where(col("kind") == EVENT).select(
         _timesAtOrBefore(starts, col("t")).alias("run"),
-        timestamp(col("t")).alias("at"),
-        "*",
-    ).drop("kind", "raw")
+        *(name for name in lines.columns if name not in ("kind", "raw")),
+    )
 
 
 def lineSurvey(lines, kinds):
     """
-    One row: how many lines in all and of each kind, and the sorted times
-    of the C{listening} events (a broker logs one per listener at each
-    start, so they are few).
+    One row: how many lines in all and of each kind, how many messages
+    they start (C{publish} and C{retained} events), and the sorted times of
+    the C{listening} events (a broker logs one per listener at each start,
+    so they are few).
     """
+    isEventLine = col("kind") == EVENT
     return lines.agg(
         F.count(F.lit(1)).alias("lines"),
         *(F.count_if(col("kind") == kind).alias(kind) for kind in kinds),
+        F.count_if(isEventLine & isStory()).alias("messages"),
         F.sort_array(
-            F.collect_list(F.when((col("kind") == EVENT) & isEvent("listening"), col("t")))
+            F.collect_list(F.when(isEventLine & isEvent("listening"), col("t")))
         ).alias("listening"),
     )
 
 
-# Sessions
+# One pass over the events
 
-def sessions(events, lastRun):
+# Each broker counter (the `stats` event) and the column of `runs` (and of
+# L{sessionActivity}) that the log's events give for it.
+COUNTERS_FROM_EVENTS = {
+    "connections_total": "sessions",
+    "published": "publishes",
+    "sys_published": "sys_published",
+    "matched": "matched",
+    "delivered": "deliveries",
+    "fired": "fired",
+    "redelivered": "redeliveries",
+    "acked": "acked",
+    "replaced": "replaced",
+    "dropped": "dropped",
+    **{f"dropped_{reason}": f"dropped_{reason}" for reason in DROP_REASONS},
+    "bytes_in": "bytes_in",
+    "bytes_out": "bytes_out",
+    "errors": "errors",
+    "pings_missed": "pings_missed",
+    "clients_dropped": "clients_dropped",
+}
+
+# Above this many messages, their sizes are joined with the sends by a
+# shuffle rather than broadcast.
+BROADCAST_MESSAGES = 5_000_000
+# Runs and message ids packed in one 64-bit key (a hash join on one long is
+# the cheapest); ids are below 2^40 (see parse.MOST_INT).
+MID_BITS = 41
+
+
+def _messageKey():
+    return F.shiftleft(col("run").cast("bigint"), MID_BITS) + col("mid")
+
+
+def messageSizes(events, messages):
+    """
+    C{message_key} -> C{message_bytes} of every message the log starts
+    (C{message_key} packs its run and mid).
+
+    Sends are joined with it; when the log's C{messages} are few enough
+    for each task to hold their sizes (tens of bytes each), Spark is told
+    to broadcast it, sparing a shuffle of every event.
+    """
+    sizes = events.where(isStory()).select(
+        _messageKey().alias("message_key"), col("bytes").alias("message_bytes")
+    )
+    return F.broadcast(sizes) if messages <= BROADCAST_MESSAGES else sizes
+
+
+def _latencyBucket():
+    return F.floor(
+        F.log10(F.greatest("latency", F.lit(SMALLEST_LATENCY))) * BUCKETS_PER_DECADE
+    )
+
+
+def eventSummary(events, sizes, windowSeconds):
+    """
+    The events counted and summed per run, session, event name, and what
+    the questions group them by, where it applies: client and transport,
+    the window and topic of publishes, sends and trouble, the latency
+    bucket of acks, and in C{detail} the reason of disconnects and drops,
+    the code of refusals, the address listened on or the counters of
+    C{stats} (as JSON).
+
+    Every question but the latency percentiles and the stories of messages
+    is a sum of these rows, which are few: a session's events fall in a
+    handful of them per window and topic.  A send's C{bytes_out} are its
+    message's, from C{sizes} (L{messageSizes}).
+    """
+    traffic = isEvent("publish", "deliver")
+    trouble = _isTrouble()
+    sends = events.select(
+        "*", F.when(isEvent("deliver"), _messageKey()).alias("message_key")
+    ).join(sizes, "message_key", "left")
+    return sends.groupBy(
+        "run",
+        "session",
+        "event",
+        "client",
+        "transport",
+        F.when(traffic | trouble, windowStart(col("t"), windowSeconds)).alias("window_start"),
+        F.when(traffic, col("topic")).alias("topic"),
+        F.when(isEvent("ack"), _latencyBucket()).alias("bucket"),
+        # One key for these few events' text, since each has one.
+        F.when(isEvent("disconnect", "drop"), col("reason"))
+        .when(isErrorReport(), col("code"))
+        .when(isEvent("listening"), col("address"))
+        .when(isEvent("stats"), F.to_json("stats"))
+        .alias("detail"),
+    ).agg(
+        F.count(F.lit(1)).alias("events"),
+        F.count_if(isFirstSend()).alias("first_sends"),
+        F.count_if(isRedelivery()).alias("redeliveries"),
+        F.count_if(isFired()).alias("fired"),
+        F.sum("subscribers").alias("subscribers"),
+        F.sum("bytes").alias("bytes"),
+        F.sum("message_bytes").alias("bytes_out"),
+        F.sum("count").alias("count"),
+        F.count_if(col("fatal")).alias("fatal"),
+        F.min("t").alias("first_t"),
+        F.max("t").alias("last_t"),
+    )
+
+
+# Sessions and runs
+
+def _sum(value):
+    return F.coalesce(F.sum(value), F.lit(0))
+
+
+def _sumWhere(condition, column="events"):
+    """
+    Over L{eventSummary} rows: the sum of C{column} where C{condition}.
+    """
+    return _sum(F.when(condition, col(column)))
+
+
+def sessionActivity(summary):
+    """
+    Per run and session, what its events add up to, from the
+    L{eventSummary}: the sessions and the runs tables derive from it.
+    Events of no session (C{listening}, C{stats}, the broker's own
+    publishes with session 0, ...) are gathered under a null or 0
+    C{session}.
+    """
+    publish = isEvent("publish")
+    clientPublish = publish & ~isSysPublish()
+    retained = isEvent("retained")
+    drop = isEvent("drop")
+    return summary.groupBy("run", "session").agg(
+        F.sum("events").alias("events"),
+        F.min("first_t").alias("first_t"),
+        F.max("last_t").alias("last_t"),
+        F.min(F.when(isEvent("listening"), col("first_t"))).alias("started_t"),
+        F.max(F.when(isEvent("disconnect"), col("last_t"))).alias("disconnect_t"),
+        _sumWhere(isEvent("connect")).alias("sessions"),
+        _sumWhere(isEvent("subscribe")).alias("subscribes"),
+        _sumWhere(clientPublish).alias("publishes"),
+        _sumWhere(isSysPublish()).alias("sys_published"),
+        _sumWhere(retained).alias("retained"),
+        (_sumWhere(publish, "subscribers") + _sumWhere(retained)).alias("matched"),
+        _sumWhere(clientPublish, "bytes").alias("bytes_in"),
+        _sum("first_sends").alias("deliveries"),
+        _sum("fired").alias("fired"),
+        _sum("redeliveries").alias("redeliveries"),
+        _sumWhere(isEvent("ack")).alias("acked"),
+        _sumWhere(isEvent("replace")).alias("replaced"),
+        _sumWhere(drop).alias("dropped"),
+        *(
+            _sumWhere(drop & (col("detail") == reason)).alias(f"dropped_{reason}")
+            for reason in DROP_REASONS
+        ),
+        _sum(errorsReported(col("events"))).alias("errors"),
+        _sumWhere(isEvent("ping_missed")).alias("pings_missed"),
+        _sumWhere(isEvent("client_dropped")).alias("clients_dropped"),
+    )
+
+
+def sessionNames(summary):
+    """
+    Per client session: its C{client} and C{transport} as its events name
+    them, and the C{end_reason} of its C{disconnect}, from the
+    L{eventSummary}.
+    """
+    return summary.where(col("session") > 0).groupBy("run", "session").agg(
+        F.any_value("client", ignoreNulls=True).alias("client"),
+        F.any_value("transport", ignoreNulls=True).alias("transport"),
+        F.max(F.when(isEvent("disconnect"), col("detail"))).alias("end_reason"),
+    )
+
+
+def sessions(activity, names, lastRun):
     """
     One row per client session: who, over what, from when to when, why it
     ended (null: still connected when the log ends), and what it did.
@@ -148,25 +386,7 @@ def sessions(events, lastRun):
     or for a run followed by another start, the run's last session event
     (the broker stopped without logging the disconnect).
     """
-    perSession = (
-        events.where(col("session").isNotNull() & (col("session") > 0))
-        .groupBy("run", "session")
-        .agg(
-            F.any_value(col("client"), ignoreNulls=True).alias("client"),
-            F.any_value(col("transport"), ignoreNulls=True).alias("transport"),
-            F.min("t").alias("first_t"),
-            F.max("t").alias("last_t"),
-            F.max(F.when(isEvent("disconnect"), col("t"))).alias("disconnect_t"),
-            F.max(F.when(isEvent("disconnect"), col("reason"))).alias("end_reason"),
-            F.count_if(isEvent("subscribe")).alias("subscribes"),
-            F.count_if(isEvent("ping_missed")).alias("pings_missed"),
-            (F.count_if(isEvent("client_dropped")) > 0).alias("dropped_for_pings"),
-            F.count_if(isEvent("publish")).alias("publishes"),
-            F.count_if(isFirstSend()).alias("deliveries"),
-            F.count_if(isEvent("ack")).alias("acks"),
-            F.count_if(isEvent("protocol_error")).alias("errors"),
-        )
-    )
+    perSession = activity.where(col("session") > 0).join(names, ["run", "session"], "left")
     runEnd = F.max("last_t").over(Window.partitionBy("run"))
     return perSession.select(
         "run",
@@ -179,10 +399,10 @@ def sessions(events, lastRun):
         "end_reason",
         "subscribes",
         "pings_missed",
-        "dropped_for_pings",
+        (col("clients_dropped") > 0).alias("dropped_for_pings"),
         "publishes",
         "deliveries",
-        "acks",
+        col("acked").alias("acks"),
         "errors",
         "first_t",
         F.coalesce(
@@ -234,95 +454,138 @@ def connectionsByWindow(connectionTable, windowSeconds):
     )
 
 
+RUN_TOTALS = (
+    "events", "sessions", "publishes", "sys_published", "retained", "matched", "deliveries",
+    "fired", "redeliveries", "acked", "replaced", "dropped",
+    *(f"dropped_{reason}" for reason in DROP_REASONS), "bytes_in", "errors", "pings_missed",
+    "clients_dropped",
+)
+
+
+def runs(summary, activity, messageTable, connectionTable):
+    """
+    Per broker start: when, where it listened, how long it ran, the totals
+    of its events (named as in L{COUNTERS_FROM_EVENTS}), its peak of
+    concurrent connections, and the counters of its last C{stats} event
+    (null if it logged none).
+    """
+    perRun = activity.groupBy("run").agg(
+        timestamp(F.min("started_t")).alias("started"),
+        timestamp(F.min("first_t")).alias("first_event"),
+        timestamp(F.max("last_t")).alias("last_event"),
+        *(F.sum(name).alias(name) for name in RUN_TOTALS),
+    )
+    isStats = isEvent("stats")
+    marks = summary.where(isEvent("listening") | isStats).groupBy("run").agg(
+        F.sort_array(F.collect_set(F.when(isEvent("listening"), col("detail")))).alias(
+            "addresses"
+        ),
+        F.from_json(
+            F.max_by(F.when(isStats, col("detail")), F.when(isStats, col("last_t"))),
+            "map<string,bigint>",
+        ).alias("counters"),
+    )
+    perRunMessages = messageTable.groupBy("run").agg(
+        _sum("bytes_out").alias("bytes_out"),
+        F.count_if(~col("publish_logged")).alias("messages_without_publish"),
+    )
+    perRunConnections = connectionTable.groupBy("run").agg(
+        F.max("connections").alias("peak_connections"),
+        # The first time the peak was reached.
+        F.max_by("at", F.struct(col("connections"), -col("t"))).alias("peak_at"),
+    )
+    return (
+        perRun.join(marks, "run", "left")
+        .join(perRunMessages, "run", "left")
+        .join(perRunConnections, "run", "left")
+        .fillna(0, subset=["bytes_out", "messages_without_publish", "peak_connections"])
+    )
+
+
 # Traffic
 
-def messageActivity(events, sessionTransports):
+TRAFFIC_SUMS = ("publishes", "deliveries", "redeliveries", "bytes_in", "bytes_out")
+
+
+def actorTraffic(summary, sessionTransports):
     """
-    Publishes and sends, one row each: the message's topic and size, the
-    acting session (the publisher, or the subscriber sent to) and its
-    transport.  A session without a number (older logs) is known by its
-    address.
+    Publishes and sends summed per window, topic, transport and actor: the
+    publishing session (C{publishing} true), or the subscriber sent to.
+    The traffic, topics and publishers tables are sums and counts of these
+    few rows.  The transport of a send is the subscriber's; a session
+    without a number (older logs) is known by its address.
     """
-    sizes = events.where(isStory()).select(
-        "run", "mid", col("bytes").alias("message_bytes")
-    )
-    sends = events.where(isEvent("deliver")).join(sizes, ["run", "mid"], "left")
-    publishes = events.where(isEvent("publish")).withColumn(
-        "message_bytes", col("bytes")
-    )
-    activity = publishes.unionByName(sends).join(
-        sessionTransports, ["run", "session"], "left"
-    )
-    return activity.select(
-        "run",
-        "t",
-        "event",
-        "topic",
-        F.coalesce("transport", "session_transport", F.lit(UNKNOWN_TRANSPORT)).alias(
-            "transport"
-        ),
-        F.when(
-            col("session").isNotNull(),
-            F.concat_ws("/", col("run").cast("string"), col("session").cast("string")),
+    publishing = isEvent("publish")
+    return (
+        summary.where(isEvent("publish", "deliver"))
+        .join(sessionTransports, ["run", "session"], "left")
+        .groupBy(
+            "window_start",
+            "topic",
+            F.coalesce("transport", "session_transport", F.lit(UNKNOWN_TRANSPORT)).alias(
+                "transport"
+            ),
+            publishing.alias("publishing"),
+            "run",
+            "session",
+            F.when(publishing | col("session").isNull(), col("client")).alias("client"),
         )
-        .otherwise(col("client"))
-        .alias("actor"),
-        "message_bytes",
-        isFirstSend().alias("first_send"),
-        isRedelivery().alias("redelivery"),
+        .agg(
+            _sumWhere(publishing).alias("publishes"),
+            _sum("first_sends").alias("deliveries"),
+            _sum("redeliveries").alias("redeliveries"),
+            _sumWhere(publishing, "bytes").alias("bytes_in"),
+            _sum("bytes_out").alias("bytes_out"),
+        )
     )
 
 
 def _trafficMeasures():
-    publish = isEvent("publish")
-    send = isEvent("deliver")
     return (
-        F.count_if(publish).alias("publishes"),
-        F.count_if(col("first_send")).alias("deliveries"),
-        F.count_if(col("redelivery")).alias("redeliveries"),
-        F.coalesce(F.sum(F.when(publish, col("message_bytes"))), F.lit(0)).alias("bytes_in"),
-        F.coalesce(F.sum(F.when(send, col("message_bytes"))), F.lit(0)).alias("bytes_out"),
-        F.count_distinct(F.when(publish, col("actor"))).alias("publishers"),
-        F.count_distinct(F.when(send, col("actor"))).alias("subscribers"),
+        *(_sum(name).alias(name) for name in TRAFFIC_SUMS),
+        # Each row is one actor: count them.
+        F.count_if(col("publishing")).alias("publishers"),
+        F.count_if(~col("publishing")).alias("subscribers"),
     )
 
 
-def traffic(activity, windowSeconds):
+def traffic(actors):
     """
     Per window, topic and transport: publishes, first sends, redeliveries,
     payload bytes in and out (redeliveries included, like the broker's
     C{bytes_out}), distinct publishing and receiving sessions.
     """
-    return activity.groupBy(
-        windowStart(col("t"), windowSeconds).alias("window_start"), "topic", "transport"
-    ).agg(*_trafficMeasures())
+    return actors.groupBy("window_start", "topic", "transport").agg(*_trafficMeasures())
 
 
-def topics(activity):
+def topics(actors):
     """
-    The same measures per topic over the whole log, busiest first.
+    The same measures per topic over the whole log.
     """
-    return activity.groupBy("topic").agg(*_trafficMeasures())
+    perActor = actors.groupBy("topic", "publishing", "run", "session", "client").agg(
+        *(_sum(name).alias(name) for name in TRAFFIC_SUMS)
+    )
+    return perActor.groupBy("topic").agg(*_trafficMeasures())
 
 
-def publishers(events, sessionTransports):
+def publishers(actors):
     """
     Per publishing session: how much it published, on how many topics.
     """
-    return (
-        events.where(isEvent("publish"))
-        .join(sessionTransports, ["run", "session"], "left")
-        .groupBy("run", "session", "client")
+    perTopic = (
+        actors.where(col("publishing"))
+        .groupBy("run", "session", "client", "topic")
         .agg(
-            F.coalesce(
-                F.any_value("transport", ignoreNulls=True),
-                F.any_value("session_transport", ignoreNulls=True),
-                F.lit(UNKNOWN_TRANSPORT),
-            ).alias("transport"),
-            F.count(F.lit(1)).alias("publishes"),
-            F.sum("bytes").alias("bytes"),
-            F.count_distinct("topic").alias("topics"),
+            F.any_value("transport").alias("transport"),
+            _sum("publishes").alias("publishes"),
+            F.sum("bytes_in").alias("bytes"),
         )
+    )
+    return perTopic.groupBy("run", "session", "client").agg(
+        F.any_value("transport").alias("transport"),
+        F.sum("publishes").alias("publishes"),
+        F.sum("bytes").alias("bytes"),
+        F.count(F.lit(1)).alias("topics"),
     )
 
 
@@ -366,26 +629,26 @@ def acks(events, sessionTransports):
 
 def latency(ackFrame):
     """
-    Publish-to-ack latency per topic and transport: count, p50, p95, p99
-    (approximate: rank error under 1/10000), mean and max, in seconds.
+    Publish-to-ack latency per topic and transport, and over all acks (the
+    row whose C{overall} is true): count, p50, p95, p99 (approximate: rank
+    error under 1/10000), mean and max, in seconds.  One pass over the
+    acks computes both.
     """
-    return _withQuantiles(ackFrame.groupBy("topic", "transport").agg(*_latencyMeasures()))
+    return _withQuantiles(
+        ackFrame.groupingSets([["topic", "transport"], []], "topic", "transport").agg(
+            *_latencyMeasures(), (F.grouping_id() > 0).alias("overall")
+        )
+    )
 
 
-def overallLatency(ackFrame):
-    return _withQuantiles(ackFrame.agg(*_latencyMeasures()))
-
-
-def latencyHistogram(ackFrame):
+def latencyHistogram(summary):
     """
     Acks per logarithmic latency bucket: C{[lower, upper)} seconds.
     """
-    bucket = F.floor(
-        F.log10(F.greatest("latency", F.lit(SMALLEST_LATENCY))) * BUCKETS_PER_DECADE
-    )
     return (
-        ackFrame.groupBy(bucket.alias("bucket"))
-        .agg(F.count(F.lit(1)).alias("acks"))
+        summary.where(isEvent("ack") & col("bucket").isNotNull())
+        .groupBy("bucket")
+        .agg(F.sum("events").alias("acks"))
         .select(
             "bucket",
             F.pow(F.lit(10.0), col("bucket") / BUCKETS_PER_DECADE).alias("lower"),
@@ -395,22 +658,32 @@ def latencyHistogram(ackFrame):
     )
 
 
+OUTCOME_COUNTS = ("acked", "fired", "replaced", "dropped")
+
+
 def deliveries(events):
     """
     One row per (message, subscriber) the log knows of: sends, and how the
     story ended: C{acked}, C{fired} (sent in C{fire} mode: final),
     C{replaced}, C{dropped} (with its reason) or C{inflight}.
+
+    The story's events all name the message's topic, which is part of its
+    key here: a hash aggregation cannot carry text in its sums.  For the
+    same reason the mode and drop reason are summed as their position in
+    L{MODES} and L{DROP_REASONS} (C{other} for one they do not list).
     """
     outcomes = ("ack", "replace", "drop")
     pairs = (
         events.where(
             isEvent("deliver", *outcomes) & col("session").isNotNull()
         )
-        .groupBy("run", "mid", "session")
+        # Each task gets whole messages, so that messages() sums their
+        # stories without moving them again.
+        .repartition("run", "mid")
+        .groupBy("run", "mid", "session", "topic")
         .agg(
-            F.any_value("topic", ignoreNulls=True).alias("topic"),
             F.min(F.when(isEvent("deliver"), col("t"))).alias("first_sent_t"),
-            F.max(F.when(isEvent("deliver"), col("mode"))).alias("mode"),
+            F.max(F.when(isEvent("deliver"), _code(col("mode"), MODES))).alias("mode_code"),
             F.count_if(isFirstSend()).alias("first_sends"),
             F.count_if(isRedelivery()).alias("redeliveries"),
             F.count_if(isEvent("deliver")).alias("sends"),
@@ -420,7 +693,9 @@ def deliveries(events):
             F.count_if(isEvent("drop")).alias("drops"),
             F.max(F.when(isEvent("ack"), col("latency"))).alias("latency"),
             F.max(F.when(isEvent("replace"), col("by"))).alias("replaced_by"),
-            F.max(F.when(isEvent("drop"), col("reason"))).alias("drop_reason"),
+            F.max(F.when(isEvent("drop"), _code(col("reason"), DROP_REASONS))).alias(
+                "reason_code"
+            ),
         )
     )
     # Exactly one of these ends a story; if a log says more, the strongest
@@ -437,19 +712,18 @@ def deliveries(events):
         "mid",
         "session",
         "topic",
-        "mode",
+        _name(col("mode_code"), MODES).alias("mode"),
         timestamp(col("first_sent_t")).alias("first_sent"),
         "first_sends",
         "redeliveries",
         "sends",
         outcome.alias("outcome"),
-        F.when(outcome == "dropped", col("drop_reason")).alias("drop_reason"),
+        F.when(outcome == "dropped", _name(col("reason_code"), DROP_REASONS)).alias(
+            "drop_reason"
+        ),
         "replaced_by",
         "latency",
     )
-
-
-OUTCOME_COUNTS = ("acked", "fired", "replaced", "dropped")
 
 
 def messages(events, deliveryTable):
@@ -467,7 +741,7 @@ def messages(events, deliveryTable):
         "run",
         "mid",
         col("topic").alias("published_topic"),
-        col("at").alias("published"),
+        timestamp(col("t")).alias("published"),
         retained.alias("retained"),
         F.when(~retained, col("session")).alias("publisher_session"),
         F.when(~retained, col("client")).alias("publisher"),
@@ -476,8 +750,11 @@ def messages(events, deliveryTable):
         F.lit(True).alias("publish_logged"),
     )
     outcome = col("outcome")
-    perMessage = deliveryTable.groupBy("run", "mid").agg(
-        F.any_value("topic", ignoreNulls=True).alias("story_topic"),
+    counts = ("delivered", "redeliveries", "sends", *OUTCOME_COUNTS) + tuple(
+        f"dropped_{reason}" for reason in DROP_REASONS
+    )
+    # The topic is a key (see deliveries); a message's stories share it.
+    perMessage = deliveryTable.groupBy("run", "mid", col("topic").alias("story_topic")).agg(
         F.sum("first_sends").alias("delivered"),
         F.sum("redeliveries").alias("redeliveries"),
         F.sum("sends").alias("sends"),
@@ -486,9 +763,6 @@ def messages(events, deliveryTable):
             F.count_if(col("drop_reason") == reason).alias(f"dropped_{reason}")
             for reason in DROP_REASONS
         ),
-    )
-    counts = ("delivered", "redeliveries", "sends", *OUTCOME_COUNTS) + tuple(
-        f"dropped_{reason}" for reason in DROP_REASONS
     )
     joined = published.join(perMessage, ["run", "mid"], "full").fillna(0, subset=list(counts))
     resolved = sum((col(name) for name in OUTCOME_COUNTS), F.lit(0))
@@ -524,131 +798,39 @@ def lossAccount(messageTable):
         .groupBy("topic")
         .agg(
             F.count(F.lit(1)).alias("messages"),
-            *(
-                F.coalesce(F.sum(name), F.lit(0)).alias(names.get(name, name))
-                for name in summed
-            ),
+            *(_sum(name).alias(names.get(name, name)) for name in summed),
         )
     )
 
 
 # Health
 
-def errors(events):
+def _isTrouble():
+    return isErrorReport() | isEvent("ping_missed", "client_dropped")
+
+
+def errors(summary):
     """
     Refused requests per code and client session, fatal ones apart.
+    Refusals counted but not logged one by one (C{protocol_errors_suppressed})
+    have no session.
     """
     return (
-        events.where(isEvent("protocol_error"))
-        .groupBy("code", "run", "session", "client")
+        summary.where(isErrorReport())
+        .groupBy(col("detail").alias("code"), "run", "session", "client")
         .agg(
-            F.count(F.lit(1)).alias("errors"),
-            F.count_if(col("fatal")).alias("fatal"),
+            _sum(errorsReported(col("events"))).alias("errors"),
+            _sum("fatal").alias("fatal"),
         )
     )
 
 
-def refusalCount():
-    """
-    Refused requests, as the broker's C{errors} counter counts them: one per
-    C{protocol_error}, plus those a C{protocol_errors_suppressed} reports
-    (refusals of datagrams that named no session, beyond those logged).
-    """
-    return F.count_if(isEvent("protocol_error")) + F.coalesce(
-        F.sum(F.when(isEvent("protocol_errors_suppressed"), col("count"))), F.lit(0)
-    )
-
-
-def health(events, windowSeconds):
+def health(summary):
     """
     Per window with trouble: pings missed, clients dropped for them, errors.
     """
-    return (
-        events.where(
-            isEvent("ping_missed", "client_dropped", "protocol_error", "protocol_errors_suppressed")
-        )
-        .groupBy(windowStart(col("t"), windowSeconds).alias("window_start"))
-        .agg(
-            F.count_if(isEvent("ping_missed")).alias("pings_missed"),
-            F.count_if(isEvent("client_dropped")).alias("clients_dropped"),
-            refusalCount().alias("errors"),
-        )
-    )
-
-
-# Runs
-
-# Each broker counter (the `stats` event) and the column of `runs` that
-# the log's events give for it.
-COUNTERS_FROM_EVENTS = {
-    "connections_total": "sessions",
-    "published": "publishes",
-    "matched": "matched",
-    "delivered": "deliveries",
-    "fired": "fired",
-    "redelivered": "redeliveries",
-    "acked": "acked",
-    "replaced": "replaced",
-    "dropped": "dropped",
-    **{f"dropped_{reason}": f"dropped_{reason}" for reason in DROP_REASONS},
-    "bytes_in": "bytes_in",
-    "bytes_out": "bytes_out",
-    "errors": "errors",
-    "pings_missed": "pings_missed",
-    "clients_dropped": "clients_dropped",
-}
-
-
-def runs(events, messageTable, connectionTable):
-    """
-    Per broker start: when, where it listened, how long it ran, the totals
-    of its events (named as in L{COUNTERS_FROM_EVENTS}), its peak of
-    concurrent connections, and the counters of its last C{stats} event
-    (null if it logged none).
-    """
-    isStats = isEvent("stats")
-    perRun = events.groupBy("run").agg(
-        timestamp(F.min(F.when(isEvent("listening"), col("t")))).alias("started"),
-        F.sort_array(F.collect_set(F.when(isEvent("listening"), col("address")))).alias(
-            "addresses"
-        ),
-        timestamp(F.min("t")).alias("first_event"),
-        timestamp(F.max("t")).alias("last_event"),
-        F.count(F.lit(1)).alias("events"),
-        F.count_if(isEvent("connect")).alias("sessions"),
-        F.count_if(isEvent("publish")).alias("publishes"),
-        F.count_if(isEvent("retained")).alias("retained"),
-        (
-            F.coalesce(F.sum(F.when(isEvent("publish"), col("subscribers"))), F.lit(0))
-            + F.count_if(isEvent("retained"))
-        ).alias("matched"),
-        F.count_if(isFirstSend()).alias("deliveries"),
-        F.count_if(isFired()).alias("fired"),
-        F.count_if(isRedelivery()).alias("redeliveries"),
-        F.count_if(isEvent("ack")).alias("acked"),
-        F.count_if(isEvent("replace")).alias("replaced"),
-        F.count_if(isEvent("drop")).alias("dropped"),
-        *(
-            F.count_if(isEvent("drop") & (col("reason") == reason)).alias(f"dropped_{reason}")
-            for reason in DROP_REASONS
-        ),
-        F.coalesce(F.sum(F.when(isEvent("publish"), col("bytes"))), F.lit(0)).alias("bytes_in"),
-        refusalCount().alias("errors"),
-        F.count_if(isEvent("ping_missed")).alias("pings_missed"),
-        F.count_if(isEvent("client_dropped")).alias("clients_dropped"),
-        F.max_by(F.when(isStats, col("stats")), F.when(isStats, col("t"))).alias("counters"),
-    )
-    perRunMessages = messageTable.groupBy("run").agg(
-        F.coalesce(F.sum("bytes_out"), F.lit(0)).alias("bytes_out"),
-        F.count_if(~col("publish_logged")).alias("messages_without_publish"),
-    )
-    perRunConnections = connectionTable.groupBy("run").agg(
-        F.max("connections").alias("peak_connections"),
-        # The first time the peak was reached.
-        F.max_by("at", F.struct(col("connections"), -col("t"))).alias("peak_at"),
-    )
-    return (
-        perRun.join(perRunMessages, "run", "left")
-        .join(perRunConnections, "run", "left")
-        .fillna(0, subset=["bytes_out", "messages_without_publish", "peak_connections"])
+    return summary.where(_isTrouble()).groupBy("window_start").agg(
+        _sumWhere(isEvent("ping_missed")).alias("pings_missed"),
+        _sumWhere(isEvent("client_dropped")).alias("clients_dropped"),
+        _sum(errorsReported(col("events"))).alias("errors"),
     )

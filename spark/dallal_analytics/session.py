@@ -22,6 +22,7 @@ LOG4J_CONFIGURATION = Path(__file__).with_name("log4j2.properties")
 JVM_NOISE = (b"WARNING: Using incubator modules:",)
 
 LOCAL_SHUFFLE_PARTITIONS = 4
+OBJECT_HASH_AGGREGATE_GROUPS = 4096
 
 
 def isLocalMaster(master):
@@ -129,6 +130,17 @@ def buildSession(master=None, appName="dallal-report", shufflePartitions=None,
     # str_to_map fails the whole job on a repeated key under the default
     # EXCEPTION policy; one odd line must not do that.
     conf.set("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
+    # The report caches the parsed log once and reads it a few times:
+    # compressing it would cost more time than its reads save (its columns
+    # are mostly numbers and short text, and it shrank by a tenth).
+    conf.setIfMissing("spark.sql.inMemoryColumnarStorage.compressed", "false")
+    # The latency percentiles are aggregated per topic and transport in a
+    # hash table, which by default gives up for a sort of every ack beyond
+    # 128 groups per task; their buffers are bounded by the task's acks.
+    conf.setIfMissing(
+        "spark.sql.objectHashAggregate.sortBased.fallbackThreshold",
+        str(OBJECT_HASH_AGGREGATE_GROUPS),
+    )
 
     if not submitted and SparkContext._gateway is None:
         SparkContext(conf=conf, gateway=_launchQuietGateway(conf))
