@@ -29,6 +29,8 @@ from pathlib import Path
 
 ROTATE_BYTES = 1_000_000
 START = 1795219200.0  # 2026-11-21T00:00:00Z
+# The name this broker logs as the origin of its clients' messages (hops=0).
+BROKER_NAME = "dallal-bench"
 PING_INTERVAL = 10.0
 SUBSCRIBERS = 150
 PUBLISHERS = 40
@@ -253,7 +255,7 @@ class Broker:
         self.published[mid] = (topic, size, t)
         self.event(t, "publish", mid=mid, topic=topic, bytes=size, session=publisher.sid,
                    client=publisher.client, transport=publisher.transport,
-                   subscribers=len(receivers))
+                   subscribers=len(receivers), origin=BROKER_NAME, hops=0)
         for receiver in receivers:
             t += 0.00002
             subscription = receiver.topics[topic]

@@ -36,8 +36,6 @@ LOGGEN = HERE / "loggen.py"
 SIZES = {"1m": 1_000_000, "10m": 10_000_000}
 WINDOW = 60
 QUANTILES = (0.5, 0.95, 0.99)
-DROP_REASONS = ("queue_full", "slow_consumer", "disconnected", "redelivery_limit", "superseded",
-                "too_large")
 TWISTD_LINE = re.compile(
     r"^(?:\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[+-]\d{4})?|-) \[([^\]]*)\] ?(.*)$"
 )
@@ -61,7 +59,7 @@ def logFiles(folder):
 def percentile(values, quantile):
     """
     The smallest value with at least C{quantile} of the values at or below
-    it (what percentile_approx approximates).
+    it (what the report's latency buckets approximate, within 0.58%).
     """
     return values[max(0, math.ceil(quantile * len(values)) - 1)] if values else None
 

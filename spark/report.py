@@ -238,13 +238,12 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
         publisherTable = tables.write("publishers", questions.publishers(actors))
 
     with progress.stage("latency"):
-        latencies = cache(questions.latency(questions.acks(events, sessionTransports)))
-        latencyTable = tables.write(
-            "latency", latencies.where(~col("overall")).drop("overall")
-        )
-        # Without acks the overall grouping has no row.
-        overallLatency = (_rows(latencies.where(col("overall"))) or [{"acks": 0}])[0]
-        histogramTable = tables.write("latency_histogram", questions.latencyHistogram(summary))
+        sketch = cache(questions.latencySketch(questions.acks(events, sessionTransports)))
+        latencyTable = tables.write("latency", questions.latency(sketch))
+        histogramTable = tables.write("latency_histogram", questions.latencyHistogram(sketch))
+        overallLatency = questions.overallLatency(_rows(sketch.groupBy("fine").agg(
+            F.sum("acks").alias("acks"), F.sum("sum").alias("sum"), F.max("max").alias("max")
+        )))
 
     with progress.stage("loss account"):
         deliveryTable = tables.write("deliveries", questions.deliveries(events))
@@ -369,7 +368,7 @@ def summarize(window, survey, starts, unparsedExamples, runRows, topicRows, loss
         "pings_missed": total(runRows, "pings_missed"),
         "clients_dropped": total(runRows, "clients_dropped"),
         "latency": {
-            name: overallLatency.get(name) for name in ("acks", "p50", "p95", "p99", "mean", "max")
+            name: overallLatency[name] for name in ("acks", "p50", "p95", "p99", "mean", "max")
         },
         "unparsed_lines": survey[parse.UNPARSED],
         "lines": survey,
@@ -425,8 +424,8 @@ def parseArguments(argv):
         "Spark's elsewhere)",
     )
     parser.add_argument(
-        "--driver-memory", default="2g",
-        help="the driver JVM's heap when run with python (default 2g)",
+        "--driver-memory", default="4g",
+        help="the driver JVM's heap when run with python (default 4g)",
     )
     parser.add_argument(
         "--quiet", action="store_true", help="no progress lines on standard error"

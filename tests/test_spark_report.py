@@ -52,13 +52,43 @@ def test_loss_account_adds_up(report):
     assert summary["messages_without_publish"] == 0
 
 
+def within(value, accuracy=None):
+    """
+    pytest.approx at the percentiles' documented accuracy: the middle of a
+    fine logarithmic bucket.
+    """
+    from dallal_analytics.questions import SKETCH_RELATIVE_ERROR
+
+    return pytest.approx(value, rel=accuracy or SKETCH_RELATIVE_ERROR)
+
+
 def test_latency_percentiles(report):
     _, summary = report
     latency = summary["latency"]
     assert latency["acks"] == 4
-    assert latency["p50"] == pytest.approx(0.51)
-    assert latency["p99"] == pytest.approx(2.0)
+    assert latency["p50"] == within(0.51)
+    assert latency["p99"] == within(2.0)
+    # Mean and max are exact.
+    assert latency["mean"] == pytest.approx((0.004 + 2.0 + 0.51 + 1.0) / 4)
     assert latency["max"] == pytest.approx(2.0)
+
+
+def test_latency_percentile_accuracy():
+    """
+    Every latency from a microsecond to a minute is within the documented
+    relative error of the middle of its bucket, the value a percentile is
+    reported as.
+    """
+    import math
+
+    from dallal_analytics.questions import SKETCH_BUCKETS_PER_DECADE, SKETCH_RELATIVE_ERROR
+
+    assert SKETCH_RELATIVE_ERROR < 0.006
+    for exponent in range(-6000, 1800):
+        latency = 10 ** (exponent / 1000)
+        fine = math.floor(math.log10(latency) * SKETCH_BUCKETS_PER_DECADE)
+        middle = 10 ** ((fine + 0.5) / SKETCH_BUCKETS_PER_DECADE)
+        assert abs(middle - latency) / latency <= SKETCH_RELATIVE_ERROR * (1 + 1e-9)
 
 
 def test_latency_per_topic_and_transport(spark, report):
@@ -66,9 +96,9 @@ def test_latency_per_topic_and_transport(spark, report):
     rows = {(row["topic"], row["transport"]): row for row in table(spark, out, "latency")}
     assert set(rows) == {("news", "tcp"), ("weather", "tcp")}
     assert rows["news", "tcp"]["acks"] == 2
-    assert rows["news", "tcp"]["p50"] == pytest.approx(0.004)
+    assert rows["news", "tcp"]["p50"] == within(0.004)
     assert rows["weather", "tcp"]["acks"] == 2
-    assert rows["weather", "tcp"]["p95"] == pytest.approx(1.0)
+    assert rows["weather", "tcp"]["p95"] == within(1.0)
 
 
 def test_story_of_every_subscriber(spark, report):

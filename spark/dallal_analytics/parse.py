@@ -40,6 +40,12 @@ INT_FIELDS = (
 FLOAT_FIELDS = ("latency",)
 BOOL_FIELDS = ("fatal",)
 TEXT_FIELDS = ("topic", "client", "transport", "mode", "reason", "code", "address")
+FIELD_TYPES = {
+    **{name: "BIGINT" for name in INT_FIELDS},
+    **{name: "DOUBLE" for name in FLOAT_FIELDS},
+    **{name: "BOOLEAN" for name in BOOL_FIELDS},
+    **{name: "STRING" for name in TEXT_FIELDS},
+}
 # Keys of every event rather than fields of some: not counters of `stats`.
 ENVELOPE_KEYS = ("event", "t")
 
@@ -54,7 +60,10 @@ MOST_SECONDS = 365 * 86400.0
 # (docs/EVENTS.md): nearly every line of a busy broker's log is one of
 # these.
 MESSAGE_EVENT_FIELDS = {
-    "publish": ("mid", "topic", "bytes", "session", "client", "transport", "subscribers"),
+    "publish": (
+        "mid", "topic", "bytes", "session", "client", "transport", "subscribers", "origin",
+        "hops",
+    ),
     "retained": ("mid", "topic", "bytes", "session", "client"),
     "deliver": ("mid", "topic", "session", "client", "mode", "seq", "attempt"),
     "ack": ("mid", "topic", "session", "latency"),
@@ -119,13 +128,13 @@ def _laidOut(parts, layout):
     return check
 
 
-def _typed(name, sqlType, highest):
+def _believed(name, highest):
     """
-    A field as C{sqlType}, or null if it is not one from 0 to C{highest}:
-    Spark 4 runs in ANSI mode, where one absurd value (t=1e300, bytes of
-    19 digits) would make a time or a sum overflow and fail the whole job.
+    A typed field, or null if it is not from 0 to C{highest}: Spark 4 runs
+    in ANSI mode, where one absurd value (t=1e300, bytes of 19 digits)
+    would make a time or a sum overflow and fail the whole job.
     """
-    value = _fieldValue(name).try_cast(sqlType)
+    value = F.col(name)
     return F.when(value.between(0, highest), value)
 
 
@@ -187,8 +196,9 @@ def parseLines(lines):
         F.when(isTextEvent, layout).alias("layout"),
         F.when(isTextEvent, F.get(parts, TIME_PART)).alias("stamp"),
         F.when(isJsonEvent, record).alias("record"),
+        # Events are most lines: they skip the regular expression.
         F.when(
-            ~isTwistdLine & ~isContinuation & record.isNull(),
+            ~isTextEvent & ~isTwistdLine & ~isContinuation & record.isNull(),
             F.substring(value, 1, UNPARSED_EXAMPLE_LENGTH),
         ).alias("raw"),
     )
@@ -219,20 +229,34 @@ def parseLines(lines):
         f"array({envelope}, 'dallal_event'), k) AND NOT startswith(k, 'log_')),"
         " (k, v) -> try_cast(v AS BIGINT))"
     )
-    return withFields.select(
+    # Each field's text is found once, cast once, then checked: a column
+    # referenced more than once stays a column of its own (Spark does not
+    # inline a cast into each use), where F.when(x.between(...), x) written
+    # in one go would find and cast x up to three times.
+    texts = withFields.select(
+        "kind", "level", "event", "stamp", "raw",
+        F.when(event == "stats", counters).alias("stats"),
+        *(_fieldValue(name).alias(name) for name in ("t", *FIELD_TYPES)),
+    )
+    typed = texts.select(
+        "kind", "level", "event", "stamp", "raw", "stats",
+        *(F.col(name).try_cast(sqlType).alias(name)
+          for name, sqlType in (("t", "DOUBLE"), *FIELD_TYPES.items())),
+    )
+    return typed.select(
         "kind",
         "level",
         "event",
         F.coalesce(
-            _typed("t", "DOUBLE", MOST_TIME),
+            _believed("t", MOST_TIME),
             F.unix_micros(
                 F.try_to_timestamp(F.col("stamp"), F.lit(TWISTD_TIME_FORMAT))
             ) / 1e6,
         ).alias("t"),
-        *(_typed(name, "BIGINT", MOST_INT).alias(name) for name in INT_FIELDS),
-        *(_typed(name, "DOUBLE", MOST_SECONDS).alias(name) for name in FLOAT_FIELDS),
-        *(_fieldValue(name).try_cast("BOOLEAN").alias(name) for name in BOOL_FIELDS),
-        *(_fieldValue(name).alias(name) for name in TEXT_FIELDS),
-        F.when(event == "stats", counters).alias("stats"),
+        *(_believed(name, MOST_INT).alias(name) for name in INT_FIELDS),
+        *(_believed(name, MOST_SECONDS).alias(name) for name in FLOAT_FIELDS),
+        *BOOL_FIELDS,
+        *TEXT_FIELDS,
+        "stats",
         "raw",
     )

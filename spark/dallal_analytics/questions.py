@@ -20,6 +20,8 @@ keeps in a hash table: text in a sum's buffer would make it sort every
 event.  Text (clients, transports, reasons) is a grouping key instead.
 """
 
+import math
+
 from pyspark.sql import Window, functions as F
 
 from dallal_analytics.parse import EVENT
@@ -32,8 +34,11 @@ MODES = ("fire", "latest", "all")
 # A mode or drop reason that EVENTS.md does not list.
 OTHER = "other"
 LATENCY_QUANTILES = (0.5, 0.95, 0.99)
-# percentile_approx's accuracy: the rank error is at most 1/accuracy.
-LATENCY_ACCURACY = 10_000
+# Latencies are counted in logarithmic buckets this fine: a bucket's middle
+# is within 0.58% of every latency in it (10^(1/400) - 1), and that is the
+# percentiles' accuracy.
+SKETCH_BUCKETS_PER_DECADE = 200
+SKETCH_RELATIVE_ERROR = 10 ** (1 / (2 * SKETCH_BUCKETS_PER_DECADE)) - 1
 # The latency histogram has this many logarithmic buckets per decade.
 BUCKETS_PER_DECADE = 10
 # Latencies are logged to the microsecond; a zero one goes in the first
@@ -255,18 +260,11 @@ def messageSizes(events, messages):
     return F.broadcast(sizes) if messages <= BROADCAST_MESSAGES else sizes
 
 
-def _latencyBucket():
-    return F.floor(
-        F.log10(F.greatest("latency", F.lit(SMALLEST_LATENCY))) * BUCKETS_PER_DECADE
-    )
-
-
 def eventSummary(events, sizes, windowSeconds):
     """
     The events counted and summed per run, session, event name, and what
     the questions group them by, where it applies: client and transport,
-    the window and topic of publishes, sends and trouble, the latency
-    bucket of acks, and in C{detail} the reason of disconnects and drops,
+    the window and topic of publishes, sends and trouble, and in C{detail} the reason of disconnects and drops,
     the code of refusals, the address listened on or the counters of
     C{stats} (as JSON).
 
@@ -288,7 +286,6 @@ def eventSummary(events, sizes, windowSeconds):
         "transport",
         F.when(traffic | trouble, windowStart(col("t"), windowSeconds)).alias("window_start"),
         F.when(traffic, col("topic")).alias("topic"),
-        F.when(isEvent("ack"), _latencyBucket()).alias("bucket"),
         # One key for these few events' text, since each has one.
         F.when(isEvent("disconnect", "drop"), col("reason"))
         .when(isErrorReport(), col("code"))
@@ -591,27 +588,6 @@ def publishers(actors):
 
 # Delivery
 
-def _latencyMeasures():
-    return (
-        F.count(F.lit(1)).alias("acks"),
-        F.percentile_approx("latency", list(LATENCY_QUANTILES), LATENCY_ACCURACY).alias(
-            "quantiles"
-        ),
-        F.avg("latency").alias("mean"),
-        F.max("latency").alias("max"),
-    )
-
-
-def _withQuantiles(frame):
-    return frame.select(
-        *(name for name in frame.columns if name != "quantiles"),
-        *(
-            col("quantiles")[index].alias(f"p{round(quantile * 100)}")
-            for index, quantile in enumerate(LATENCY_QUANTILES)
-        ),
-    )
-
-
 def acks(events, sessionTransports):
     """
     The C{ack} events with a latency, with the subscriber's transport.
@@ -627,28 +603,99 @@ def acks(events, sessionTransports):
     )
 
 
-def latency(ackFrame):
+def _bucket(latency, perDecade):
+    return F.floor(F.log10(F.greatest(latency, F.lit(SMALLEST_LATENCY))) * perDecade)
+
+
+def latencySketch(ackFrame):
     """
-    Publish-to-ack latency per topic and transport, and over all acks (the
-    row whose C{overall} is true): count, p50, p95, p99 (approximate: rank
-    error under 1/10000), mean and max, in seconds.  One pass over the
-    acks computes both.
+    Acks per topic, transport and fine logarithmic latency bucket
+    (L{SKETCH_BUCKETS_PER_DECADE}), with their sum and largest latency:
+    the latency table, its percentiles and the histogram derive from
+    these few rows.  Counting into buckets is a plain hash aggregation;
+    percentile_approx kept a sorted sketch per group, dearer by far.
     """
-    return _withQuantiles(
-        ackFrame.groupingSets([["topic", "transport"], []], "topic", "transport").agg(
-            *_latencyMeasures(), (F.grouping_id() > 0).alias("overall")
-        )
+    return ackFrame.groupBy(
+        "topic", "transport", _bucket(col("latency"), SKETCH_BUCKETS_PER_DECADE).alias("fine")
+    ).agg(
+        F.count(F.lit(1)).alias("acks"),
+        F.sum("latency").alias("sum"),
+        F.max("latency").alias("max"),
     )
 
 
-def latencyHistogram(summary):
+def bucketMiddle(fine):
     """
-    Acks per logarithmic latency bucket: C{[lower, upper)} seconds.
+    The latency a fine bucket stands for: its geometric middle, within
+    L{SKETCH_RELATIVE_ERROR} of every latency in it.
     """
+    return F.pow(F.lit(10.0), (fine + 0.5) / SKETCH_BUCKETS_PER_DECADE)
+
+
+def latency(sketch):
+    """
+    Publish-to-ack latency per topic and transport: count, p50, p95, p99,
+    mean and max, in seconds.  A percentile is the middle of the fine
+    bucket that holds it (the smallest latency with that share of the
+    acks at or below it): within L{SKETCH_RELATIVE_ERROR} of the exact
+    one; mean and max are exact.
+    """
+    group = ("topic", "transport")
+    cumulative = F.sum("acks").over(
+        Window.partitionBy(*group).orderBy("fine")
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
+    total = F.sum("acks").over(Window.partitionBy(*group))
+    ranked = sketch.select("*", cumulative.alias("cumulative"), total.alias("total"))
+    return ranked.groupBy(*group).agg(
+        F.sum("acks").alias("acks"),
+        *(
+            bucketMiddle(
+                F.min(F.when(col("cumulative") >= F.ceil(col("total") * quantile), col("fine")))
+            ).alias(f"p{round(quantile * 100)}")
+            for quantile in LATENCY_QUANTILES
+        ),
+        (F.sum("sum") / F.sum("acks")).alias("mean"),
+        F.max("max").alias("max"),
+    )
+
+
+def overallLatency(sketchRows):
+    """
+    The same measures over every ack, from the sketch's rows (collected:
+    a few thousand at most), as a dict.
+    """
+    perBucket = {}
+    for row in sketchRows:
+        perBucket[row["fine"]] = perBucket.get(row["fine"], 0) + row["acks"]
+    acks = sum(perBucket.values())
+    result = {"acks": acks, "mean": None, "max": None}
+    for quantile in LATENCY_QUANTILES:
+        result[f"p{round(quantile * 100)}"] = None
+    if not acks:
+        return result
+    result["mean"] = sum(row["sum"] for row in sketchRows) / acks
+    result["max"] = max(row["max"] for row in sketchRows)
+    cumulative = 0
+    pending = list(LATENCY_QUANTILES)
+    for fine in sorted(perBucket):
+        cumulative += perBucket[fine]
+        while pending and cumulative >= math.ceil(acks * pending[0]):
+            result[f"p{round(pending.pop(0) * 100)}"] = 10 ** (
+                (fine + 0.5) / SKETCH_BUCKETS_PER_DECADE
+            )
+    return result
+
+
+def latencyHistogram(sketch):
+    """
+    Acks per logarithmic latency bucket: C{[lower, upper)} seconds, ten
+    per decade.
+    """
+    ratio = SKETCH_BUCKETS_PER_DECADE // BUCKETS_PER_DECADE
     return (
-        summary.where(isEvent("ack") & col("bucket").isNotNull())
-        .groupBy("bucket")
-        .agg(F.sum("events").alias("acks"))
+        sketch.groupBy(F.floor(col("fine") / ratio).alias("bucket"))
+        .agg(F.sum("acks").alias("acks"))
         .select(
             "bucket",
             F.pow(F.lit(10.0), col("bucket") / BUCKETS_PER_DECADE).alias("lower"),
@@ -677,8 +724,9 @@ def deliveries(events):
         events.where(
             isEvent("deliver", *outcomes) & col("session").isNotNull()
         )
-        # Each task gets whole messages, so that messages() sums their
-        # stories without moving them again.
+        # One shuffle of the events by message: a message's events are
+        # rarely in the same task, so summing them there first would only
+        # cost a hash table (measured: 15% slower).
         .repartition("run", "mid")
         .groupBy("run", "mid", "session", "topic")
         .agg(

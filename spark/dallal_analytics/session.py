@@ -22,7 +22,11 @@ LOG4J_CONFIGURATION = Path(__file__).with_name("log4j2.properties")
 JVM_NOISE = (b"WARNING: Using incubator modules:",)
 
 LOCAL_SHUFFLE_PARTITIONS = 4
-OBJECT_HASH_AGGREGATE_GROUPS = 4096
+
+# HotSpot never compiles a method of more than 8,000 bytes of bytecode, and
+# the code Spark generates for parsing a log line (some twenty fields) is
+# larger: interpreted, it took twice as long (docs/ANALYTICS.md).
+COMPILE_HUGE_METHODS = "-XX:-DontCompileHugeMethods"
 
 
 def isLocalMaster(master):
@@ -102,7 +106,7 @@ def buildSession(master=None, appName="dallal-report", shufflePartitions=None,
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
     log4j = f"-Dlog4j2.configurationFile={LOG4J_CONFIGURATION.as_uri()}"
-    javaOptions = [log4j]
+    javaOptions = [log4j, COMPILE_HUGE_METHODS]
     if tmpDir is not None:
         javaOptions.append(f"-Djava.io.tmpdir={tmpDir}")
         conf.set("spark.local.dir", str(tmpDir))
@@ -121,8 +125,10 @@ def buildSession(master=None, appName="dallal-report", shufflePartitions=None,
         defaults["spark.sql.shuffle.partitions"] = str(
             shufflePartitions or LOCAL_SHUFFLE_PARTITIONS
         )
-    elif shufflePartitions:
-        defaults["spark.sql.shuffle.partitions"] = str(shufflePartitions)
+    else:
+        defaults["spark.executor.extraJavaOptions"] = COMPILE_HUGE_METHODS
+        if shufflePartitions:
+            defaults["spark.sql.shuffle.partitions"] = str(shufflePartitions)
     if driverMemory:
         defaults["spark.driver.memory"] = driverMemory
     for key, value in defaults.items():
@@ -131,16 +137,9 @@ def buildSession(master=None, appName="dallal-report", shufflePartitions=None,
     # EXCEPTION policy; one odd line must not do that.
     conf.set("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
     # The report caches the parsed log once and reads it a few times:
-    # compressing it would cost more time than its reads save (its columns
-    # are mostly numbers and short text, and it shrank by a tenth).
+    # compressed, the whole report took 15% longer at 10 million lines
+    # (its columns are mostly numbers and short text: it shrank by a tenth).
     conf.setIfMissing("spark.sql.inMemoryColumnarStorage.compressed", "false")
-    # The latency percentiles are aggregated per topic and transport in a
-    # hash table, which by default gives up for a sort of every ack beyond
-    # 128 groups per task; their buffers are bounded by the task's acks.
-    conf.setIfMissing(
-        "spark.sql.objectHashAggregate.sortBased.fallbackThreshold",
-        str(OBJECT_HASH_AGGREGATE_GROUPS),
-    )
 
     if not submitted and SparkContext._gateway is None:
         SparkContext(conf=conf, gateway=_launchQuietGateway(conf))
