@@ -420,7 +420,7 @@ def parseArguments(argv):
     )
     parser.add_argument(
         "--shuffle-partitions", type=int, metavar="N",
-        help="spark.sql.shuffle.partitions (default 4 for local masters, "
+        help="spark.sql.shuffle.partitions (default 16 for local masters, "
         "Spark's elsewhere)",
     )
     parser.add_argument(
