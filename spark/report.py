@@ -339,7 +339,8 @@ def summarize(window, survey, starts, unparsedExamples, runRows, topicRows, loss
     sessionsByTransport = tally(sessionKinds, "transport", "count")
     trafficByTransport = {row["transport"]: row for row in transports}
     return {
-        # The broker's own publishes ($SYS/...) apart, as in its counters.
+        # The broker's own publishes ($SYS/...) included, as in its
+        # counters, and counted apart too.
         "publishes": total(runRows, "publishes"),
         "sys_published": total(runRows, "sys_published"),
         "retained": total(runRows, "retained"),

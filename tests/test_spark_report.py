@@ -251,6 +251,36 @@ def test_odd_event_lines_are_never_fatal(spark, logLines, tmp_path):
     assert "<svg" in (tmp_path / "out" / "report.html").read_text()
 
 
+def test_sys_statistics_count_as_the_broker_counts_them(spark, tmp_path, logLines):
+    """
+    The broker's own $SYS publishes are part of its published and bytes_in
+    counters, and of sys_published: the report counts them the same way,
+    so that its totals agree with a stats event that has them.
+    """
+    import report as reportModule
+
+    e = logLines.event
+    t = 1795292880.0
+    client = dict(session=1, client="127.0.0.1:1")
+    path = logLines.write(tmp_path / "twistd.log", [
+        e(t, "listening", transport="tcp", address="127.0.0.1:1373"),
+        e(t + 1, "connect", **client, transport="tcp"),
+        e(t + 2, "subscribe", **client, topic="$SYS/broker/clients", mode="fire"),
+        e(t + 3, "publish", mid=1, topic="$SYS/broker/clients", bytes=1, session=0,
+          client="$SYS", transport="sys", subscribers=1, origin="here", hops=0),
+        e(t + 3, "deliver", mid=1, topic="$SYS/broker/clients", **client, mode="fire",
+          seq=1, attempt=1),
+        e(t + 4, "publish", mid=2, topic="a", bytes=5, **client, transport="tcp",
+          subscribers=0, origin="here", hops=0),
+        e(t + 5, "disconnect", **client, transport="tcp", reason="closed", subscriptions=1),
+        e(t + 6, "stats", connections_total=1, published=2, sys_published=1, matched=1,
+          delivered=1, fired=1, bytes_in=6, bytes_out=1),
+    ])
+    summary = reportModule.runReport(spark, [str(path)], tmp_path / "out")
+    assert (summary["publishes"], summary["sys_published"], summary["bytes_in"]) == (2, 1, 6)
+    assert summary["counter_mismatches"] == []
+
+
 def test_report_escapes_what_the_log_says(report):
     from dallal_analytics import htmlreport
 

@@ -88,8 +88,8 @@ def isStory():
 
 def isSysPublish():
     """
-    The broker's own publishes ($SYS/...), which its C{published} and
-    C{bytes_in} counters leave out.
+    The broker's own publishes ($SYS/...): part of its C{published} and
+    C{bytes_in} counters, and counted apart in C{sys_published}.
     """
     return isEvent("publish") & col("transport").eqNullSafe(SYS_TRANSPORT)
 
@@ -329,7 +329,6 @@ def sessionActivity(summary):
     C{session}.
     """
     publish = isEvent("publish")
-    clientPublish = publish & ~isSysPublish()
     retained = isEvent("retained")
     drop = isEvent("drop")
     return summary.groupBy("run", "session").agg(
@@ -340,11 +339,11 @@ def sessionActivity(summary):
         F.max(F.when(isEvent("disconnect"), col("last_t"))).alias("disconnect_t"),
         _sumWhere(isEvent("connect")).alias("sessions"),
         _sumWhere(isEvent("subscribe")).alias("subscribes"),
-        _sumWhere(clientPublish).alias("publishes"),
+        _sumWhere(publish).alias("publishes"),
         _sumWhere(isSysPublish()).alias("sys_published"),
         _sumWhere(retained).alias("retained"),
         (_sumWhere(publish, "subscribers") + _sumWhere(retained)).alias("matched"),
-        _sumWhere(clientPublish, "bytes").alias("bytes_in"),
+        _sumWhere(publish, "bytes").alias("bytes_in"),
         _sum("first_sends").alias("deliveries"),
         _sum("fired").alias("fired"),
         _sum("redeliveries").alias("redeliveries"),
