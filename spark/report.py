@@ -35,6 +35,8 @@ CHART_STEPS = 200
 UNITS = {"s": 1, "m": 60, "h": 3600}
 WINDOW = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|second|seconds|m|min|minute|minutes|h|hour|hours)?\s*$")
 
+# Traffic to and from other brokers over bridges (EVENTS.md).
+BRIDGED_TOTALS = ("bridged_published", "bridged_delivered", "bridged_dropped")
 TRANSPORT_MEASURES = ("publishes", "deliveries", "redeliveries", "bytes_in", "bytes_out")
 
 # The broker counters still comparable for a run logged with
@@ -254,7 +256,7 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
         errorTable = tables.write("errors", questions.errors(summary))
         healthTable = tables.write("health", questions.health(summary))
         runTable = tables.write("runs", questions.runs(
-            summary, activity, messageTable, connectionTable
+            summary, activity, sessionTable, messageTable, connectionTable
         ))
     for frame in cached:
         frame.unpersist()
@@ -343,6 +345,7 @@ def summarize(window, survey, starts, unparsedExamples, runRows, topicRows, loss
         # counters, and counted apart too.
         "publishes": total(runRows, "publishes"),
         "sys_published": total(runRows, "sys_published"),
+        **{name: total(runRows, name) for name in BRIDGED_TOTALS},
         "retained": total(runRows, "retained"),
         "deliveries": total(topicRows, "deliveries"),
         "redeliveries": total(topicRows, "redeliveries"),

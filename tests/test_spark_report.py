@@ -281,6 +281,55 @@ def test_sys_statistics_count_as_the_broker_counts_them(spark, tmp_path, logLine
     assert summary["counter_mismatches"] == []
 
 
+def test_bridged_traffic_counts_as_the_broker_counts_it(spark, tmp_path, logLines):
+    """
+    Messages that came over a bridge (hops of 1 or more), and sends and
+    drops to sessions that carry messages to another broker (this broker's
+    own bridge, transport=bridge, or another's, which subscribes with
+    bridge=True), add up to the broker's bridged_* counters.
+    """
+    import report as reportModule
+
+    e = logLines.event
+    t = 1795292880.0
+    local = dict(session=1, client="127.0.0.1:1")
+    ownBridge = dict(session=2, client="bridge:hub")
+    remoteBridge = dict(session=3, client="10.0.0.9:2")
+    path = logLines.write(tmp_path / "twistd.log", [
+        e(t, "listening", transport="tcp", address="127.0.0.1:1373"),
+        e(t + 1, "connect", **local, transport="tcp"),
+        e(t + 1, "connect", **ownBridge, transport="bridge"),
+        e(t + 1, "connect", **remoteBridge, transport="tcp"),
+        e(t + 2, "subscribe", **local, topic="a", mode="all", bridge=False),
+        e(t + 2, "subscribe", **ownBridge, topic="#", mode="all", bridge=True),
+        e(t + 2, "subscribe", **remoteBridge, topic="a", mode="all", bridge=True),
+        # Published here: it leaves over both bridges, and one copy is dropped.
+        e(t + 3, "publish", mid=1, topic="a", bytes=2, **local, transport="tcp",
+          subscribers=2, origin="leaf", hops=0),
+        e(t + 3, "deliver", mid=1, topic="a", **ownBridge, mode="all", seq=1, attempt=1),
+        e(t + 3, "drop", "warn", mid=1, topic="a", session=3, reason="bridge_refused"),
+        # Came over this broker's own bridge: to the local subscriber only.
+        e(t + 4, "publish", mid=2, topic="a", bytes=3, **ownBridge, transport="bridge",
+          subscribers=1, origin="hub", hops=1),
+        e(t + 4, "deliver", mid=2, topic="a", **local, mode="all", seq=1, attempt=1),
+        e(t + 5, "stats", published=2, bridged_published=1, delivered=2,
+          bridged_delivered=1, dropped=1, dropped_bridge_refused=1, bridged_dropped=1),
+    ])
+    summary = reportModule.runReport(spark, [str(path)], tmp_path / "out")
+    assert {name: summary[name] for name in (
+        "publishes", "bridged_published", "deliveries", "bridged_delivered", "dropped",
+        "bridged_dropped",
+    )} == {
+        "publishes": 2, "bridged_published": 1, "deliveries": 2, "bridged_delivered": 1,
+        "dropped": 1, "bridged_dropped": 1,
+    }
+    assert summary["counter_mismatches"] == []
+    sessions = spark.read.parquet(str(tmp_path / "out" / "tables" / "sessions"))
+    assert {row.session: row.bridge for row in sessions.collect()} == {
+        1: False, 2: True, 3: True,
+    }
+
+
 def test_report_escapes_what_the_log_says(report):
     from dallal_analytics import htmlreport
 

@@ -35,10 +35,10 @@ JSON_RECORD_SEPARATOR = "\x1e"
 
 INT_FIELDS = (
     "mid", "bytes", "session", "subscribers", "seq", "attempt", "by",
-    "missed", "subscriptions", "count",
+    "missed", "subscriptions", "count", "hops",
 )
 FLOAT_FIELDS = ("latency",)
-BOOL_FIELDS = ("fatal",)
+BOOL_FIELDS = ("fatal", "bridge")
 TEXT_FIELDS = ("topic", "client", "transport", "mode", "reason", "code", "address")
 FIELD_TYPES = {
     **{name: "BIGINT" for name in INT_FIELDS},

@@ -47,13 +47,15 @@ SMALLEST_LATENCY = 1e-6
 UNKNOWN_TRANSPORT = "unknown"
 # The transport of the broker's own publishes on $SYS/... topics.
 SYS_TRANSPORT = "sys"
+# The transport of this broker's own bridge sessions (--bridge).
+BRIDGE_TRANSPORT = "bridge"
 
 # The columns of the parsed lines the questions read: what the report
 # caches.
 EVENT_COLUMNS = (
     "event", "t", "mid", "bytes", "session", "subscribers", "attempt", "by", "latency",
     "fatal", "count", "topic", "client", "transport", "mode", "reason", "code", "address",
-    "stats",
+    "stats", "hops", "bridge",
 )
 
 col = F.col
@@ -218,6 +220,9 @@ COUNTERS_FROM_EVENTS = {
     "connections_total": "sessions",
     "published": "publishes",
     "sys_published": "sys_published",
+    "bridged_published": "bridged_published",
+    "bridged_delivered": "bridged_delivered",
+    "bridged_dropped": "bridged_dropped",
     "matched": "matched",
     "delivered": "deliveries",
     "fired": "fired",
@@ -302,6 +307,8 @@ def eventSummary(events, sizes, windowSeconds):
         F.sum("message_bytes").alias("bytes_out"),
         F.sum("count").alias("count"),
         F.count_if(col("fatal")).alias("fatal"),
+        F.count_if(isEvent("publish") & (col("hops") >= 1)).alias("bridged_publishes"),
+        F.count_if(isEvent("subscribe") & col("bridge")).alias("bridge_subscribes"),
         F.min("t").alias("first_t"),
         F.max("t").alias("last_t"),
     )
@@ -341,6 +348,8 @@ def sessionActivity(summary):
         _sumWhere(isEvent("subscribe")).alias("subscribes"),
         _sumWhere(publish).alias("publishes"),
         _sumWhere(isSysPublish()).alias("sys_published"),
+        _sum("bridged_publishes").alias("bridged_published"),
+        _sum("bridge_subscribes").alias("bridge_subscribes"),
         _sumWhere(retained).alias("retained"),
         (_sumWhere(publish, "subscribers") + _sumWhere(retained)).alias("matched"),
         _sumWhere(publish, "bytes").alias("bytes_in"),
@@ -389,6 +398,11 @@ def sessions(activity, names, lastRun):
         "session",
         "client",
         F.coalesce(col("transport"), F.lit(UNKNOWN_TRANSPORT)).alias("transport"),
+        # It carries messages to another broker (EVENTS.md, "Local and
+        # bridged traffic").
+        ((col("transport") == BRIDGE_TRANSPORT) | (col("bridge_subscribes") > 0)).alias(
+            "bridge"
+        ),
         timestamp(col("first_t")).alias("first_seen"),
         timestamp(col("last_t")).alias("last_seen"),
         (col("last_t") - col("first_t")).alias("duration"),
@@ -399,6 +413,7 @@ def sessions(activity, names, lastRun):
         "publishes",
         "deliveries",
         col("acked").alias("acks"),
+        "dropped",
         "errors",
         "first_t",
         F.coalesce(
@@ -451,14 +466,14 @@ def connectionsByWindow(connectionTable, windowSeconds):
 
 
 RUN_TOTALS = (
-    "events", "sessions", "publishes", "sys_published", "retained", "matched", "deliveries",
+    "events", "sessions", "publishes", "sys_published", "bridged_published", "retained", "matched", "deliveries",
     "fired", "redeliveries", "acked", "replaced", "dropped",
     *(f"dropped_{reason}" for reason in DROP_REASONS), "bytes_in", "errors", "pings_missed",
     "clients_dropped",
 )
 
 
-def runs(summary, activity, messageTable, connectionTable):
+def runs(summary, activity, sessionTable, messageTable, connectionTable):
     """
     Per broker start: when, where it listened, how long it ran, the totals
     of its events (named as in L{COUNTERS_FROM_EVENTS}), its peak of
@@ -485,6 +500,10 @@ def runs(summary, activity, messageTable, connectionTable):
         _sum("bytes_out").alias("bytes_out"),
         F.count_if(~col("publish_logged")).alias("messages_without_publish"),
     )
+    perRunBridges = sessionTable.where(col("bridge")).groupBy("run").agg(
+        _sum("deliveries").alias("bridged_delivered"),
+        _sum("dropped").alias("bridged_dropped"),
+    )
     perRunConnections = connectionTable.groupBy("run").agg(
         F.max("connections").alias("peak_connections"),
         # The first time the peak was reached.
@@ -493,8 +512,12 @@ def runs(summary, activity, messageTable, connectionTable):
     return (
         perRun.join(marks, "run", "left")
         .join(perRunMessages, "run", "left")
+        .join(perRunBridges, "run", "left")
         .join(perRunConnections, "run", "left")
-        .fillna(0, subset=["bytes_out", "messages_without_publish", "peak_connections"])
+        .fillna(0, subset=[
+            "bytes_out", "messages_without_publish", "bridged_delivered", "bridged_dropped",
+            "peak_connections",
+        ])
     )
 
 
