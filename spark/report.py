@@ -57,6 +57,19 @@ def windowSeconds(text):
     return float(match.group(1)) * UNITS[unit]
 
 
+def positiveCount(text):
+    """
+    A whole number above zero, for C{--shuffle-partitions}.
+    """
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number above 0, got {text!r}")
+    return count
+
+
 class Progress:
     """
     A line on standard error when each stage of the report ends, and while
@@ -423,7 +436,7 @@ def parseArguments(argv):
         "run with python)",
     )
     parser.add_argument(
-        "--shuffle-partitions", type=int, metavar="N",
+        "--shuffle-partitions", type=positiveCount, metavar="N",
         help="spark.sql.shuffle.partitions (default 16 for local masters, "
         "Spark's elsewhere)",
     )

@@ -363,6 +363,29 @@ def test_bad_window_durations(text):
         reportModule.windowSeconds(text)
 
 
+@pytest.mark.parametrize("text", ["0", "-4", "many", "2.5"])
+def test_bad_shuffle_partitions(text, capsys):
+    import report as reportModule
+
+    with pytest.raises(SystemExit):
+        reportModule.parseArguments(["logs", "--out", "out", "--shuffle-partitions", text])
+    assert f"expected a whole number above 0, got {text!r}" in capsys.readouterr().err
+
+
+def test_the_jvm_runs_with_the_reports_options(spark):
+    """
+    The driver JVM compiles huge methods and collects garbage for throughput
+    (docs/ANALYTICS.md, "How it computes").
+    """
+    from dallal_analytics.session import JVM_OPTIONS
+
+    arguments = list(
+        spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
+    )
+    assert set(JVM_OPTIONS) <= set(arguments)
+    assert set(JVM_OPTIONS) == {"-XX:-DontCompileHugeMethods", "-XX:+UseParallelGC"}
+
+
 def test_counter_mismatches_name_the_counter():
     import report as reportModule
     from dallal_analytics import questions

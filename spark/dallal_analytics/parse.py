@@ -219,7 +219,6 @@ def parseLines(lines):
         )
         .alias("fields"),
     )
-    fields = F.col("fields")
     event = F.col("event")
     # The counters of a stats event: its fields but the event's own keys
     # (and in a JSON record, Twisted's).

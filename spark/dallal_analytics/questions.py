@@ -12,10 +12,10 @@ Only native functions are used: nothing here needs Python on executors.
 The events are many (a busy broker logs millions an hour); sessions,
 topics, windows and runs are few.  So the questions read the events as
 few times as possible: L{eventSummary} sums them once per session, event
-name, window, topic and the like, and the sessions, runs, traffic, errors,
-health and latency histogram are sums of its few rows; only the latency
-percentiles and the stories of messages (L{deliveries}, L{messages}) read
-the events again.  The events' aggregations sum numbers only, which Spark
+name, window, topic and the like, and the sessions, runs, traffic, errors
+and health are sums of its few rows; only the acks (L{latencySketch}, from
+which the latency tables derive) and the stories of messages
+(L{deliveries}, L{messages}) read the events again.  The events' aggregations sum numbers only, which Spark
 keeps in a hash table: text in a sum's buffer would make it sort every
 event.  Text (clients, transports, reasons) is a grouping key instead.
 """
@@ -269,12 +269,12 @@ def eventSummary(events, sizes, windowSeconds):
     """
     The events counted and summed per run, session, event name, and what
     the questions group them by, where it applies: client and transport,
-    the window and topic of publishes, sends and trouble, and in C{detail} the reason of disconnects and drops,
-    the code of refusals, the address listened on or the counters of
-    C{stats} (as JSON).
+    the window and topic of publishes, sends and trouble, and in C{detail}
+    the reason of disconnects and drops, the code of refusals, the address
+    listened on or the counters of C{stats} (as JSON).
 
-    Every question but the latency percentiles and the stories of messages
-    is a sum of these rows, which are few: a session's events fall in a
+    Every question but the latency and the stories of messages is a sum of
+    these rows, which are few: a session's events fall in a
     handful of them per window and topic.  A send's C{bytes_out} are its
     message's, from C{sizes} (L{messageSizes}).
     """
