@@ -195,9 +195,11 @@ def counterMismatches(runRows):
     return mismatches
 
 
-def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None):
+def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None,
+              deliveries=False):
     """
     Analyse the logs at C{paths} into C{outDir}; return the summary.
+    C{deliveries}: also write the table of every (message, subscriber).
 
     The logs are read and parsed once, into a cache of the columns the
     questions read; every question then reads that cache or smaller results
@@ -218,9 +220,11 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
         return frame
 
     with progress.stage("read and parse"):
-        lines = cache(parse.parseLines(parse.readLines(spark, paths)).select(
-            "kind", *questions.EVENT_COLUMNS, "raw"
-        ))
+        # The log is read once: split into the per-message events, read by
+        # position, and the few other lines, parsed from that cache.
+        split = cache(parse.splitLines(parse.readLines(spark, paths)).drop("level", "seq"))
+        others = cache(parse.parseOtherLines(split))
+        lines = parse.combine(split, others).select("kind", *questions.EVENT_COLUMNS, "raw")
         survey = _rows(questions.lineSurvey(lines, parse.KINDS))[0]
         starts = questions.brokerStarts(lines, survey.pop("listening"))
         messages = survey.pop("messages")
@@ -261,8 +265,9 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
         )))
 
     with progress.stage("loss account"):
-        deliveryTable = tables.write("deliveries", questions.deliveries(events))
-        messageTable = tables.write("messages", questions.messages(events, deliveryTable))
+        if deliveries:
+            tables.write("deliveries", questions.deliveries(events))
+        messageTable = tables.write("messages", questions.messages(events))
         lossTable = tables.write("loss_account", questions.lossAccount(messageTable))
 
     with progress.stage("health"):
@@ -431,6 +436,11 @@ def parseArguments(argv):
         "(default 1m)",
     )
     parser.add_argument(
+        "--deliveries", action="store_true",
+        help="also write the deliveries table: how each (message, subscriber) ended, "
+        "a row per send (at ten million lines it doubles the report's loss-account time)",
+    )
+    parser.add_argument(
         "--master",
         help="the Spark master URL (default: spark-submit's, or local[*] when "
         "run with python)",
@@ -463,7 +473,9 @@ def main(argv=None):
         progress = Progress(
             enabled=not args.quiet, statusTracker=spark.sparkContext.statusTracker()
         )
-        summary = runReport(spark, args.logs, args.out, args.window, progress)
+        summary = runReport(
+            spark, args.logs, args.out, args.window, progress, deliveries=args.deliveries
+        )
     except AnalysisException as error:
         if error.getCondition() != "PATH_NOT_FOUND":
             raise

@@ -53,6 +53,9 @@ def test_report_on_a_local_cluster(reportCommand, handWrittenLogs, handWrittenSu
     for key in ("publishes", "deliveries", "acked", "replaced", "dropped", "inflight",
                 "sessions", "peak_connections", "unparsed_lines", "counter_mismatches"):
         assert summary[key] == handWrittenSummary[key], key
+    # The table of every (message, subscriber) only with --deliveries.
+    tables = {path.name for path in (out / "tables").iterdir()}
+    assert "messages" in tables and "deliveries" not in tables
     # Quiet: the report's progress lines and nothing from the JVMs.
     noise = [line for line in result.stderr.splitlines()
              if not line.startswith("dallal-report: ")]

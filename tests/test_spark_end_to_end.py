@@ -359,7 +359,7 @@ def brokerReport(spark, brokerRun, tmp_path_factory):
 
     scenario, _, _ = brokerRun
     out = tmp_path_factory.mktemp("report")
-    return out, report.runReport(spark, [str(scenario.log)], out)
+    return out, report.runReport(spark, [str(scenario.log)], out, deliveries=True)
 
 
 def test_real_broker_lines_all_parse(spark, brokerRun):

@@ -90,7 +90,9 @@ def test_message_events_by_position_or_by_name(spark, tmp_path, logLines):
         e(T, "deliver", mid=12, topic="a/b", **client, mode="all", seq=4, attempt=2),
         e(T, "deliver", mid=13, topic="a/b", **client, mode="all", attempt=2, seq=4),
     ]
-    rows = events(spark, logLines.write(tmp_path / "twistd.log", lines))
+    # Rows are not in the lines' order: those read by position come first.
+    rows = sorted(events(spark, logLines.write(tmp_path / "twistd.log", lines)),
+                  key=lambda row: row["mid"])
     assert [
         (row["mid"], row["topic"], row["bytes"], row["session"], row["client"],
          row["transport"], row["subscribers"], row["t"])
@@ -162,8 +164,10 @@ def test_missing_or_malformed_fields_are_null(spark, tmp_path, logLines):
         # No t: twistd's own second is the time.
         "2026-11-21T20:28:19+0000 [dallal#info] event=connect session=4 client=127.0.0.1:4 transport=tcp",
     ]
-    rows = events(spark, logLines.write(tmp_path / "twistd.log", lines))
-    publish, deliver, ack, missed, connect = rows
+    rows = {row["event"]: row for row in events(spark, logLines.write(tmp_path / "twistd.log", lines))}
+    publish, deliver, ack, missed, connect = (
+        rows[name] for name in ("publish", "deliver", "ack", "ping_missed", "connect")
+    )
     assert (publish["session"], publish["transport"], publish["mid"]) == (None, None, 1)
     assert (deliver["mode"], deliver["seq"], deliver["attempt"]) == (None, None, None)
     assert (ack["mid"], ack["latency"], ack["topic"]) == (None, None, "news")

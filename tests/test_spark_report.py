@@ -22,7 +22,7 @@ def report(spark, handWrittenLogs, tmp_path_factory):
     import report as reportModule
 
     out = tmp_path_factory.mktemp("report")
-    summary = reportModule.runReport(spark, [str(handWrittenLogs)], out)
+    summary = reportModule.runReport(spark, [str(handWrittenLogs)], out, deliveries=True)
     return out, summary
 
 
@@ -374,16 +374,30 @@ def test_bad_shuffle_partitions(text, capsys):
 
 def test_the_jvm_runs_with_the_reports_options(spark):
     """
-    The driver JVM compiles huge methods and collects garbage for throughput
-    (docs/ANALYTICS.md, "How it computes").
+    The driver JVM compiles huge methods, collects garbage for throughput
+    and keeps its optimizing compiler for the hottest code (docs/ANALYTICS.md,
+    "How it computes"): the options are in effect, not only on its command
+    line.
     """
     from dallal_analytics.session import JVM_OPTIONS
 
-    arguments = list(
-        spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
-    )
+    jvm = spark._jvm
+    arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
     assert set(JVM_OPTIONS) <= set(arguments)
-    assert set(JVM_OPTIONS) == {"-XX:-DontCompileHugeMethods", "-XX:+UseParallelGC"}
+    hotspot = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
+    )
+    values = {
+        name: hotspot.getVMOption(name).getValue()
+        for name in ("DontCompileHugeMethods", "UseParallelGC", "Tier4InvocationThreshold",
+                     "Tier4MinInvocationThreshold", "Tier4CompileThreshold",
+                     "Tier4BackEdgeThreshold")
+    }
+    assert values == {
+        "DontCompileHugeMethods": "false", "UseParallelGC": "true",
+        "Tier4InvocationThreshold": "50000", "Tier4MinInvocationThreshold": "6000",
+        "Tier4CompileThreshold": "150000", "Tier4BackEdgeThreshold": "400000",
+    }
 
 
 def test_counter_mismatches_name_the_counter():

@@ -87,45 +87,44 @@ def readLines(spark, paths):
 # event=<name> and the fields.
 TIME_PART, SYSTEM_PART, EVENT_PART = 0, 1, 2
 TWISTD_TIME = r"^(?:\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[+-]\d{4})?|-)$"
+# The per-message events' fields, each once, in the order of the catalogue.
+MESSAGE_FIELDS = tuple(dict.fromkeys(
+    name for names in MESSAGE_EVENT_FIELDS.values() for name in names if name in FIELD_TYPES
+))
+# The column of splitLines that holds every other line's text.
+OTHER_LINE = "line"
 
 
-def _fieldValue(name):
+def _laidOut(parts, name):
     """
-    A field's text: by position in a per-message event laid out as
-    documented (C{layout} is its position in L{MESSAGE_EVENT_FIELDS}, from
-    1), else from the C{fields} map (see L{parseLines}).  Values hold no
-    C{=}: a field's is what follows its last one.
-    """
-    position = None
-    for layout, names in enumerate(MESSAGE_EVENT_FIELDS.values(), 1):
-        if name in names:
-            index = F.lit(EVENT_PART + 1 + names.index(name))
-            condition = F.col("layout") == layout
-            position = F.when(condition, index) if position is None else (
-                position.when(condition, index)
-            )
-    if name == "t":
-        position = F.size("parts") - 1
-    if position is None:
-        return F.col("fields")[name]
-    return F.when(
-        F.col("laid_out"), F.substring_index(F.get(F.col("parts"), position), "=", -1)
-    ).otherwise(F.col("fields")[name])
-
-
-def _laidOut(parts, layout):
-    """
-    Whether a text event's space-separated fields are exactly those of its
-    C{layout} in L{MESSAGE_EVENT_FIELDS}, in order, then C{t}.
+    Whether a text event's space-separated fields are exactly those of the
+    per-message event C{name} in L{MESSAGE_EVENT_FIELDS}, in order, then
+    C{t}.
     """
     check = F.lit(False)
-    for code, names in enumerate(MESSAGE_EVENT_FIELDS.values(), 1):
+    for event, names in MESSAGE_EVENT_FIELDS.items():
         expected = (*names, "t")
         laidOut = F.size(parts) == EVENT_PART + 1 + len(expected)
         for index, field in enumerate(expected, EVENT_PART + 1):
             laidOut = laidOut & F.get(parts, index).startswith(f"{field}=")
-        check = F.when(layout == code, laidOut).otherwise(check)
+        check = F.when(name == event, laidOut).otherwise(check)
     return check
+
+
+def _positionalValue(parts, name, field):
+    """
+    The text of C{field} in a laid-out per-message event C{name}: what
+    follows its C{field=}, at its position in L{MESSAGE_EVENT_FIELDS}.
+    """
+    value = None
+    for event, names in MESSAGE_EVENT_FIELDS.items():
+        if field in names:
+            text = F.substring(F.get(parts, EVENT_PART + 1 + names.index(field)), len(field) + 2,
+                               1 << 30)
+            value = F.when(name == event, text) if value is None else value.when(
+                name == event, text
+            )
+    return value
 
 
 def _believed(name, highest):
@@ -138,23 +137,101 @@ def _believed(name, highest):
     return F.when(value.between(0, highest), value)
 
 
-def parseLines(lines):
+def _believedField(name):
+    if name in INT_FIELDS:
+        return _believed(name, MOST_INT)
+    if name in FLOAT_FIELDS:
+        return _believed(name, MOST_SECONDS)
+    return F.col(name)
+
+
+def splitLines(lines):
     """
-    One row per input line: its C{kind}, and for events their typed fields.
-
-    A field missing from an event, or whose value does not parse as its
-    type, is null.  C{t} falls back on twistd's one-second time when an
-    event has none.  C{stats} is the counters of a C{stats} event; C{raw}
-    the text of an unparsed line.
-
-    Each line is split on its spaces once.  A per-message event laid out as
+    Each line split on its spaces once.  A per-message event laid out as
     EVENTS.md documents it (the fields of L{MESSAGE_EVENT_FIELDS} in order,
-    then C{t}: nearly every line of a busy broker) is read by position;
-    any other event (an unknown field, a repeated one, an unknown event)
-    goes through C{str_to_map}, dearer, so that the last of a repeated key
-    wins and unknown keys are ignored.  Character positions are avoided:
-    Spark finds them by walking the string.
+    then C{t}: nearly every line of a busy broker) gets its C{event},
+    C{level}, C{t} and L{MESSAGE_FIELDS}, typed, read by position, and a
+    null L{OTHER_LINE}; any other line keeps its text there, for
+    L{parseOtherLines}.
+
+    This is the work done on every line of the log, so it does as little
+    as it can: no regular expression (the time's shape is checked by its
+    length and its C{T}; a line that fails goes the other way, which checks
+    it in full), no maps, and field values cut at the known length of their
+    key.
     """
+    value = F.col("value")
+    parts = F.split(value, " ")
+    split = lines.select("value", parts.alias("parts"))
+    parts = F.col("parts")
+    system = F.get(parts, SYSTEM_PART)
+    eventPart = F.get(parts, EVENT_PART)
+    time = F.get(parts, TIME_PART)
+    name = F.substring_index(eventPart, "=", -1)
+    named = split.select("value", "parts", name.alias("name"))
+    name = F.col("name")
+    laidOut = F.coalesce(
+        system.startswith(f"[{EVENT_SYSTEM}") & system.endswith("]")
+        & eventPart.startswith("event=")
+        & (F.length(time) == len("2026-11-21T20:28:19+0000"))
+        & (F.substring(time, 11, 1) == "T")
+        & _laidOut(parts, name),
+        F.lit(False),
+    )
+    texts = named.select(
+        laidOut.alias("laid_out"),
+        F.when(~laidOut, value).alias(OTHER_LINE),
+        F.when(laidOut, name).alias("event"),
+        F.when(laidOut, F.rtrim(F.substring_index(system, "#", -1), F.lit("]"))).alias("level"),
+        F.when(laidOut, F.substring(F.element_at(parts, -1), 3, 1 << 30)).alias("t"),
+        *(F.when(laidOut, _positionalValue(parts, name, field)).alias(field)
+          for field in MESSAGE_FIELDS),
+    )
+    # Cast once, then checked (see parseOtherLines).
+    typed = texts.select(
+        OTHER_LINE, "event", "level",
+        F.col("t").try_cast("DOUBLE").alias("t"),
+        *(F.col(field).try_cast(FIELD_TYPES[field]).alias(field) for field in MESSAGE_FIELDS),
+    )
+    return typed.select(
+        OTHER_LINE, "event", "level", _believed("t", MOST_TIME).alias("t"),
+        *(_believedField(field).alias(field) for field in MESSAGE_FIELDS),
+    )
+
+
+def _allColumns(columns):
+    """
+    L{parseLines}' columns, from C{columns} (name -> column) or null.
+    """
+    types = {"t": "DOUBLE", **FIELD_TYPES, "stats": "map<string,bigint>"}
+    return [
+        (columns[name] if name in columns
+         else F.lit(None).cast(types.get(name, "STRING"))).alias(name)
+        for name in ("kind", "level", "event", "t", *INT_FIELDS, *FLOAT_FIELDS, *BOOL_FIELDS,
+                     *TEXT_FIELDS, "stats", "raw")
+    ]
+
+
+def messageEvents(split):
+    """
+    The laid-out per-message events of L{splitLines}, as L{parseLines}
+    rows (null in the columns C{split} lacks: the report caches only
+    those it reads).
+    """
+    fields = [name for name in ("event", "level", "t", *MESSAGE_FIELDS) if name in split.columns]
+    return split.where(F.col(OTHER_LINE).isNull()).select(*_allColumns(
+        {"kind": F.lit(EVENT), **{name: F.col(name) for name in fields}}
+    ))
+
+
+def parseOtherLines(split):
+    """
+    The lines of L{splitLines} that are not laid-out per-message events,
+    as L{parseLines} rows: events' fields by name (C{str_to_map}, so that
+    the last of a repeated key wins and unknown keys are ignored), JSON
+    records, and the other kinds of line.
+    """
+    lines = split.where(F.col(OTHER_LINE).isNotNull()).select(F.col(OTHER_LINE).alias("value"))
     value = F.col("value")
     parts = F.split(value, " ")
     system = F.get(parts, SYSTEM_PART)
@@ -180,8 +257,6 @@ def parseLines(lines):
     isJsonEvent = (record["log_namespace"] == NAMESPACE) & record["dallal_event"].isNotNull()
     isTwistdLine = value.rlike(TWISTD_PREFIX)
     isContinuation = value.startswith("\t")
-    name = F.substring_index(F.get(parts, EVENT_PART), "=", -1)
-    layout = F.array_position(F.array(*map(F.lit, MESSAGE_EVENT_FIELDS)), name)
     classified = split.select(
         F.when(isTextEvent | isJsonEvent, F.lit(EVENT))
         .when(isTwistdLine | record.isNotNull(), F.lit(OTHER))
@@ -191,35 +266,27 @@ def parseLines(lines):
         F.when(isTextEvent, F.rtrim(F.substring_index(system, "#", -1), F.lit("]")))
         .when(isJsonEvent, F.get_json_object(record["log_level"], "$.name"))
         .alias("level"),
-        F.when(isTextEvent, parts).alias("parts"),
-        F.when(isTextEvent, name).when(isJsonEvent, record["dallal_event"]).alias("event"),
-        F.when(isTextEvent, layout).alias("layout"),
+        F.when(isTextEvent, F.substring_index(F.get(parts, EVENT_PART), "=", -1))
+        .when(isJsonEvent, record["dallal_event"]).alias("event"),
         F.when(isTextEvent, F.get(parts, TIME_PART)).alias("stamp"),
-        F.when(isJsonEvent, record).alias("record"),
-        # Events are most lines: they skip the regular expression.
+        F.when(isJsonEvent, record)
+        .when(
+            isTextEvent,
+            # The text from event= on.
+            F.str_to_map(
+                F.array_join(F.slice(parts, EVENT_PART + 1, 1 << 30), " "),
+                F.lit(" "), F.lit("="),
+            ),
+        )
+        .alias("fields"),
+        # Events skip the regular expression.
         F.when(
             ~isTextEvent & ~isTwistdLine & ~isContinuation & record.isNull(),
             F.substring(value, 1, UNPARSED_EXAMPLE_LENGTH),
         ).alias("raw"),
     )
-
-    laidOut = classified.select(
-        "*", F.coalesce(_laidOut(F.col("parts"), F.col("layout")), F.lit(False)).alias("laid_out"),
-    )
-    withFields = laidOut.select(
-        "*",
-        F.when(F.col("record").isNotNull(), F.col("record"))
-        .when(
-            ~F.col("laid_out"),
-            # The text from event= on.
-            F.str_to_map(
-                F.array_join(F.slice("parts", EVENT_PART + 1, 1 << 30), " "),
-                F.lit(" "), F.lit("="),
-            ),
-        )
-        .alias("fields"),
-    )
     event = F.col("event")
+    fields = F.col("fields")
     # The counters of a stats event: its fields but the event's own keys
     # (and in a JSON record, Twisted's).
     envelope = ", ".join(f"'{key}'" for key in ENVELOPE_KEYS)
@@ -232,30 +299,51 @@ def parseLines(lines):
     # referenced more than once stays a column of its own (Spark does not
     # inline a cast into each use), where F.when(x.between(...), x) written
     # in one go would find and cast x up to three times.
-    texts = withFields.select(
+    texts = classified.select(
         "kind", "level", "event", "stamp", "raw",
         F.when(event == "stats", counters).alias("stats"),
-        *(_fieldValue(name).alias(name) for name in ("t", *FIELD_TYPES)),
+        *(fields[name].alias(name) for name in ("t", *FIELD_TYPES)),
     )
     typed = texts.select(
         "kind", "level", "event", "stamp", "raw", "stats",
         *(F.col(name).try_cast(sqlType).alias(name)
           for name, sqlType in (("t", "DOUBLE"), *FIELD_TYPES.items())),
     )
-    return typed.select(
-        "kind",
-        "level",
-        "event",
-        F.coalesce(
+    return typed.select(*_allColumns({
+        "kind": F.col("kind"),
+        "level": F.col("level"),
+        "event": F.col("event"),
+        "t": F.coalesce(
             _believed("t", MOST_TIME),
             F.unix_micros(
                 F.try_to_timestamp(F.col("stamp"), F.lit(TWISTD_TIME_FORMAT))
             ) / 1e6,
-        ).alias("t"),
-        *(_believed(name, MOST_INT).alias(name) for name in INT_FIELDS),
-        *(_believed(name, MOST_SECONDS).alias(name) for name in FLOAT_FIELDS),
-        *BOOL_FIELDS,
-        *TEXT_FIELDS,
-        "stats",
-        "raw",
-    )
+        ),
+        **{name: _believedField(name) for name in FIELD_TYPES},
+        "stats": F.col("stats"),
+        "raw": F.col("raw"),
+    }))
+
+
+def combine(split, others):
+    """
+    L{parseLines}' rows from L{splitLines}' and L{parseOtherLines}'.
+    """
+    return messageEvents(split).unionByName(others)
+
+
+def parseLines(lines):
+    """
+    One row per input line: its C{kind}, and for events their typed fields.
+
+    A field missing from an event, or whose value does not parse as its
+    type, is null.  C{t} falls back on twistd's one-second time when an
+    event has none.  C{stats} is the counters of a C{stats} event; C{raw}
+    the text of an unparsed line.  The rows are not in the lines' order.
+
+    The report does the same in two steps (L{splitLines}, then
+    L{parseOtherLines} of the few lines left), each cached, so that the
+    log is read once.
+    """
+    split = splitLines(lines)
+    return combine(split, parseOtherLines(split))

@@ -32,9 +32,22 @@ LOCAL_SHUFFLE_PARTITIONS = 16
 #   the code Spark generates for parsing a log line (some twenty fields) is
 #   larger: interpreted, it took twice as long;
 # - the report is a batch job: the parallel collector's throughput beats G1's
-#   short pauses (at ten million lines, 133 s against 160 s back to back).
+#   short pauses (at ten million lines, 133 s against 160 s back to back);
+# - HotSpot's optimizing compiler (C2) kept one of two cores busy for the
+#   report's first minute, mostly compiling Spark's own planning code
+#   (Janino, Catalyst, serialization), which runs some thousands of times per
+#   query: ten times its usual thresholds leave that code to the quick
+#   compiler (C1) and C2 to the per-row loops, which run millions of times
+#   (C2 57 CPU-s -> 30, the report at ten million lines 151 s -> 124).
 # docs/ANALYTICS.md has the measurements.
-JVM_OPTIONS = ("-XX:-DontCompileHugeMethods", "-XX:+UseParallelGC")
+JVM_OPTIONS = (
+    "-XX:-DontCompileHugeMethods",
+    "-XX:+UseParallelGC",
+    "-XX:Tier4InvocationThreshold=50000",
+    "-XX:Tier4MinInvocationThreshold=6000",
+    "-XX:Tier4CompileThreshold=150000",
+    "-XX:Tier4BackEdgeThreshold=400000",
+)
 
 
 def isLocalMaster(master):
