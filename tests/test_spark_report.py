@@ -400,6 +400,32 @@ def test_the_jvm_runs_with_the_reports_options(spark):
     }
 
 
+def test_rotated_files_are_packed_into_few_tasks(spark, tmp_path, logLines):
+    """
+    On a local master, twistd's many small files are packed into tasks by
+    their size rather than by Spark's 4 MB per file opened: 200 files of a
+    line are 2 tasks, where Spark's default made them 7.
+    """
+    from dallal_analytics import parse
+    from dallal_analytics.session import LOCAL_FILE_OPEN_COST
+
+    line = logLines.event(1795292899.5, "ack", mid=1, topic="a/b", session=1, latency=0.001)
+    folder = tmp_path / "logs"
+    for index in range(200):
+        logLines.write(folder / f"twistd.log.{index + 1}", [line])
+
+    def tasks():
+        return parse.readLines(spark, [str(folder)]).rdd.getNumPartitions()
+
+    assert spark.conf.get("spark.sql.files.openCostInBytes") == str(LOCAL_FILE_OPEN_COST)
+    assert tasks() == 2
+    spark.conf.set("spark.sql.files.openCostInBytes", str(4 * 1024 * 1024))
+    try:
+        assert tasks() == 7
+    finally:
+        spark.conf.set("spark.sql.files.openCostInBytes", str(LOCAL_FILE_OPEN_COST))
+
+
 def test_counter_mismatches_name_the_counter():
     import report as reportModule
     from dallal_analytics import questions
