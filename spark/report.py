@@ -225,7 +225,7 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
     with progress.stage("read and parse"):
         # The log is read once: split into the per-message events, read by
         # position, and the few other lines, parsed from that cache.
-        split = cache(parse.splitLines(parse.readLines(spark, paths)).drop("level", "seq"))
+        split = cache(questions.cachedColumns(parse.splitLines(parse.readLines(spark, paths))))
         others = cache(parse.parseOtherLines(split))
         lines = parse.combine(split, others).select("kind", *questions.EVENT_COLUMNS, "raw")
         survey = _rows(questions.lineSurvey(lines, parse.KINDS))[0]
