@@ -178,8 +178,11 @@ def splitLines(lines):
         & _laidOut(parts, name),
         F.lit(False),
     )
-    texts = named.select(
-        laidOut.alias("laid_out"),
+    # Computed once, as a column of its own: written into each field's
+    # expression, the check made the plan many times larger.
+    checked = named.select("value", "parts", "name", laidOut.alias("laid_out"))
+    laidOut = F.col("laid_out")
+    texts = checked.select(
         F.when(~laidOut, value).alias(OTHER_LINE),
         F.when(laidOut, name).alias("event"),
         F.when(laidOut, F.rtrim(F.substring_index(system, "#", -1), F.lit("]"))).alias("level"),
