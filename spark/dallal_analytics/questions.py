@@ -828,8 +828,9 @@ def messages(events):
     C{acked}, C{fired}, C{replaced} and C{dropped} counters.  A message's
     events are logged within moments of each other, so nearly all fall in
     the same task: Spark counts them there, and moves a row per message
-    rather than every event (L{deliveries}, which moves every event, took
-    five times as long at ten million lines).
+    rather than every event (derived from L{deliveries}, which moves every
+    event and writes a row per send, the loss account took 39 s of the
+    report at ten million lines; this way, 17).
 
     Stories whose C{publish} is not in the log (it was in a file rotated
     away) have C{publish_logged} false and no account.
