@@ -163,16 +163,19 @@ def test_missing_or_malformed_fields_are_null(spark, tmp_path, logLines):
         logLines.event(T, "ping_missed", "warn", session=1, client="127.0.0.1:1", missed=1) + " missed=2",
         # No t: twistd's own second is the time.
         "2026-11-21T20:28:19+0000 [dallal#info] event=connect session=4 client=127.0.0.1:4 transport=tcp",
+        # A per-message event laid out as documented, but for its t.
+        "2026-11-21T20:28:19+0000 [dallal#info] event=replace mid=3 topic=news session=1 by=4 t=soon",
     ]
     rows = {row["event"]: row for row in events(spark, logLines.write(tmp_path / "twistd.log", lines))}
-    publish, deliver, ack, missed, connect = (
-        rows[name] for name in ("publish", "deliver", "ack", "ping_missed", "connect")
+    publish, deliver, ack, missed, connect, replace = (
+        rows[name] for name in ("publish", "deliver", "ack", "ping_missed", "connect", "replace")
     )
     assert (publish["session"], publish["transport"], publish["mid"]) == (None, None, 1)
     assert (deliver["mode"], deliver["seq"], deliver["attempt"]) == (None, None, None)
     assert (ack["mid"], ack["latency"], ack["topic"]) == (None, None, "news")
     assert missed["missed"] == 2
     assert connect["t"] == 1795292899.0
+    assert (replace["t"], replace["mid"], replace["by"]) == (1795292899.0, 3, 4)
 
 
 def test_rotated_files_as_directory_glob_or_list(spark, tmp_path, logLines):

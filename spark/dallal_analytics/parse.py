@@ -137,6 +137,17 @@ def _believed(name, highest):
     return F.when(value.between(0, highest), value)
 
 
+def _eventTime():
+    """
+    An event's C{t}, or twistd's one-second time (C{stamp}) when its own is
+    missing, malformed or absurd.
+    """
+    return F.coalesce(
+        _believed("t", MOST_TIME),
+        F.unix_micros(F.try_to_timestamp(F.col("stamp"), F.lit(TWISTD_TIME_FORMAT))) / 1e6,
+    )
+
+
 def _believedField(name):
     if name in INT_FIELDS:
         return _believed(name, MOST_INT)
@@ -187,17 +198,18 @@ def splitLines(lines):
         F.when(laidOut, name).alias("event"),
         F.when(laidOut, F.rtrim(F.substring_index(system, "#", -1), F.lit("]"))).alias("level"),
         F.when(laidOut, F.substring(F.element_at(parts, -1), 3, 1 << 30)).alias("t"),
+        F.when(laidOut, time).alias("stamp"),
         *(F.when(laidOut, _positionalValue(parts, name, field)).alias(field)
           for field in MESSAGE_FIELDS),
     )
     # Cast once, then checked (see parseOtherLines).
     typed = texts.select(
-        OTHER_LINE, "event", "level",
+        OTHER_LINE, "event", "level", "stamp",
         F.col("t").try_cast("DOUBLE").alias("t"),
         *(F.col(field).try_cast(FIELD_TYPES[field]).alias(field) for field in MESSAGE_FIELDS),
     )
     return typed.select(
-        OTHER_LINE, "event", "level", _believed("t", MOST_TIME).alias("t"),
+        OTHER_LINE, "event", "level", _eventTime().alias("t"),
         *(_believedField(field).alias(field) for field in MESSAGE_FIELDS),
     )
 
@@ -316,12 +328,7 @@ def parseOtherLines(split):
         "kind": F.col("kind"),
         "level": F.col("level"),
         "event": F.col("event"),
-        "t": F.coalesce(
-            _believed("t", MOST_TIME),
-            F.unix_micros(
-                F.try_to_timestamp(F.col("stamp"), F.lit(TWISTD_TIME_FORMAT))
-            ) / 1e6,
-        ),
+        "t": _eventTime(),
         **{name: _believedField(name) for name in FIELD_TYPES},
         "stats": F.col("stats"),
         "raw": F.col("raw"),
