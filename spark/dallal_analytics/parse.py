@@ -95,6 +95,19 @@ MESSAGE_FIELDS = tuple(dict.fromkeys(
 OTHER_LINE = "line"
 
 
+def _isEventText(parts):
+    """
+    Whether a line split on its spaces is an event of the broker's
+    namespace: C{[dallal#<level>]}, then C{event=<name>}.  (Its time is
+    checked apart: cheaply by L{splitLines}, in full by L{parseOtherLines}.)
+    """
+    system = F.get(parts, SYSTEM_PART)
+    return (
+        system.startswith(f"[{EVENT_SYSTEM}") & system.endswith("]")
+        & F.get(parts, EVENT_PART).startswith("event=")
+    )
+
+
 def _laidOut(parts, name):
     """
     Whether a text event's space-separated fields are exactly those of the
@@ -182,8 +195,7 @@ def splitLines(lines):
     named = split.select("value", "parts", name.alias("name"))
     name = F.col("name")
     laidOut = F.coalesce(
-        system.startswith(f"[{EVENT_SYSTEM}") & system.endswith("]")
-        & eventPart.startswith("event=")
+        _isEventText(parts)
         & (F.length(time) == len("2026-11-21T20:28:19+0000"))
         & (F.substring(time, 11, 1) == "T")
         & _laidOut(parts, name),
@@ -249,17 +261,11 @@ def parseOtherLines(split):
     lines = split.where(F.col(OTHER_LINE).isNotNull()).select(F.col(OTHER_LINE).alias("value"))
     value = F.col("value")
     parts = F.split(value, " ")
-    system = F.get(parts, SYSTEM_PART)
-    eventPart = F.get(parts, EVENT_PART)
     isJson = value.startswith(JSON_RECORD_SEPARATOR)
     split = lines.select(
         "value",
         parts.alias("parts"),
-        (
-            system.startswith(f"[{EVENT_SYSTEM}") & system.endswith("]")
-            & eventPart.startswith("event=")
-            & F.get(parts, TIME_PART).rlike(TWISTD_TIME)
-        ).alias("text_event"),
+        (_isEventText(parts) & F.get(parts, TIME_PART).rlike(TWISTD_TIME)).alias("text_event"),
         F.when(
             isJson, F.from_json(F.substring(value, 2, 1 << 30), "map<string,string>")
         ).alias("record"),

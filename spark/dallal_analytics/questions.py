@@ -15,9 +15,10 @@ few times as possible: L{eventSummary} sums them once per session, event
 name, window, topic and the like, and the sessions, runs, traffic, errors
 and health are sums of its few rows; only the acks (L{latencySketch}, from
 which the latency tables derive) and the stories of messages
-(L{deliveries}, L{messages}) read the events again.  The events' aggregations sum numbers only, which Spark
-keeps in a hash table: text in a sum's buffer would make it sort every
-event.  Text (clients, transports, reasons) is a grouping key instead.
+(L{messages}, and L{deliveries} when asked for) read the events again.
+The events' aggregations sum numbers only, which Spark keeps in a hash
+table: text in a sum's buffer would make it sort every event.  Text
+(clients, transports, reasons) is a grouping key instead.
 """
 
 import math
@@ -483,8 +484,8 @@ def connectionsByWindow(connectionTable, windowSeconds):
 
 
 RUN_TOTALS = (
-    "events", "sessions", "publishes", "sys_published", "bridged_published", "retained", "matched", "deliveries",
-    "fired", "redeliveries", "acked", "replaced", "dropped",
+    "events", "sessions", "publishes", "sys_published", "bridged_published", "retained",
+    "matched", "deliveries", "fired", "redeliveries", "acked", "replaced", "dropped",
     *(f"dropped_{reason}" for reason in DROP_REASONS), "bytes_in", "errors", "pings_missed",
     "clients_dropped",
 )

@@ -21,10 +21,10 @@ LOG4J_CONFIGURATION = Path(__file__).with_name("log4j2.properties")
 # the JVM announces it on standard error before any logging exists.
 JVM_NOISE = (b"WARNING: Using incubator modules:",)
 
-# Enough for the largest shuffle (the events of every message, moved once by
-# message) to fit each task's hash table at ten million lines: with 4, its
-# stage took 40 s instead of 28 (one run each, on a shared machine).
-# Adaptive execution merges the partitions of the small shuffles.
+# Chosen when the report moved every event of every message once (now only
+# with --deliveries): with 4, that stage took 40 s instead of 28 at ten
+# million lines (one run each, on a shared machine).  Adaptive execution
+# merges the partitions of the small shuffles, so more costs little.
 LOCAL_SHUFFLE_PARTITIONS = 16
 
 # twistd rotates its log at 1 MB, so a log is many small files, and Spark
