@@ -4,6 +4,7 @@ The Spark report against a single-process plain-Python baseline.
     python bench/spark_report.py --size 1m      # 1 million lines
     python bench/spark_report.py --size 10m     # 10 million lines
     python bench/spark_report.py --logs DIR     # logs already generated
+    python bench/spark_report.py --size 10m --repeat 3   # medians of 3 each
 
 It generates a busy broker's rotated log with bench/loggen.py (unless given
 one), runs `python spark/report.py` on it as a user would (JVM start
@@ -23,6 +24,7 @@ import json
 import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -247,6 +249,10 @@ def main(argv=None):
                         "(default: a temporary folder, removed afterwards)")
     parser.add_argument("--master", help="the Spark master (default local[*])")
     parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="run the report and the baseline N times, alternately, and "
+                        "print the medians (the time of one run on a shared machine varies "
+                        "by a fifth)")
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="dallal-bench-", dir=args.work) as work:
@@ -258,20 +264,40 @@ def main(argv=None):
             print(f"generated in {seconds:.1f} s")
         files = logFiles(folder)
         size = sum(path.stat().st_size for path in files)
-        # The machine may be shared: say how busy it was.
-        print("load average before: {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()))
-        sparkSummary, sparkSeconds = timed(runSpark, folder, work / "report", args.master)
-        lines = sparkSummary["lines"]["lines"]
-        print(f"{lines:,} lines, {len(files)} files, {size / 1e6:.0f} MB")
-        print(f"spark report:    {sparkSeconds:8.1f} s  {lines / sparkSeconds:12,.0f} lines/s "
-              "(JVM start included)")
+        sparkTimes, baselineTimes = [], []
+        for run in range(1, args.repeat + 1):
+            if args.repeat > 1:
+                print(f"run {run} of {args.repeat}")
+            # The machine may be shared: say how busy it was.
+            print("load average before: {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()))
+            sparkSummary, sparkSeconds = timed(runSpark, folder, work / "report", args.master)
+            sparkTimes.append(sparkSeconds)
+            lines = sparkSummary["lines"]["lines"]
+            print(f"{lines:,} lines, {len(files)} files, {size / 1e6:.0f} MB")
+            print(f"spark report:    {sparkSeconds:8.1f} s  {lines / sparkSeconds:12,.0f} lines/s "
+                  "(JVM start included)")
+            if args.no_baseline:
+                continue
+            (baselineLines, baseline), baselineSeconds = timed(runBaseline, folder)
+            baselineTimes.append(baselineSeconds)
+            print(f"python baseline: {baselineSeconds:8.1f} s  "
+                  f"{baselineLines / baselineSeconds:12,.0f} lines/s")
+            print(f"ratio (baseline time / spark time): {baselineSeconds / sparkSeconds:.2f}")
+            print("load average after: {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()))
+        if args.repeat > 1:
+            spark = statistics.median(sparkTimes)
+            print(f"median of {args.repeat}: spark report {spark:.1f} s "
+                  f"({', '.join(f'{t:.1f}' for t in sparkTimes)})")
+            if baselineTimes:
+                python = statistics.median(baselineTimes)
+                ratios = [b / s for s, b in zip(sparkTimes, baselineTimes)]
+                print(f"median of {args.repeat}: python baseline {python:.1f} s "
+                      f"({', '.join(f'{t:.1f}' for t in baselineTimes)})")
+                print(f"median ratio (baseline time / spark time): "
+                      f"{statistics.median(ratios):.2f} "
+                      f"({', '.join(f'{r:.2f}' for r in ratios)})")
         if args.no_baseline:
             return 0
-        (baselineLines, baseline), baselineSeconds = timed(runBaseline, folder)
-        print(f"python baseline: {baselineSeconds:8.1f} s  "
-              f"{baselineLines / baselineSeconds:12,.0f} lines/s")
-        print(f"ratio (baseline time / spark time): {baselineSeconds / sparkSeconds:.2f}")
-        print("load average after: {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()))
         disagreements = [
             (key, sparkSummary[key], baseline[key]) for key in COMPARED
             if sparkSummary[key] != baseline[key]
