@@ -16,7 +16,8 @@ and transport, the loss account per topic, sessions, concurrent connections
 and errors.  It writes nothing and keeps no per-message account (the
 report writes one, 600,000 rows at 10 million lines, among its Parquet
 tables), so it does less than the report.  It prints both times, lines per second, their
-ratio, and whether the two agree on the summary's totals.
+ratio, and whether the two agree on the summary's totals.  Each reads the
+log from disk: the files are dropped from the page cache before each run.
 """
 
 import argparse
@@ -56,6 +57,24 @@ def logFiles(folder):
         return -int(suffix) if suffix.isdigit() else 0
 
     return sorted((path for path in Path(folder).iterdir() if path.is_file()), key=age)
+
+
+def evictFromPageCache(files):
+    """
+    Ask the kernel to drop the files' cached pages, so that the next reader
+    reads them from disk, whoever read them last.  Without it the second
+    contender found the log in memory as the first left it; and this
+    machine's kernel reclaims idle file pages within a minute (DAMON), so
+    how much the first found there varied from run to run.
+
+    @return: whether it could (posix_fadvise is missing on some systems).
+    """
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    for path in files:
+        with open(path, "rb") as stream:
+            os.posix_fadvise(stream.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    return True
 
 
 def percentile(values, quantile):
@@ -270,6 +289,11 @@ def main(argv=None):
                 print(f"run {run} of {args.repeat}")
             # The machine may be shared: say how busy it was.
             print("load average before: {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()))
+            evicted = evictFromPageCache(files)
+            if run == 1:
+                print("each contender reads the log from disk (dropped from the page cache "
+                      "before it)" if evicted else "the log may be in the page cache "
+                      "(posix_fadvise is missing here)")
             sparkSummary, sparkSeconds = timed(runSpark, folder, work / "report", args.master)
             sparkTimes.append(sparkSeconds)
             lines = sparkSummary["lines"]["lines"]
@@ -278,6 +302,7 @@ def main(argv=None):
                   "(JVM start included)")
             if args.no_baseline:
                 continue
+            evictFromPageCache(files)
             (baselineLines, baseline), baselineSeconds = timed(runBaseline, folder)
             baselineTimes.append(baselineSeconds)
             print(f"python baseline: {baselineSeconds:8.1f} s  "
