@@ -273,6 +273,8 @@ def main(argv=None):
                         "print the medians (the time of one run on a shared machine varies "
                         "by a fifth)")
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat must be 1 or more, got {args.repeat}")
 
     with tempfile.TemporaryDirectory(prefix="dallal-bench-", dir=args.work) as work:
         work = Path(work)
