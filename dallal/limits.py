@@ -103,17 +103,47 @@ LIMITS = (
 )
 
 
+class LogWindow:
+    """
+    How many events of one kind may be logged: at most C{perWindow} in a
+    window of C{seconds}, which starts with the first event after the last
+    window ended.  What they report (refusals, errors) can come at any rate;
+    the log must not.
+    """
+
+    __slots__ = ("perWindow", "seconds", "_start", "_spent")
+
+    def __init__(self, perWindow=1, seconds=LOG_INTERVAL):
+        self.perWindow = perWindow
+        self.seconds = seconds
+        self._start = None
+        self._spent = 0
+
+    def allow(self, now):
+        """
+        Whether an event at C{now} may be logged; if so, it is counted.
+        """
+        if self._start is None or now - self._start >= self.seconds:
+            self._start = now
+            self._spent = 0
+        if self._spent >= self.perWindow:
+            return False
+        self._spent += 1
+        return True
+
+
 class LimitLog:
     """
-    Counts and logs the refusals of every limit of one broker.
+    Counts and logs the refusals of every limit of one broker: one event a
+    second per limit at most, with the refusals since the last one.
     """
 
     def __init__(self, clock, counters, events):
         self.clock = clock
         self.counters = counters
         self.events = events
-        # Limit -> when its last event was logged, and refusals since then.
-        self._loggedAt = {}
+        self._windows = {limit: LogWindow() for limit in LIMITS}
+        # Limit -> refusals since its last event.
         self._unlogged = Counter()
         for limit in LIMITS:
             counters[limit.counter] = 0
@@ -132,10 +162,7 @@ class LimitLog:
         """
         self.counters[limit.counter] += 1
         self._unlogged[limit] += 1
-        now = self.clock.seconds()
-        last = self._loggedAt.get(limit)
-        if last is None or now - last >= LOG_INTERVAL:
-            self._loggedAt[limit] = now
+        if self._windows[limit].allow(self.clock.seconds()):
             self.events.emit(
                 "limit_reached",
                 LogLevel.warn,

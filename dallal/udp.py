@@ -53,7 +53,7 @@ from dallal.errors import (
 )
 from dallal.interfaces import ISubscriber
 from dallal.keepalive import IPingable
-from dallal.limits import HELLO_RATE, LINE, UDP_CLIENTS, RateTable
+from dallal.limits import HELLO_RATE, LINE, UDP_CLIENTS, LogWindow, RateTable
 from dallal.session import RequestHandler, helloLimits
 from dallal.tcp import formatAddress
 
@@ -136,21 +136,14 @@ class StrangerErrorLog:
 
     def __init__(self, broker, perSecond=STRANGER_ERRORS_LOGGED_PER_SECOND):
         self._broker = broker
-        self._perSecond = perSecond
-        self._windowStart = None
-        self._loggedInWindow = 0
+        self._window = LogWindow(perSecond, seconds=1)
         self._suppressed = Counter()
         self._report = None
 
     def refused(self, address, code):
-        now = self._broker.clock.seconds()
-        if self._windowStart is None or now - self._windowStart >= 1:
-            self._windowStart = now
-            self._loggedInWindow = 0
-        logged = self._loggedInWindow < self._perSecond
+        logged = self._window.allow(self._broker.clock.seconds())
         self._broker.protocolError(_Stranger(address), code, False, logged=logged)
         if logged:
-            self._loggedInWindow += 1
             return
         self._suppressed[code] += 1
         if self._report is None:

@@ -506,6 +506,17 @@ def test_rateTableIsBounded():
 
 # Logging: at most one event a second per limit
 
+def test_logWindow():
+    """
+    A window starts with the first event after the last one ended, and
+    allows C{perWindow} events in it.
+    """
+    window = limits.LogWindow(perWindow=2, seconds=1)
+    assert [window.allow(now) for now in (10, 10.2, 10.9, 11.0, 11.5, 11.9, 12.1)] == [
+        True, True, False, True, True, False, True,
+    ]
+
+
 
 def test_limitEventsAreThrottledPerLimit():
     harness = BrokerHarness(BrokerConfig(maxConnections=1, maxSubscriptions=1))
