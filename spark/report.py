@@ -242,11 +242,11 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
 
     with progress.stage("event summary and sessions"):
         # The event summary and the latency sketch are read by many small
-        # queries: checkpointed (computed now, kept in the executors'
-        # memory, their lineage cut) rather than cached, so that Spark does
-        # not analyse the whole parse again for each of them.  At a million
-        # lines the report took 49.8 s instead of 56.6 (medians of five
-        # runs, alternated).  Spark frees them once they are no longer
+        # queries: checkpointed (computed now, kept by the executors, their
+        # lineage cut) rather than cached, so that Spark does not analyse
+        # the whole parse again for each of them.  At a million lines the
+        # report took 49.8 s instead of 56.6 (medians of five runs,
+        # alternated).  Spark frees them once they are no longer
         # referenced, as it does cached RDDs.
         summary = questions.eventSummary(
             events, questions.messageSizes(events, messages), window

@@ -517,7 +517,6 @@ def test_logWindow():
     ]
 
 
-
 def test_limitEventsAreThrottledPerLimit():
     harness = BrokerHarness(BrokerConfig(maxConnections=1, maxSubscriptions=1))
     client = harness.connect()
