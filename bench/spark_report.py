@@ -5,6 +5,8 @@ The Spark report against a single-process plain-Python baseline.
     python bench/spark_report.py --size 10m     # 10 million lines
     python bench/spark_report.py --logs DIR     # logs already generated
     python bench/spark_report.py --size 10m --repeat 3   # medians of 3 each
+    JAVA_HOME=/usr/lib/jvm/temurin-25-jdk-amd64 python bench/spark_report.py ...
+                                                # on another Java (it prints which)
 
 It generates a busy broker's rotated log with bench/loggen.py (unless given
 one), runs `python spark/report.py` on it as a user would (JVM start
@@ -252,6 +254,20 @@ def runSpark(folder, out, master):
     return json.loads((Path(out) / "summary.json").read_text())
 
 
+def javaVersion():
+    """
+    The first line of C{java -version} of the Java PySpark starts: that of
+    C{JAVA_HOME} if set, else the first on C{PATH}.
+    """
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home) / "bin" / "java") if home else "java"
+    try:
+        said = subprocess.run([java, "-version"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        return f"{java}: {e}"
+    return said.stderr.splitlines()[0] if said.stderr else java
+
+
 def timed(function, *arguments):
     started = time.monotonic()
     result = function(*arguments)
@@ -293,6 +309,7 @@ def main(argv=None):
             print("load average before: {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()))
             evicted = evictFromPageCache(files)
             if run == 1:
+                print(f"java: {javaVersion()}")
                 print("each contender reads the log from disk (dropped from the page cache "
                       "before it)" if evicted else "the log may be in the page cache "
                       "(posix_fadvise is missing here)")

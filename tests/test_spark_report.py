@@ -400,6 +400,41 @@ def test_the_jvm_runs_with_the_reports_options(spark):
     }
 
 
+def test_columns_carry_no_python_call_site(spark):
+    """
+    PySpark's DataFrame debugging (each Column's Python call site sent to
+    the JVM, three calls in four of those that build the parse) is off.
+    """
+    from pyspark.errors.utils import is_debugging_enabled
+
+    assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
+    assert not is_debugging_enabled()
+
+
+def test_jvm_noise_is_filtered_from_standard_error():
+    """
+    The lines every JVM writes before logging exists (Java 17's incubator
+    modules, Java 25's missing package) do not reach the user; anything
+    else the JVM says does, in order.
+    """
+    import io
+
+    from dallal_analytics.session import _forwardStderr
+
+    jvm = io.BytesIO(
+        b"WARNING: Using incubator modules: jdk.incubator.vector\n"
+        b"WARNING: package sun.security.action not in java.base\n"
+        b"Error: Could not find or load main class\n"
+        b"WARNING: something the user should see\n"
+    )
+    seen = io.BytesIO()
+    _forwardStderr(jvm, seen)
+    assert seen.getvalue() == (
+        b"Error: Could not find or load main class\n"
+        b"WARNING: something the user should see\n"
+    )
+
+
 def test_rotated_files_are_packed_into_few_tasks(spark, tmp_path, logLines):
     """
     On a local master, twistd's many small files are packed into tasks by

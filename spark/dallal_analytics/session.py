@@ -17,9 +17,14 @@ from pathlib import Path
 
 LOG4J_CONFIGURATION = Path(__file__).with_name("log4j2.properties")
 
-# Spark adds --add-modules=jdk.incubator.vector to every JVM it starts, and
-# the JVM announces it on standard error before any logging exists.
-JVM_NOISE = (b"WARNING: Using incubator modules:",)
+# Lines a JVM writes on standard error before any logging exists, which no
+# logging setting silences: Spark adds --add-modules=jdk.incubator.vector to
+# every JVM it starts, and the JVM announces it; and it opens
+# sun.security.action to itself, a package that Java 25 no longer has.
+JVM_NOISE = (
+    b"WARNING: Using incubator modules:",
+    b"WARNING: package sun.security.action not in java.base",
+)
 
 # Chosen when the report moved every event of every message once (now only
 # with --deliveries): with 4, that stage took 40 s instead of 28 at ten
@@ -167,6 +172,12 @@ def buildSession(master=None, appName="dallal-report", shufflePartitions=None,
     # str_to_map fails the whole job on a repeated key under the default
     # EXCEPTION policy; one odd line must not do that.
     conf.set("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
+    # PySpark sends the JVM the Python call site of every Column it builds,
+    # for error messages: the parsing expressions alone took 9,100 calls to
+    # the JVM instead of 2,700, and the report reached its first query 2 s
+    # later (at ten million lines, before any task runs).  Its expressions
+    # cast with try_cast and never fail on a line.
+    conf.setIfMissing("spark.python.sql.dataFrameDebugging.enabled", "false")
     # The report caches the parsed log once and reads it a few times:
     # compressed, the whole report took 15% longer at 10 million lines
     # (its columns are mostly numbers and short text: it shrank by a tenth).
