@@ -403,7 +403,7 @@ def test_the_jvm_runs_with_the_reports_options(spark):
 def test_columns_carry_no_python_call_site(spark):
     """
     PySpark's DataFrame debugging (each Column's Python call site sent to
-    the JVM, three calls in four of those that build the parse) is off.
+    the JVM: seven calls in ten of those that build the parse) is off.
     """
     from pyspark.errors.utils import is_debugging_enabled
 
@@ -413,9 +413,9 @@ def test_columns_carry_no_python_call_site(spark):
 
 def test_jvm_noise_is_filtered_from_standard_error():
     """
-    The lines every JVM writes before logging exists (Java 17's incubator
-    modules, Java 25's missing package) do not reach the user; anything
-    else the JVM says does, in order.
+    The lines a JVM writes before logging exists (the incubator module
+    Spark adds, and on Java 25 a package it no longer has) do not reach
+    the user; anything else the JVM says does, in order.
     """
     import io
 
