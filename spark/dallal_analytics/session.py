@@ -173,10 +173,11 @@ def buildSession(master=None, appName="dallal-report", shufflePartitions=None,
     # EXCEPTION policy; one odd line must not do that.
     conf.set("spark.sql.mapKeyDedupPolicy", "LAST_WIN")
     # PySpark sends the JVM the Python call site of every Column it builds,
-    # for error messages: the parsing expressions alone took 9,100 calls to
-    # the JVM instead of 2,700, and the report reached its first query 2 s
-    # later (at ten million lines, before any task runs).  Its expressions
-    # cast with try_cast and never fail on a line.
+    # for error messages: building the parsing expressions took 9,100 calls
+    # to the JVM instead of 2,700, and the first query was planned 2 s later
+    # (at ten million lines, while no task runs).  The report's expressions
+    # cast with try_cast and do not fail on a line, so its errors lose no
+    # call site worth having.
     conf.setIfMissing("spark.python.sql.dataFrameDebugging.enabled", "false")
     # The report caches the parsed log once and reads it a few times:
     # compressed, the whole report took 15% longer at 10 million lines
