@@ -137,6 +137,33 @@ def test_messages_account(spark, report):
     assert retained["publisher"] is None
 
 
+def test_a_story_under_another_topic_is_told_apart(spark, logLines, tmp_path):
+    """
+    The broker names a message's own topic on every event of its story: a
+    send that names another is not counted in that message's account, but
+    as a story whose publish is not in the log.
+    """
+    import report as reportModule
+
+    t = 1795292880.0
+    path = logLines.write(tmp_path / "logs" / "twistd.log", [
+        logLines.event(t, "publish", mid=1, topic="a", bytes=5, session=1, client="p",
+                       transport="tcp", subscribers=1, origin="here", hops=0),
+        logLines.event(t + 1, "deliver", mid=1, topic="b", session=2, client="s", mode="all",
+                       seq=1, attempt=1),
+        logLines.event(t + 2, "ack", mid=1, topic="b", session=2, latency=0.5),
+    ])
+    summary = reportModule.runReport(spark, [str(path)], tmp_path / "out")
+    rows = {row["topic"]: row for row in table(spark, tmp_path / "out", "messages")}
+    assert (rows["a"]["publish_logged"], rows["a"]["sends"], rows["a"]["inflight"]) == (
+        True, 0, 1,
+    )
+    assert (rows["b"]["publish_logged"], rows["b"]["sends"], rows["b"]["acked"]) == (
+        False, 1, 1,
+    )
+    assert (summary["messages_without_publish"], summary["inflight"]) == (1, 1)
+
+
 def test_traffic_per_window_topic_and_transport(spark, report, handWrittenStart):
     out, _ = report
     rows = {
@@ -391,13 +418,27 @@ def test_the_jvm_runs_with_the_reports_options(spark):
         name: hotspot.getVMOption(name).getValue()
         for name in ("DontCompileHugeMethods", "UseParallelGC", "Tier4InvocationThreshold",
                      "Tier4MinInvocationThreshold", "Tier4CompileThreshold",
-                     "Tier4BackEdgeThreshold")
+                     "Tier4BackEdgeThreshold", "ReservedCodeCacheSize", "MetaspaceSize")
     }
     assert values == {
         "DontCompileHugeMethods": "false", "UseParallelGC": "true",
         "Tier4InvocationThreshold": "50000", "Tier4MinInvocationThreshold": "6000",
         "Tier4CompileThreshold": "150000", "Tier4BackEdgeThreshold": "400000",
+        "ReservedCodeCacheSize": str(512 << 20), "MetaspaceSize": str(256 << 20),
     }
+
+
+def test_aggregations_work_outside_the_heap(spark):
+    """
+    On a local master the memory of aggregations, joins and sorts is taken
+    outside the heap (docs/ANALYTICS.md, "How it computes"), so that the
+    collector does not copy it: the context runs with it, and its executor
+    has that memory.
+    """
+    context = spark.sparkContext
+    assert context.getConf().get("spark.memory.offHeap.enabled") == "true"
+    executor = context._jsc.sc().statusStore().executorList(True).head()
+    assert executor.memoryMetrics().get().totalOffHeapStorageMemory() > 0
 
 
 def test_columns_carry_no_python_call_site(spark):

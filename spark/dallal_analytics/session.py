@@ -52,7 +52,12 @@ LOCAL_FILE_OPEN_COST = 256 * 1024
 #   (Janino, Catalyst, serialization), which runs some thousands of times per
 #   query: ten times its usual thresholds leave that code to the quick
 #   compiler (C1) and C2 to the per-row loops, which run millions of times
-#   (C2 57 CPU-s -> 30, the report at ten million lines 151 s -> 124).
+#   (C2 57 CPU-s -> 30, the report at ten million lines 151 s -> 124);
+# - the parallel collector stops every thread for a full collection (of a
+#   heap that holds the cached log: 0.36-0.57 s at ten million lines) when
+#   compiled code or class metadata have grown by a threshold: Spark's
+#   generated classes grow both, and room for them up front removes those
+#   collections (at a million lines, pauses 0.84 s -> 0.55).
 # docs/ANALYTICS.md has the measurements.
 JVM_OPTIONS = (
     "-XX:-DontCompileHugeMethods",
@@ -61,7 +66,16 @@ JVM_OPTIONS = (
     "-XX:Tier4MinInvocationThreshold=6000",
     "-XX:Tier4CompileThreshold=150000",
     "-XX:Tier4BackEdgeThreshold=400000",
+    "-XX:ReservedCodeCacheSize=512m",
+    "-XX:MetaspaceSize=256m",
 )
+
+# Where every executor runs in the driver's JVM or beside it, the memory of
+# aggregations, joins and sorts is taken outside the heap: on the heap, the
+# collector copied those buffers whenever it ran during one (pauses of 0.3
+# to 0.8 s after the parse; in all 4.0-5.5 s -> 3.4-4.0 at ten million
+# lines).  The cached log stays on the heap, where reading it costs no copy.
+LOCAL_OFF_HEAP_MEMORY = "1g"
 
 
 def isLocalMaster(master):
@@ -161,6 +175,8 @@ def buildSession(master=None, appName="dallal-report", shufflePartitions=None,
             shufflePartitions or LOCAL_SHUFFLE_PARTITIONS
         )
         defaults["spark.sql.files.openCostInBytes"] = str(LOCAL_FILE_OPEN_COST)
+        defaults["spark.memory.offHeap.enabled"] = "true"
+        defaults["spark.memory.offHeap.size"] = LOCAL_OFF_HEAP_MEMORY
     else:
         defaults["spark.executor.extraJavaOptions"] = " ".join(JVM_OPTIONS)
         if shufflePartitions:
