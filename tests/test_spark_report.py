@@ -502,6 +502,54 @@ def test_rotated_files_are_packed_into_few_tasks(spark, tmp_path, logLines):
         spark.conf.set("spark.sql.files.openCostInBytes", str(LOCAL_FILE_OPEN_COST))
 
 
+def test_progress_lines_are_written_whole():
+    """
+    The report's stages run from two threads, so a progress line goes to
+    the stream in one write: with two (the text, then the newline), another
+    thread's line could come between them.
+    """
+    import report as reportModule
+
+    class Stream:
+        def __init__(self):
+            self.writes = []
+
+        def write(self, text):
+            self.writes.append(text)
+
+        def flush(self):
+            pass
+
+    stream = Stream()
+    progress = reportModule.Progress(stream=stream)
+    with progress.stage("parse"):
+        progress.say("halfway")
+    assert len(stream.writes) == 2
+    assert stream.writes[0] == "dallal-report: halfway\n"
+    assert re.fullmatch(r"dallal-report: parse done in \S+ s \(\S+ s in all\)\n",
+                        stream.writes[1])
+
+
+def test_an_error_of_the_loss_account_thread_is_the_reports(spark, logLines, tmp_path,
+                                                             monkeypatch):
+    """
+    The loss account is written from a thread of its own: what fails there
+    fails the report, as it would have in the report's own thread.
+    """
+    import report as reportModule
+    from dallal_analytics import questions
+
+    def failing(events):
+        raise RuntimeError("no room for the messages table")
+
+    monkeypatch.setattr(questions, "messages", failing)
+    path = logLines.write(tmp_path / "logs" / "twistd.log", [
+        logLines.event(1795292880.0, "connect", session=1, client="c", transport="tcp"),
+    ])
+    with pytest.raises(RuntimeError, match="no room for the messages table"):
+        reportModule.runReport(spark, [str(path)], tmp_path / "out")
+
+
 def test_counter_mismatches_name_the_counter():
     import report as reportModule
     from dallal_analytics import questions
