@@ -73,7 +73,7 @@ JVM_OPTIONS = (
 # Where every executor runs in the driver's JVM or beside it, the memory of
 # aggregations, joins and sorts is taken outside the heap: on the heap, the
 # collector copied those buffers whenever it ran during one (pauses of 0.3
-# to 0.8 s after the parse; in all 4.0-5.5 s -> 3.4-4.0 at ten million
+# to 0.8 s after the parse; in all 4.5-5.5 s -> 3.4-4.0 at ten million
 # lines).  The cached log stays on the heap, where reading it costs no copy.
 LOCAL_OFF_HEAP_MEMORY = "1g"
 
