@@ -276,9 +276,9 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
             # written meanwhile, from a thread of its own.  The queries that
             # follow are small, and much of their time is the driver planning
             # them while the cores idle; the loss account's tasks use the
-            # cores then (at ten million lines 66.4, 71.4, 74.6, 74.7 s
-            # against 69.9, 71.6, 79.0, 78.6, runs alternated).  Its jobs,
-            # submitted first, get the cores first.
+            # cores then (at ten million lines, the report was faster in six
+            # of seven pairs of alternated runs, by 3.5 s in the median
+            # pair).  Its jobs, submitted first, get the cores first.
             lossAccount = background.submit(
                 _writeLossAccount, tables, events, deliveries, progress
             )
@@ -313,7 +313,8 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
         messageTable, lossTable = lossAccount.result()
     finally:
         # When a query fails (or the user interrupts the report), the
-        # thread's is not waited for: stopping the SparkContext ends it.
+        # thread's query is not waited for: stopping the SparkContext ends
+        # it.
         background.shutdown(wait=False)
 
     with progress.stage("health"):
