@@ -401,10 +401,10 @@ def test_bad_shuffle_partitions(text, capsys):
 
 def test_the_jvm_runs_with_the_reports_options(spark):
     """
-    The driver JVM compiles huge methods, collects garbage for throughput
-    and keeps its optimizing compiler for the hottest code (docs/ANALYTICS.md,
-    "How it computes"): the options are in effect, not only on its command
-    line.
+    The driver JVM compiles huge methods, collects garbage for throughput,
+    keeps its optimizing compiler for the hottest code and has room for
+    Spark's generated classes up front (docs/ANALYTICS.md, "How it
+    computes"): the options are in effect, not only on its command line.
     """
     from dallal_analytics.session import JVM_OPTIONS
 
