@@ -63,6 +63,13 @@ def test_every_documented_event(spark, tmp_path, logLines):
     )
     deliver = rows["deliver"]
     assert (deliver["mode"], deliver["seq"], deliver["attempt"]) == ("all", 4, 2)
+    assert deliver["client"] == "127.0.0.1:50124"
+    # Read by position (all but the publish, which lacks origin and hops),
+    # a field is found where each event holds it.
+    assert {
+        name: (rows[name]["mid"], rows[name]["topic"], rows[name]["session"])
+        for name in ("publish", "deliver", "ack", "replace", "drop")
+    } == dict.fromkeys(("publish", "deliver", "ack", "replace", "drop"), (7, "a/b", 3))
     assert rows["ack"]["latency"] == pytest.approx(0.004512)
     assert rows["replace"]["by"] == 8
     assert rows["drop"]["reason"] == "redelivery_limit"

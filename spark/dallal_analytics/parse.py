@@ -108,35 +108,53 @@ def _isEventText(parts):
     )
 
 
-def _laidOut(parts, name):
+def _eventNumber(name):
+    """
+    A per-message event's number: its position in L{MESSAGE_EVENT_FIELDS}
+    (from 1), 0 for any other name.  The name is compared once per line,
+    and what depends on the event compares this number: with the names
+    compared for every field, parsing ten million lines cost more (docs/ANALYTICS.md).
+    """
+    number = F.lit(0)
+    for position, event in reversed(list(enumerate(MESSAGE_EVENT_FIELDS, 1))):
+        number = F.when(name == event, F.lit(position)).otherwise(number)
+    return number
+
+
+def _laidOut(parts, number):
     """
     Whether a text event's space-separated fields are exactly those of the
-    per-message event C{name} in L{MESSAGE_EVENT_FIELDS}, in order, then
+    per-message event numbered C{number} (L{_eventNumber}), in order, then
     C{t}.
     """
     check = F.lit(False)
-    for event, names in MESSAGE_EVENT_FIELDS.items():
+    for position, names in reversed(list(enumerate(MESSAGE_EVENT_FIELDS.values(), 1))):
         expected = (*names, "t")
         laidOut = F.size(parts) == EVENT_PART + 1 + len(expected)
         for index, field in enumerate(expected, EVENT_PART + 1):
             laidOut = laidOut & F.get(parts, index).startswith(f"{field}=")
-        check = F.when(name == event, laidOut).otherwise(check)
+        check = F.when(number == position, laidOut).otherwise(check)
     return check
 
 
-def _positionalValue(parts, name, field):
+def _positionalValue(parts, number, field):
     """
-    The text of C{field} in a laid-out per-message event C{name}: what
-    follows its C{field=}, at its position in L{MESSAGE_EVENT_FIELDS}.
+    The text of C{field} in a laid-out per-message event numbered
+    C{number}: what follows its C{field=}, at its position in
+    L{MESSAGE_EVENT_FIELDS}.  Events that hold it at the same place share
+    one branch; a field every event holds at one place needs none.
     """
-    value = None
-    for event, names in MESSAGE_EVENT_FIELDS.items():
+    places = {}
+    for position, names in enumerate(MESSAGE_EVENT_FIELDS.values(), 1):
         if field in names:
-            text = F.substring(F.get(parts, EVENT_PART + 1 + names.index(field)), len(field) + 2,
-                               1 << 30)
-            value = F.when(name == event, text) if value is None else value.when(
-                name == event, text
-            )
+            places.setdefault(names.index(field), []).append(position)
+    value = None
+    for place, numbers in places.items():
+        text = F.substring(F.get(parts, EVENT_PART + 1 + place), len(field) + 2, 1 << 30)
+        if len(numbers) == len(MESSAGE_EVENT_FIELDS):
+            return text
+        held = number.isin(*numbers)
+        value = F.when(held, text) if value is None else value.when(held, text)
     return value
 
 
@@ -192,18 +210,21 @@ def splitLines(lines):
     eventPart = F.get(parts, EVENT_PART)
     time = F.get(parts, TIME_PART)
     name = F.substring_index(eventPart, "=", -1)
-    named = split.select("value", "parts", name.alias("name"))
+    named = split.select(
+        "value", "parts", name.alias("name"), _eventNumber(name).alias("number")
+    )
     name = F.col("name")
+    number = F.col("number")
     laidOut = F.coalesce(
         _isEventText(parts)
         & (F.length(time) == len("2026-11-21T20:28:19+0000"))
         & (F.substring(time, 11, 1) == "T")
-        & _laidOut(parts, name),
+        & _laidOut(parts, number),
         F.lit(False),
     )
     # Computed once, as a column of its own: written into each field's
     # expression, the check made the plan many times larger.
-    checked = named.select("value", "parts", "name", laidOut.alias("laid_out"))
+    checked = named.select("value", "parts", "name", "number", laidOut.alias("laid_out"))
     laidOut = F.col("laid_out")
     texts = checked.select(
         F.when(~laidOut, value).alias(OTHER_LINE),
@@ -211,7 +232,7 @@ def splitLines(lines):
         F.when(laidOut, F.rtrim(F.substring_index(system, "#", -1), F.lit("]"))).alias("level"),
         F.when(laidOut, F.substring(F.element_at(parts, -1), 3, 1 << 30)).alias("t"),
         F.when(laidOut, time).alias("stamp"),
-        *(F.when(laidOut, _positionalValue(parts, name, field)).alias(field)
+        *(F.when(laidOut, _positionalValue(parts, number, field)).alias(field)
           for field in MESSAGE_FIELDS),
     )
     # Cast once, then checked (see parseOtherLines).
