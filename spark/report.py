@@ -153,6 +153,24 @@ def _rows(frame):
     return [row.asDict(recursive=True) for row in frame.collect()]
 
 
+def surveyLines(spark, lines):
+    """
+    L{questions.lineSurvey} of the parsed C{lines}, the first query to read
+    the report's caches, without adaptive execution: with it, Spark fills
+    each cache in a job of its own and only then reads the log's cache
+    again for the survey; without it, the survey's tasks fill the caches
+    as they count, in one pass over the log (docs/ANALYTICS.md has the
+    measurements).  The session's setting is as it was afterwards.
+    """
+    setting = "spark.sql.adaptive.enabled"
+    enabled = spark.conf.get(setting)
+    spark.conf.set(setting, "false")
+    try:
+        return _rows(questions.lineSurvey(lines, parse.KINDS))[0]
+    finally:
+        spark.conf.set(setting, enabled)
+
+
 def _sortedRows(frame, key):
     """
     The rows of a small table in C{key} order (nulls first), sorted here: a
@@ -247,7 +265,7 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
         split = cache(questions.cachedColumns(parse.splitLines(parse.readLines(spark, paths))))
         others = cache(parse.parseOtherLines(split))
         lines = parse.combine(split, others).select("kind", *questions.EVENT_COLUMNS, "raw")
-        survey = _rows(questions.lineSurvey(lines, parse.KINDS))[0]
+        survey = surveyLines(spark, lines)
         # Every run with clients logs their connects, which are among the
         # other lines: they tell the starts apart without reading the
         # per-message events again.

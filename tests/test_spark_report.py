@@ -502,6 +502,41 @@ def test_rotated_files_are_packed_into_few_tasks(spark, tmp_path, logLines):
         spark.conf.set("spark.sql.files.openCostInBytes", str(LOCAL_FILE_OPEN_COST))
 
 
+def test_the_survey_fills_the_caches_as_it_counts(spark, tmp_path, logLines):
+    """
+    The survey, the first query to read the report's caches, is one Spark
+    job: it parses the log, fills both caches and counts the lines in one
+    pass (adaptive execution would have filled each cache in a job of its
+    own, then read the log's again).  The session's setting is left as it
+    was.
+    """
+    from pyspark import StorageLevel
+
+    import report as reportModule
+    from dallal_analytics import parse, questions
+
+    path = logLines.write(tmp_path / "logs" / "twistd.log", [
+        logLines.event(1795292880.0, "ack", mid=1, topic="a/b", session=1, latency=0.001),
+        logLines.event(1795292880.5, "connect", session=2, client="c", transport="tcp"),
+        "a line from elsewhere",
+    ])
+    split = questions.cachedColumns(parse.splitLines(parse.readLines(spark, [str(path)])))
+    split.persist(StorageLevel.MEMORY_AND_DISK_DESER)
+    others = parse.parseOtherLines(split).persist(StorageLevel.MEMORY_AND_DISK_DESER)
+    lines = parse.combine(split, others).select("kind", *questions.EVENT_COLUMNS, "raw")
+    tracker = spark.sparkContext.statusTracker()
+    before = set(tracker.getJobIdsForGroup())
+    try:
+        survey = reportModule.surveyLines(spark, lines)
+        jobs = set(tracker.getJobIdsForGroup()) - before
+        assert (survey["lines"], survey[parse.EVENT], survey[parse.UNPARSED]) == (3, 2, 1)
+        assert len(jobs) == 1
+        assert spark.conf.get("spark.sql.adaptive.enabled") == "true"
+    finally:
+        others.unpersist()
+        split.unpersist()
+
+
 def test_progress_lines_are_written_whole():
     """
     The report's stages run from two threads, so a progress line goes to
