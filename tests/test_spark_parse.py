@@ -96,6 +96,9 @@ def test_message_events_by_position_or_by_name(spark, tmp_path, logLines):
         + " mid=11",
         e(T, "deliver", mid=12, topic="a/b", **client, mode="all", seq=4, attempt=2),
         e(T, "deliver", mid=13, topic="a/b", **client, mode="all", attempt=2, seq=4),
+        # Values are cut after their key as bytes: text that is not ASCII
+        # stays whole.
+        e(T, "deliver", mid=14, topic="météo/zürich", **client, mode="all", seq=4, attempt=1),
     ]
     # Rows are not in the lines' order: those read by position come first.
     rows = sorted(events(spark, logLines.write(tmp_path / "twistd.log", lines)),
@@ -107,8 +110,9 @@ def test_message_events_by_position_or_by_name(spark, tmp_path, logLines):
     ] == [(mid, "a/b", 11, 3, "127.0.0.1:50124", "tcp", 2, pytest.approx(T, abs=1e-6))
           for mid in (7, 8, 9, 10, 11)]
     assert [(row["mid"], row["mode"], row["seq"], row["attempt"]) for row in rows[5:]] == [
-        (12, "all", 4, 2), (13, "all", 4, 2),
+        (12, "all", 4, 2), (13, "all", 4, 2), (14, "all", 4, 1),
     ]
+    assert (rows[7]["topic"], rows[7]["client"]) == ("météo/zürich", "127.0.0.1:50124")
 
 
 def test_positions_are_those_of_the_catalogue():
