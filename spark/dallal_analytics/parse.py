@@ -121,6 +121,30 @@ def _eventNumber(name):
     return number
 
 
+# The column of splitLines that holds a laid-out event's number
+# (L{_eventNumber}) rather than its name: a small number is cheaper to cache
+# and to compare than text.
+EVENT_NUMBER = "event_number"
+
+
+def eventNumberOf(name):
+    """
+    The number L{splitLines} gives the per-message event C{name}.
+    """
+    return list(MESSAGE_EVENT_FIELDS).index(name) + 1
+
+
+def _eventName(number):
+    """
+    The inverse of L{_eventNumber}, for laid-out events.
+    """
+    name = None
+    for position, event in enumerate(MESSAGE_EVENT_FIELDS, 1):
+        name = (F.when(number == position, F.lit(event)) if name is None
+                else name.when(number == position, F.lit(event)))
+    return name
+
+
 def _laidOut(parts, number):
     """
     Whether a text event's space-separated fields are exactly those of the
@@ -201,8 +225,9 @@ def splitLines(lines):
     """
     Each line split on its spaces once.  A per-message event laid out as
     EVENTS.md documents it (the fields of L{MESSAGE_EVENT_FIELDS} in order,
-    then C{t}: nearly every line of a busy broker) gets its C{event},
-    C{level}, C{t} and L{MESSAGE_FIELDS}, typed, read by position, and a
+    then C{t}: nearly every line of a busy broker) gets its
+    L{EVENT_NUMBER}, C{level}, C{t} and L{MESSAGE_FIELDS}, typed, read by
+    position, and a
     null L{OTHER_LINE}; any other line keeps its text there, for
     L{parseOtherLines}.
 
@@ -238,7 +263,7 @@ def splitLines(lines):
     laidOut = F.col("laid_out")
     texts = checked.select(
         F.when(~laidOut, value).alias(OTHER_LINE),
-        F.when(laidOut, name).alias("event"),
+        F.when(laidOut, number).alias(EVENT_NUMBER),
         F.when(laidOut, F.rtrim(F.substring_index(system, "#", -1), F.lit("]"))).alias("level"),
         F.when(laidOut, _valueAfterKey(F.element_at(parts, -1), "t")).alias("t"),
         F.when(laidOut, time).alias("stamp"),
@@ -247,12 +272,12 @@ def splitLines(lines):
     )
     # Cast once, then checked (see parseOtherLines).
     typed = texts.select(
-        OTHER_LINE, "event", "level", "stamp",
+        OTHER_LINE, EVENT_NUMBER, "level", "stamp",
         F.col("t").try_cast("DOUBLE").alias("t"),
         *(F.col(field).try_cast(FIELD_TYPES[field]).alias(field) for field in MESSAGE_FIELDS),
     )
     return typed.select(
-        OTHER_LINE, "event", "level", _eventTime().alias("t"),
+        OTHER_LINE, EVENT_NUMBER, "level", _eventTime().alias("t"),
         *(_believedField(field).alias(field) for field in MESSAGE_FIELDS),
     )
 
@@ -276,10 +301,12 @@ def messageEvents(split):
     rows (null in the columns C{split} lacks: the report caches only
     those it reads).
     """
-    fields = [name for name in ("event", "level", "t", *MESSAGE_FIELDS) if name in split.columns]
-    return split.where(F.col(OTHER_LINE).isNull()).select(*_allColumns(
-        {"kind": F.lit(EVENT), **{name: F.col(name) for name in fields}}
-    ))
+    fields = [name for name in ("level", "t", *MESSAGE_FIELDS) if name in split.columns]
+    return split.where(F.col(OTHER_LINE).isNull()).select(*_allColumns({
+        "kind": F.lit(EVENT),
+        "event": _eventName(F.col(EVENT_NUMBER)),
+        **{name: F.col(name) for name in fields},
+    }))
 
 
 def parseOtherLines(split):

@@ -25,7 +25,7 @@ import math
 
 from pyspark.sql import Window, functions as F
 
-from dallal_analytics.parse import EVENT
+from dallal_analytics.parse import EVENT, EVENT_NUMBER, eventNumberOf
 
 DROP_REASONS = (
     "queue_full", "slow_consumer", "disconnected", "redelivery_limit", "superseded",
@@ -71,7 +71,7 @@ def cachedColumns(split):
     """
     return split.select(
         *(name for name in split.columns if name not in ("level", "seq", "client")),
-        F.when(col("event") != "deliver", col("client")).alias("client"),
+        F.when(col(EVENT_NUMBER) != eventNumberOf("deliver"), col("client")).alias("client"),
     )
 
 
