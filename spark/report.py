@@ -160,7 +160,9 @@ def surveyLines(spark, lines):
     each cache in a job of its own and only then reads the log's cache
     again for the survey; without it, the survey's tasks fill the caches
     as they count, in one pass over the log (docs/ANALYTICS.md has the
-    measurements).  The session's setting is as it was afterwards.
+    measurements).  The setting is the session's: queries that an embedder
+    runs in the same session meanwhile run without adaptive execution too.
+    It is as it was afterwards.
     """
     setting = "spark.sql.adaptive.enabled"
     enabled = spark.conf.get(setting)
