@@ -108,23 +108,34 @@ def _isEventText(parts):
     )
 
 
-def _eventNumber(name):
-    """
-    A per-message event's number: its position in L{MESSAGE_EVENT_FIELDS}
-    (from 1), 0 for any other name.  The name is compared once per line,
-    and what depends on the event compares this number (comparing the
-    names for every field took a fifth of the parse's time, see
-    docs/ANALYTICS.md).
-    """
-    number = F.lit(0)
-    for position, event in reversed(list(enumerate(MESSAGE_EVENT_FIELDS, 1))):
-        number = F.when(name == event, F.lit(position)).otherwise(number)
-    return number
+# What a coded text (L{nameCode}) not among the names coded is named back.
+CODED_OTHER = "other"
 
 
-# The column of splitLines that holds a laid-out event's number
-# (L{_eventNumber}) rather than its name: a small number is cheaper to cache
-# and to compare than text.
+def nameCode(column, names):
+    """
+    A text column as its position in C{names} (from 1), 0 for a name not in
+    them: a number, cheaper to compare, cache and aggregate than text (an
+    aggregation keeps it in a hash table).
+    """
+    return F.array_position(F.array(*map(F.lit, names)), column)
+
+
+def codeName(code, names):
+    """
+    The inverse of L{nameCode}: L{CODED_OTHER} for 0.
+    """
+    return F.when(code > 0, F.element_at(F.array(*map(F.lit, names)), code.cast("int"))).when(
+        code == 0, F.lit(CODED_OTHER)
+    )
+
+
+# The per-message events, numbered by nameCode: a laid-out line's event is
+# compared by name once (comparing the names for every field took a fifth
+# of the parse's time, see docs/ANALYTICS.md), and what depends on it
+# compares the number.  The log's cache keeps the number (EVENT_NUMBER),
+# cheaper to cache and to compare than text.
+MESSAGE_EVENTS = tuple(MESSAGE_EVENT_FIELDS)
 EVENT_NUMBER = "event_number"
 
 
@@ -132,24 +143,13 @@ def eventNumberOf(name):
     """
     The number L{splitLines} gives the per-message event C{name}.
     """
-    return list(MESSAGE_EVENT_FIELDS).index(name) + 1
-
-
-def _eventName(number):
-    """
-    The inverse of L{_eventNumber}, for laid-out events.
-    """
-    name = None
-    for position, event in enumerate(MESSAGE_EVENT_FIELDS, 1):
-        name = (F.when(number == position, F.lit(event)) if name is None
-                else name.when(number == position, F.lit(event)))
-    return name
+    return MESSAGE_EVENTS.index(name) + 1
 
 
 def _laidOut(parts, number):
     """
     Whether a text event's space-separated fields are exactly those of the
-    per-message event numbered C{number} (L{_eventNumber}), in order, then
+    per-message event numbered C{number} (L{MESSAGE_EVENTS}), in order, then
     C{t}.
     """
     check = F.lit(False)
@@ -246,7 +246,7 @@ def splitLines(lines):
     time = F.get(parts, TIME_PART)
     name = F.substring_index(eventPart, "=", -1)
     named = split.select(
-        "value", "parts", name.alias("name"), _eventNumber(name).alias("number")
+        "value", "parts", name.alias("name"), nameCode(name, MESSAGE_EVENTS).alias("number")
     )
     name = F.col("name")
     number = F.col("number")
@@ -304,7 +304,7 @@ def messageEvents(split):
     fields = [name for name in ("level", "t", *MESSAGE_FIELDS) if name in split.columns]
     return split.where(F.col(OTHER_LINE).isNull()).select(*_allColumns({
         "kind": F.lit(EVENT),
-        "event": _eventName(F.col(EVENT_NUMBER)),
+        "event": codeName(F.col(EVENT_NUMBER), MESSAGE_EVENTS),
         **{name: F.col(name) for name in fields},
     }))
 

@@ -25,15 +25,13 @@ import math
 
 from pyspark.sql import Window, functions as F
 
-from dallal_analytics.parse import EVENT, EVENT_NUMBER, eventNumberOf
+from dallal_analytics.parse import EVENT, EVENT_NUMBER, codeName, eventNumberOf, nameCode
 
 DROP_REASONS = (
     "queue_full", "slow_consumer", "disconnected", "redelivery_limit", "superseded",
     "too_large", "bridge_refused",
 )
 MODES = ("fire", "latest", "all")
-# A mode or drop reason that EVENTS.md does not list.
-OTHER = "other"
 LATENCY_QUANTILES = (0.5, 0.95, 0.99)
 # Latencies are counted in logarithmic buckets this fine: a bucket's middle
 # is within 0.58% of every latency in it (10^(1/400) - 1), and that is the
@@ -137,23 +135,6 @@ def windowStart(seconds, windowSeconds):
     The start of the tumbling window of C{windowSeconds} holding C{seconds}.
     """
     return timestamp(F.floor(seconds / windowSeconds) * windowSeconds)
-
-
-def _code(column, names):
-    """
-    A text column as its position in C{names} (from 1), 0 for a name not in
-    them: a number, so that aggregations keep it in a hash table.
-    """
-    return F.array_position(F.array(*map(F.lit, names)), column)
-
-
-def _name(code, names):
-    """
-    The inverse of L{_code}: C{other} for 0.
-    """
-    return F.when(code > 0, F.element_at(F.array(*map(F.lit, names)), code.cast("int"))).when(
-        code == 0, F.lit(OTHER)
-    )
 
 
 def _timesAtOrBefore(times, t):
@@ -775,7 +756,7 @@ def deliveries(events):
         .groupBy("run", "mid", "session", "topic")
         .agg(
             F.min(F.when(isEvent("deliver"), col("t"))).alias("first_sent_t"),
-            F.max(F.when(isEvent("deliver"), _code(col("mode"), MODES))).alias("mode_code"),
+            F.max(F.when(isEvent("deliver"), nameCode(col("mode"), MODES))).alias("mode_code"),
             F.count_if(isFirstSend()).alias("first_sends"),
             F.count_if(isRedelivery()).alias("redeliveries"),
             F.count_if(isEvent("deliver")).alias("sends"),
@@ -785,7 +766,7 @@ def deliveries(events):
             F.count_if(isEvent("drop")).alias("drops"),
             F.max(F.when(isEvent("ack"), col("latency"))).alias("latency"),
             F.max(F.when(isEvent("replace"), col("by"))).alias("replaced_by"),
-            F.max(F.when(isEvent("drop"), _code(col("reason"), DROP_REASONS))).alias(
+            F.max(F.when(isEvent("drop"), nameCode(col("reason"), DROP_REASONS))).alias(
                 "reason_code"
             ),
         )
@@ -804,13 +785,13 @@ def deliveries(events):
         "mid",
         "session",
         "topic",
-        _name(col("mode_code"), MODES).alias("mode"),
+        codeName(col("mode_code"), MODES).alias("mode"),
         timestamp(col("first_sent_t")).alias("first_sent"),
         "first_sends",
         "redeliveries",
         "sends",
         outcome.alias("outcome"),
-        F.when(outcome == "dropped", _name(col("reason_code"), DROP_REASONS)).alias(
+        F.when(outcome == "dropped", codeName(col("reason_code"), DROP_REASONS)).alias(
             "drop_reason"
         ),
         "replaced_by",
