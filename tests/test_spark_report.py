@@ -502,6 +502,27 @@ def test_rotated_files_are_packed_into_few_tasks(spark, tmp_path, logLines):
         spark.conf.set("spark.sql.files.openCostInBytes", str(LOCAL_FILE_OPEN_COST))
 
 
+def test_a_cached_aggregation_is_read_in_few_tasks(spark):
+    """
+    A small aggregation the report caches (per session, per actor) is read
+    by as few tasks as its rows need, not one per shuffle partition.
+    """
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    spark.conf.set("spark.sql.shuffle.partitions", "8")
+    try:
+        perKey = spark.range(1000).groupBy((F.col("id") % 10).alias("key")).count()
+        perKey.persist(StorageLevel.MEMORY_AND_DISK_DESER)
+        try:
+            assert perKey.count() == 10
+            assert perKey.rdd.getNumPartitions() == 1
+        finally:
+            perKey.unpersist()
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", "2")
+
+
 def test_the_survey_fills_the_caches_as_it_counts(spark, tmp_path, logLines):
     """
     The survey, the first query to read the report's caches, is one Spark
