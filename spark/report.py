@@ -25,7 +25,8 @@ from pathlib import Path
 # sys.path: that is how dallal_analytics is found, wherever the working
 # directory is.
 from dallal_analytics import htmlreport, parse, questions
-from dallal_analytics.session import buildSession
+from dallal_analytics.prefetch import startReadingAhead
+from dallal_analytics.session import buildSession, isLocalMaster, launchedBySparkSubmit
 
 DEFAULT_WINDOW_SECONDS = 60
 UNPARSED_EXAMPLES = 5
@@ -529,6 +530,10 @@ def parseArguments(argv):
 
 def main(argv=None):
     args = parseArguments(argv)
+    if not launchedBySparkSubmit() and (args.master is None or isLocalMaster(args.master)):
+        # The tasks will read the logs from this machine's disk: it reads
+        # them ahead while the JVM starts (see dallal_analytics.prefetch).
+        startReadingAhead(args.logs)
     spark = buildSession(
         master=args.master,
         shufflePartitions=args.shuffle_partitions,
