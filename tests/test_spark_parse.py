@@ -131,6 +131,20 @@ def test_positions_are_those_of_the_catalogue():
     )
 
 
+def test_packed_fields_are_never_held_together():
+    """
+    The fields packed in one column of the parse have one type, and no
+    per-message event holds two of them: a broker that logs one of them
+    beside another must have them unpacked, or one would hide the other.
+    """
+    from dallal_analytics import parse
+
+    for packed, fields in parse.PACKED_FIELDS.items():
+        assert len({parse.FIELD_TYPES[field] for field in fields}) == 1, packed
+        for event, names in parse.MESSAGE_EVENT_FIELDS.items():
+            assert len(set(fields) & set(names)) <= 1, (packed, event)
+
+
 def test_lines_that_are_not_events(spark, tmp_path, logLines):
     from dallal_analytics import parse
 
