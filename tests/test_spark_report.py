@@ -586,23 +586,25 @@ def test_progress_lines_are_written_whole():
                         stream.writes[1])
 
 
-def test_an_error_of_the_loss_account_thread_is_the_reports(spark, logLines, tmp_path,
-                                                             monkeypatch):
+@pytest.mark.parametrize("question", ["messages", "latencySketch"])
+def test_an_error_of_the_background_thread_is_the_reports(spark, logLines, tmp_path,
+                                                          monkeypatch, question):
     """
-    The loss account is written from a thread of its own: what fails there
-    fails the report, as it would have in the report's own thread.
+    The loss account and the latency are written from a thread of their
+    own: what fails there fails the report, as it would have in the
+    report's own thread.
     """
     import report as reportModule
     from dallal_analytics import questions
 
-    def failing(events):
-        raise RuntimeError("no room for the messages table")
+    def failing(frame):
+        raise RuntimeError(f"no room for {question}")
 
-    monkeypatch.setattr(questions, "messages", failing)
+    monkeypatch.setattr(questions, question, failing)
     path = logLines.write(tmp_path / "logs" / "twistd.log", [
         logLines.event(1795292880.0, "connect", session=1, client="c", transport="tcp"),
     ])
-    with pytest.raises(RuntimeError, match="no room for the messages table"):
+    with pytest.raises(RuntimeError, match=f"no room for {question}"):
         reportModule.runReport(spark, [str(path)], tmp_path / "out")
 
 
