@@ -41,12 +41,14 @@ def logs(folder, sizes):
 def test_files_globs_and_directories(prefetch, tmp_path, asked):
     """
     Every local file the report will read is asked for once it is named:
-    as a file, through a glob, or in a directory (not its subdirectories,
-    which Spark does not read either).
+    as a file, through a glob, or in a directory (not its subdirectories
+    or hidden files, which Spark does not read either).
     """
     first = logs(tmp_path / "a", {"twistd.log": 10, "twistd.log.1": 10})
     second = logs(tmp_path / "b", {"twistd.log": 10, "twistd.log.1": 10, "twistd.log.2": 10})
     (second / "nested").mkdir()
+    (second / ".twistd.log.swp").write_bytes(b"x")
+    (second / "_SUCCESS").write_bytes(b"x")
     (second / "nested" / "twistd.log").write_bytes(b"x")
     assert prefetch.readAhead([
         str(first / "twistd.log.1"), f"file://{first}/twistd.log", str(second / "*.1"),

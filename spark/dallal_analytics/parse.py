@@ -104,7 +104,13 @@ PACKED_FIELDS = {
     "amount": ("bytes", "attempt", "by"),
     "label": ("transport", "mode", "reason"),
 }
-PACKED_COLUMN = {name: packed for packed, names in PACKED_FIELDS.items() for name in names}
+_PACKED_COLUMN = {name: packed for packed, names in PACKED_FIELDS.items() for name in names}
+# The fields of splitLines' rows by column: a field's own, or the packed
+# column it shares.
+SPLIT_COLUMNS = {
+    column: [field for field in MESSAGE_FIELDS if _PACKED_COLUMN.get(field, field) == column]
+    for column in dict.fromkeys(_PACKED_COLUMN.get(field, field) for field in MESSAGE_FIELDS)
+}
 
 
 def _isEventText(parts):
@@ -246,17 +252,6 @@ def _holders(field):
             if field in names]
 
 
-def _splitColumns():
-    """
-    The fields of L{splitLines}' rows, by column: a field of its own, or
-    the fields of L{PACKED_FIELDS} that share one.
-    """
-    columns = {}
-    for field in MESSAGE_FIELDS:
-        columns.setdefault(PACKED_COLUMN.get(field, field), []).append(field)
-    return columns
-
-
 def splitLines(lines):
     """
     Each line split on its spaces once.  A per-message event laid out as
@@ -307,7 +302,7 @@ def splitLines(lines):
         # holds: the others are null.
         *(F.when(laidOut, F.coalesce(*(_positionalValue(parts, number, field)
                                        for field in fields))).alias(column)
-          for column, fields in _splitColumns().items()),
+          for column, fields in SPLIT_COLUMNS.items()),
     )
     # Cast once, then checked (see parseOtherLines).  The fields packed in
     # one column have one type and one range.
@@ -315,12 +310,12 @@ def splitLines(lines):
         OTHER_LINE, EVENT_NUMBER, "level", "stamp",
         F.col("t").try_cast("DOUBLE").alias("t"),
         *(F.col(column).try_cast(FIELD_TYPES[fields[0]]).alias(column)
-          for column, fields in _splitColumns().items()),
+          for column, fields in SPLIT_COLUMNS.items()),
     )
     return typed.select(
         OTHER_LINE, EVENT_NUMBER, "level", _eventTime().alias("t"),
         *(_believedField(fields[0], column).alias(column)
-          for column, fields in _splitColumns().items()),
+          for column, fields in SPLIT_COLUMNS.items()),
     )
 
 
@@ -344,7 +339,7 @@ def messageEvents(split):
     columns C{split} lacks: the report caches only those it reads).
     """
     columns = {name: F.col(name) for name in ("level", "t") if name in split.columns}
-    for column, fields in _splitColumns().items():
+    for column, fields in SPLIT_COLUMNS.items():
         if column not in split.columns:
             continue
         if len(fields) == 1:

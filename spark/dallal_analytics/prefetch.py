@@ -22,8 +22,9 @@ FREE_MEMORY_SHARE = 0.5
 def _localFiles(paths):
     """
     The files C{paths} name on this machine: files, globs or directories
-    (the files in them, as Spark reads them), in order.  Paths of another
-    file system (C{hdfs://}, C{s3a://}) are skipped.
+    (the files in them but those Spark skips as hidden, named C{.*} or
+    C{_*}), in order.  Paths of another file system (C{hdfs://},
+    C{s3a://}) are skipped.
     """
     for path in paths:
         if "://" in path:
@@ -33,6 +34,8 @@ def _localFiles(paths):
         for match in sorted(glob.glob(path)) or [path]:
             if os.path.isdir(match):
                 for name in sorted(os.listdir(match)):
+                    if name.startswith((".", "_")):
+                        continue
                     child = os.path.join(match, name)
                     if os.path.isfile(child):
                         yield child
@@ -74,13 +77,8 @@ def startReadingAhead(paths):
     """
     L{readAhead} in a thread of its own, where the system has
     C{posix_fadvise}.
-
-    @return: the thread, or C{None}.
     """
-    if not hasattr(os, "posix_fadvise"):
-        return None
-    thread = threading.Thread(
-        target=readAhead, args=(list(paths),), name="read-ahead", daemon=True
-    )
-    thread.start()
-    return thread
+    if hasattr(os, "posix_fadvise"):
+        threading.Thread(
+            target=readAhead, args=(list(paths),), name="read-ahead", daemon=True
+        ).start()
