@@ -37,6 +37,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPORT = HERE.parent / "spark" / "report.py"
+sys.path.insert(0, str(REPORT.parent))
+from dallal_analytics.classdata import cacheFolder  # noqa: E402
 LOGGEN = HERE / "loggen.py"
 SIZES = {"1m": 1_000_000, "10m": 10_000_000}
 WINDOW = 60
@@ -246,12 +248,29 @@ def runBaseline(folder):
     return lines, baseline.summary()
 
 
+def classArchives():
+    """
+    The archives of JVM classes that reports keep (see
+    spark/dallal_analytics/classdata.py).
+    """
+    try:
+        return set(cacheFolder().glob("*.jsa"))
+    except OSError:
+        return set()
+
+
 def runSpark(folder, out, master):
+    """
+    The report's summary, and whether this run wrote the archive of the
+    JVM's classes that the next runs map (its time includes writing it).
+    """
     command = [sys.executable, str(REPORT), str(folder), "--out", str(out), "--quiet"]
     if master:
         command += ["--master", master]
+    before = classArchives()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    return json.loads((Path(out) / "summary.json").read_text())
+    wroteArchive = bool(classArchives() - before)
+    return json.loads((Path(out) / "summary.json").read_text()), wroteArchive
 
 
 def javaVersion():
@@ -313,12 +332,17 @@ def main(argv=None):
                 print("each contender reads the log from disk (dropped from the page cache "
                       "before it)" if evicted else "the log may be in the page cache "
                       "(posix_fadvise is missing here)")
-            sparkSummary, sparkSeconds = timed(runSpark, folder, work / "report", args.master)
+            (sparkSummary, wroteArchive), sparkSeconds = timed(
+                runSpark, folder, work / "report", args.master
+            )
             sparkTimes.append(sparkSeconds)
             lines = sparkSummary["lines"]["lines"]
             print(f"{lines:,} lines, {len(files)} files, {size / 1e6:.0f} MB")
             print(f"spark report:    {sparkSeconds:8.1f} s  {lines / sparkSeconds:12,.0f} lines/s "
                   "(JVM start included)")
+            if wroteArchive:
+                print("  this run wrote the archive of the JVM's classes that later runs map: "
+                      "its time includes writing it")
             if args.no_baseline:
                 continue
             evictFromPageCache(files)

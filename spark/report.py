@@ -25,8 +25,11 @@ from pathlib import Path
 # sys.path: that is how dallal_analytics is found, wherever the working
 # directory is.
 from dallal_analytics import htmlreport, parse, questions
+from dallal_analytics.classdata import ClassDataArchive
 from dallal_analytics.prefetch import startReadingAhead
-from dallal_analytics.session import buildSession, isLocalMaster, launchedBySparkSubmit
+from dallal_analytics.session import (
+    JVM_OPTIONS, buildSession, driverProcess, isLocalMaster, launchedBySparkSubmit,
+)
 
 DEFAULT_WINDOW_SECONDS = 60
 UNPARSED_EXAMPLES = 5
@@ -545,6 +548,11 @@ def parseArguments(argv):
         help="the driver JVM's heap when run with python (default 4g)",
     )
     parser.add_argument(
+        "--no-jvm-cache", action="store_true",
+        help="neither map nor write the archive of the JVM's classes that starts later "
+        "reports sooner (kept in $DALLAL_REPORT_CACHE, else ~/.cache/dallal-report)",
+    )
+    parser.add_argument(
         "--quiet", action="store_true", help="no progress lines on standard error"
     )
     return parser.parse_args(argv)
@@ -552,24 +560,34 @@ def parseArguments(argv):
 
 def main(argv=None):
     args = parseArguments(argv)
+    archive = None
     if not launchedBySparkSubmit() and (args.master is None or isLocalMaster(args.master)):
         # The tasks will read the logs from this machine's disk: it reads
         # them ahead while the JVM starts (see dallal_analytics.prefetch).
         startReadingAhead(args.logs)
+        # The JVM this process starts maps the classes an earlier report's
+        # JVM archived, or archives them for the next (see
+        # dallal_analytics.classdata).
+        if not args.no_jvm_cache:
+            archive = ClassDataArchive.find([*JVM_OPTIONS, f"-Xmx{args.driver_memory}"])
     spark = buildSession(
         master=args.master,
         shufflePartitions=args.shuffle_partitions,
         driverMemory=args.driver_memory,
+        driverJavaOptions=archive.javaOptions() if archive else (),
     )
     from pyspark.errors import AnalysisException
 
+    progress = Progress(
+        enabled=not args.quiet, statusTracker=spark.sparkContext.statusTracker()
+    )
+    jvm = driverProcess()
+    completed = False
     try:
-        progress = Progress(
-            enabled=not args.quiet, statusTracker=spark.sparkContext.statusTracker()
-        )
         summary = runReport(
             spark, args.logs, args.out, args.window, progress, deliveries=args.deliveries
         )
+        completed = True
     except AnalysisException as error:
         if error.getCondition() != "PATH_NOT_FOUND":
             raise
@@ -577,11 +595,20 @@ def main(argv=None):
         return 2
     finally:
         spark.stop()
+        if archive and jvm and not completed:
+            archive.abandon(jvm)
     out = Path(args.out)
     print(f"{summary['publishes']} publishes, {summary['deliveries']} deliveries, "
           f"{summary['sessions']} sessions, {summary['unparsed_lines']} unparsed lines")
     print(f"report: {out / 'report.html'}")
-    print(f"summary: {out / 'summary.json'}")
+    print(f"summary: {out / 'summary.json'}", flush=True)
+    if archive and jvm:
+        seconds = archive.finish(jvm)
+        if seconds is not None:
+            progress.say(
+                f"the JVM's classes archived for the next reports in {seconds:.1f} s "
+                f"({archive.path})"
+            )
     return 0
 
 

@@ -6,6 +6,7 @@ this module with C{pytest_plugins} and reach what it holds through fixtures
 One SparkSession serves every test: starting a JVM costs seconds.
 """
 
+import os
 import shutil
 import sys
 import time
@@ -21,6 +22,22 @@ REPORT = SPARK_DIR / "report.py"
 # import its modules the same way.
 if str(SPARK_DIR) not in sys.path:
     sys.path.insert(0, str(SPARK_DIR))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def reportCache(tmp_path_factory):
+    """
+    The report's archives of JVM classes (dallal_analytics.classdata) go
+    under pytest's tmp path, not the user's cache.
+    """
+    variable = "DALLAL_REPORT_CACHE"
+    before = os.environ.get(variable)
+    os.environ[variable] = str(tmp_path_factory.mktemp("report-cache"))
+    yield os.environ[variable]
+    if before is None:
+        del os.environ[variable]
+    else:
+        os.environ[variable] = before
 
 
 def requireJava():

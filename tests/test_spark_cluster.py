@@ -44,8 +44,11 @@ def test_report_on_a_local_cluster(reportCommand, handWrittenLogs, handWrittenSu
     }
     environment["SPARK_HOME"] = str(privateSparkHome(tmp_path / "spark-home"))
     out = tmp_path / "report"
+    # Without the archive of the driver's classes: writing one would cost
+    # the suite some 10 s (test_spark_classdata.py tests it).
     result = subprocess.run(
-        [*reportCommand, str(handWrittenLogs), "--out", str(out), "--master", CLUSTER],
+        [*reportCommand, str(handWrittenLogs), "--out", str(out), "--master", CLUSTER,
+         "--no-jvm-cache"],
         cwd=elsewhere, env=environment, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr

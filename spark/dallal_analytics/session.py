@@ -118,8 +118,18 @@ def _launchQuietGateway(conf):
     return gateway
 
 
+def driverProcess():
+    """
+    The driver's JVM, if this process started it (embedded); C{None} under
+    spark-submit.
+    """
+    from pyspark.core.context import SparkContext
+
+    return getattr(SparkContext._gateway, "proc", None)
+
+
 def buildSession(master=None, appName="dallal-report", shufflePartitions=None,
-                 driverMemory=None, tmpDir=None):
+                 driverMemory=None, tmpDir=None, driverJavaOptions=()):
     """
     Start (or join) the SparkSession the report runs on.
 
@@ -131,6 +141,9 @@ def buildSession(master=None, appName="dallal-report", shufflePartitions=None,
         spark-submit has already sized its JVM.
     @param tmpDir: where Spark keeps its scratch files and warehouse, instead
         of the system's temporary folder and the working directory.
+    @param driverJavaOptions: more options for the driver's JVM (those of
+        a L{dallal_analytics.classdata.ClassDataArchive}); only effective
+        when embedded.
     """
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -165,7 +178,7 @@ def buildSession(master=None, appName="dallal-report", shufflePartitions=None,
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",
-        "spark.driver.extraJavaOptions": " ".join(javaOptions),
+        "spark.driver.extraJavaOptions": " ".join([*javaOptions, *driverJavaOptions]),
     }
     if local:
         # Executors of local-cluster masters are JVMs of this machine too;
