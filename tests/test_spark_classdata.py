@@ -45,31 +45,44 @@ def test_the_first_report_writes_the_archive_and_the_next_map_it(tmp_path, javaH
     environ = environment(tmp_path, javaHome)
     first = classdata.ClassDataArchive.find(OPTIONS, environ)
     assert first.creating
-    assert first.path.parent == tmp_path / "cache"
-    assert first.path.name.endswith(".jsa")
+    assert first.unfinished.parent == tmp_path / "cache"
     assert first.javaOptions() == [
         f"-XX:ArchiveClassesAtExit={first.unfinished}", classdata.QUIET
     ]
-    assert first.unfinished.name.startswith(first.path.name)
+    first.finish(FakeJvm(first))
+    assert first.path.name == f"{first.name}-7.jsa"
 
-    first.path.write_bytes(b"archive")
     second = classdata.ClassDataArchive.find(OPTIONS, environ)
     assert second.path == first.path
     assert not second.creating
     assert second.javaOptions() == [f"-XX:SharedArchiveFile={first.path}", classdata.QUIET]
 
 
+def test_a_truncated_archive_is_written_again(tmp_path, javaHome, classdata):
+    """
+    Mapping an archive cut short can crash the JVM: one whose size is not
+    the one in its name is removed, and this report writes it again.
+    """
+    environ = environment(tmp_path, javaHome)
+    archive = classdata.ClassDataArchive.find(OPTIONS, environ)
+    archive.finish(FakeJvm(archive))
+    archive.path.write_bytes(b"class")
+    again = classdata.ClassDataArchive.find(OPTIONS, environ)
+    assert again.creating
+    assert list((tmp_path / "cache").iterdir()) == []
+
+
 def test_an_archive_fits_one_java_and_one_set_of_options(tmp_path, javaHome, classdata):
     environ = environment(tmp_path, javaHome)
-    path = classdata.ClassDataArchive.find(OPTIONS, environ).path
-    assert classdata.ClassDataArchive.find(OPTIONS, environ).path == path
+    name = classdata.ClassDataArchive.find(OPTIONS, environ).name
+    assert classdata.ClassDataArchive.find(OPTIONS, environ).name == name
     bigger = ["-XX:+UseParallelGC", "-Xmx40g"]
-    assert classdata.ClassDataArchive.find(bigger, environ).path != path
+    assert classdata.ClassDataArchive.find(bigger, environ).name != name
     assert classdata.ClassDataArchive.find(
         OPTIONS, dict(environ, SPARK_CONF_DIR=str(tmp_path / "conf"))
-    ).path != path
+    ).name != name
     (javaHome / "release").write_text('JAVA_VERSION="17.0.16"\n')
-    assert classdata.ClassDataArchive.find(OPTIONS, environ).path != path
+    assert classdata.ClassDataArchive.find(OPTIONS, environ).name != name
 
 
 def test_no_archive_where_there_can_be_none(tmp_path, javaHome, classdata):
@@ -143,12 +156,12 @@ def test_an_archive_is_put_in_place_only_whole(tmp_path, javaHome, classdata):
     assert archive.finish(FakeJvm(archive, status=1)) is None
     assert archive.finish(FakeJvm(archive, hangs=True), timeout=0) is None
     assert archive.finish(FakeJvm(archive, writes=False)) is None
-    assert not archive.path.exists()
-    assert list(archive.path.parent.iterdir()) == []
+    assert archive.path is None
+    assert list(archive.folder.iterdir()) == []
 
     assert archive.finish(FakeJvm(archive)) >= 0
     assert archive.path.read_bytes() == b"classes"
-    assert list(archive.path.parent.iterdir()) == [archive.path]
+    assert list(archive.folder.iterdir()) == [archive.path]
     # A report that maps the archive has nothing to finish.
     mapping = classdata.ClassDataArchive.find(OPTIONS, environ)
     assert mapping.finish(FakeJvm(mapping)) is None
@@ -161,7 +174,7 @@ def test_a_report_cut_short_writes_no_archive(tmp_path, javaHome, classdata):
     archive.unfinished.write_bytes(b"half")
     archive.abandon(jvm)
     assert jvm.killed
-    assert list(archive.path.parent.iterdir()) == []
+    assert list(archive.folder.iterdir()) == []
 
 
 def test_only_the_most_recently_used_archives_are_kept(tmp_path, javaHome, classdata):
@@ -169,7 +182,7 @@ def test_only_the_most_recently_used_archives_are_kept(tmp_path, javaHome, class
     cache.mkdir()
     now = time.time()
     for age in range(5):
-        old = cache / f"driver-{age}.jsa"
+        old = cache / f"driver-{age}-3.jsa"
         old.write_bytes(b"old")
         os.utime(old, (now - 100 * (age + 1), now - 100 * (age + 1)))
     abandoned = cache / "driver-x.jsa.1.tmp"
@@ -180,7 +193,7 @@ def test_only_the_most_recently_used_archives_are_kept(tmp_path, javaHome, class
     archive = classdata.ClassDataArchive.find(OPTIONS, environment(tmp_path, javaHome))
     archive.finish(FakeJvm(archive))
     assert sorted(path.name for path in cache.iterdir()) == sorted(
-        [archive.path.name, "driver-0.jsa", "driver-1.jsa", writing.name]
+        [archive.path.name, "driver-0-3.jsa", "driver-1-3.jsa", writing.name]
     )
 
 
@@ -202,7 +215,7 @@ def test_the_report_uses_an_archive_embedded_on_a_local_master_only(
     monkeypatch.setattr(report, "buildSession", buildSession)
     monkeypatch.setattr(
         report.ClassDataArchive, "find",
-        classmethod(lambda cls, options: cls(tmp_path / "driver.jsa")),
+        classmethod(lambda cls, options: cls(tmp_path, "driver")),
     )
     monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
     for more in ([], ["--master", "local[2]"], ["--master", "spark://head:7077"],

@@ -17,7 +17,8 @@ its JVM exits, and the archive takes about 190 MB.
 An archive fits one Java, one set of JVM options and one class path (the
 PySpark installation's jars and Spark's configuration folder): its name is
 a digest of these, so that changing one makes a new archive rather than
-reusing one that does not fit.  The JVM checks it again when it maps it
+reusing one that does not fit, and its size, so that one truncated since it
+was written (which can crash the JVM that maps it) is written again.  The JVM checks it again when it maps it
 and, should it not fit or be damaged, runs without it; the options given
 here keep it silent about that, as about what it leaves out when writing
 one (the classes Spark generates, those of signed jars).
@@ -97,10 +98,28 @@ class ClassDataArchive:
     written as this one's JVM exits if not (see L{finish}).
     """
 
-    def __init__(self, path):
-        self.path = Path(path)
-        self.creating = not self.path.is_file()
-        self.unfinished = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+    def __init__(self, folder, name):
+        """
+        The archive C{name} in C{folder}, kept as C{<name>-<size>.jsa}: a
+        JVM that maps a truncated archive can crash (SIGBUS, on Java 17),
+        so one whose size is not the size it was written with is removed
+        rather than mapped, and written again.
+        """
+        self.folder = Path(folder)
+        self.name = name
+        self.path = None
+        for candidate in self.folder.glob(f"{name}-*{SUFFIX}"):
+            size = candidate.name[len(name) + 1:-len(SUFFIX)]
+            try:
+                whole = size.isdigit() and candidate.stat().st_size == int(size)
+                if not whole:
+                    candidate.unlink()
+            except OSError:
+                continue
+            if whole:
+                self.path = candidate
+        self.creating = self.path is None
+        self.unfinished = self.folder / f"{name}{SUFFIX}.{os.getpid()}.tmp"
 
     @classmethod
     def find(cls, javaOptions, environ=None):
@@ -133,7 +152,7 @@ class ClassDataArchive:
             environ.get("SPARK_CONF_DIR", ""), *javaOptions,
         ])
         digest = hashlib.sha256(fits.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-        return cls(folder / f"driver-{digest}{SUFFIX}")
+        return cls(folder, f"driver-{digest}")
 
     def javaOptions(self):
         """
@@ -157,7 +176,7 @@ class ClassDataArchive:
         place.
 
         An archive is put in place only whole: written under another name,
-        renamed once the JVM exited normally.
+        renamed once the JVM exited normally, with its size in its name.
         """
         if not self.creating:
             return None
@@ -173,7 +192,9 @@ class ClassDataArchive:
                 jvm.kill()
                 jvm.wait()
                 status = None
-            if status == 0 and self.unfinished.is_file() and self.unfinished.stat().st_size:
+            size = self.unfinished.stat().st_size if self.unfinished.is_file() else 0
+            if status == 0 and size:
+                self.path = self.folder / f"{self.name}-{size}{SUFFIX}"
                 os.replace(self.unfinished, self.path)
                 placed = True
         finally:
@@ -201,7 +222,7 @@ class ClassDataArchive:
         unfinished ones abandoned long ago.
         """
         try:
-            entries = [(path, path.stat().st_mtime) for path in self.path.parent.iterdir()]
+            entries = [(path, path.stat().st_mtime) for path in self.folder.iterdir()]
         except OSError:
             return
         archives = sorted(
