@@ -190,10 +190,16 @@ def test_only_the_most_recently_used_archives_are_kept(tmp_path, javaHome, class
     for path, age in ((abandoned, 2 * classdata.ABANDONED_SECONDS), (writing, 0)):
         path.write_bytes(b"")
         os.utime(path, (now - age, now - age))
+    # Not the report's: left alone, however old.
+    foreign = [cache / "classes.jsa", cache / "notes.jsa.1.tmp"]
+    for path in foreign:
+        path.write_bytes(b"")
+        os.utime(path, (0, 0))
     archive = classdata.ClassDataArchive.find(OPTIONS, environment(tmp_path, javaHome))
     archive.finish(FakeJvm(archive))
     assert sorted(path.name for path in cache.iterdir()) == sorted(
-        [archive.path.name, "driver-0-3.jsa", "driver-1-3.jsa", writing.name]
+        [archive.path.name, "driver-0-3.jsa", "driver-1-3.jsa", writing.name,
+         *(path.name for path in foreign)]
     )
 
 

@@ -35,6 +35,8 @@ from pathlib import Path
 # ~/.cache/dallal-report unless it is set).
 CACHE_VARIABLE = "DALLAL_REPORT_CACHE"
 CACHE_FOLDER = "dallal-report"
+# The archives' names: driver-<digest>-<size>.jsa.
+PREFIX = "driver-"
 SUFFIX = ".jsa"
 # Archives of other Javas, options or installations, kept in case they are
 # used again (each is about 190 MB): this many, the most recently used.
@@ -152,7 +154,7 @@ class ClassDataArchive:
             environ.get("SPARK_CONF_DIR", ""), *javaOptions,
         ])
         digest = hashlib.sha256(fits.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-        return cls(folder, f"driver-{digest}")
+        return cls(folder, f"{PREFIX}{digest}")
 
     def javaOptions(self):
         """
@@ -219,20 +221,27 @@ class ClassDataArchive:
     def _prune(self):
         """
         Remove all but the L{KEPT} most recently used archives, and the
-        unfinished ones abandoned long ago.
+        unfinished ones abandoned long ago: the report's own files only
+        (C{driver-*}), whatever else the folder holds.
         """
+        def modified(paths):
+            found = []
+            for path in paths:
+                try:
+                    found.append((path, path.stat().st_mtime))
+                except OSError:
+                    # Removed meanwhile, by another report.
+                    pass
+            return found
+
         try:
-            entries = [(path, path.stat().st_mtime) for path in self.folder.iterdir()]
+            archives = modified(self.folder.glob(f"{PREFIX}*{SUFFIX}"))
+            unfinished = modified(self.folder.glob(f"{PREFIX}*{SUFFIX}.*.tmp"))
         except OSError:
             return
-        archives = sorted(
-            ((path, used) for path, used in entries if path.name.endswith(SUFFIX)),
-            key=lambda entry: entry[1], reverse=True,
-        )
+        archives.sort(key=lambda entry: entry[1], reverse=True)
         abandoned = [
-            path for path, modified in entries
-            if path.name.endswith(".tmp") and SUFFIX in path.name
-            and time.time() - modified > ABANDONED_SECONDS
+            path for path, changed in unfinished if time.time() - changed > ABANDONED_SECONDS
         ]
         for path in [path for path, _ in archives[KEPT:]] + abandoned:
             path.unlink(missing_ok=True)
