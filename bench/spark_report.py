@@ -38,7 +38,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPORT = HERE.parent / "spark" / "report.py"
 sys.path.insert(0, str(REPORT.parent))
-from dallal_analytics.classdata import cacheFolder  # noqa: E402
+from dallal_analytics.classdata import PREFIX, SUFFIX, cacheFolder  # noqa: E402
 LOGGEN = HERE / "loggen.py"
 SIZES = {"1m": 1_000_000, "10m": 10_000_000}
 WINDOW = 60
@@ -254,7 +254,7 @@ def classArchives():
     spark/dallal_analytics/classdata.py).
     """
     try:
-        return set(cacheFolder().glob("*.jsa"))
+        return set(cacheFolder().glob(f"{PREFIX}*{SUFFIX}"))
     except OSError:
         return set()
 

@@ -28,7 +28,8 @@ from dallal_analytics import htmlreport, parse, questions
 from dallal_analytics.classdata import ClassDataArchive
 from dallal_analytics.prefetch import startReadingAhead
 from dallal_analytics.session import (
-    JVM_OPTIONS, buildSession, driverProcess, isLocalMaster, launchedBySparkSubmit,
+    JVM_OPTIONS, buildSession, driverProcess, isLocalMaster, jvmRunning,
+    launchedBySparkSubmit,
 )
 
 DEFAULT_WINDOW_SECONDS = 60
@@ -567,8 +568,9 @@ def main(argv=None):
         startReadingAhead(args.logs)
         # The JVM this process starts maps the classes an earlier report's
         # JVM archived, or archives them for the next (see
-        # dallal_analytics.classdata).
-        if not args.no_jvm_cache:
+        # dallal_analytics.classdata).  A JVM already running (an embedder's
+        # session) is joined as it is, and left running.
+        if not args.no_jvm_cache and not jvmRunning():
             archive = ClassDataArchive.find([*JVM_OPTIONS, f"-Xmx{args.driver_memory}"])
     spark = buildSession(
         master=args.master,

@@ -6,7 +6,6 @@ this module with C{pytest_plugins} and reach what it holds through fixtures
 One SparkSession serves every test: starting a JVM costs seconds.
 """
 
-import os
 import shutil
 import sys
 import time
@@ -30,14 +29,12 @@ def reportCache(tmp_path_factory):
     The report's archives of JVM classes (dallal_analytics.classdata) go
     under pytest's tmp path, not the user's cache.
     """
-    variable = "DALLAL_REPORT_CACHE"
-    before = os.environ.get(variable)
-    os.environ[variable] = str(tmp_path_factory.mktemp("report-cache"))
-    yield os.environ[variable]
-    if before is None:
-        del os.environ[variable]
-    else:
-        os.environ[variable] = before
+    from dallal_analytics.classdata import CACHE_VARIABLE
+
+    folder = tmp_path_factory.mktemp("report-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CACHE_VARIABLE, str(folder))
+        yield folder
 
 
 def requireJava():

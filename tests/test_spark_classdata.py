@@ -219,6 +219,8 @@ def test_the_report_uses_an_archive_embedded_on_a_local_master_only(
 
     monkeypatch.setattr(report, "startReadingAhead", lambda paths: None)
     monkeypatch.setattr(report, "buildSession", buildSession)
+    # As in a process of its own: the tests' session may be running.
+    monkeypatch.setattr(report, "jvmRunning", lambda: False)
     monkeypatch.setattr(
         report.ClassDataArchive, "find",
         classmethod(lambda cls, options: cls(tmp_path, "driver")),
@@ -231,6 +233,35 @@ def test_the_report_uses_an_archive_embedded_on_a_local_master_only(
     unfinished = tmp_path / f"driver.jsa.{os.getpid()}.tmp"
     writing = [f"-XX:ArchiveClassesAtExit={unfinished}", classdata.QUIET]
     assert given == [writing, writing, (), ()]
+
+
+def test_no_archive_for_a_jvm_already_running(spark, monkeypatch, tmp_path, classdata):
+    """
+    Called where a session already runs (an embedder's), the report joins
+    its JVM: options would not apply to it, and ending it to write an
+    archive would end the embedder's session.
+    """
+    import report
+
+    class Started(Exception):
+        pass
+
+    given = []
+
+    def buildSession(**options):
+        given.append(options["driverJavaOptions"])
+        raise Started
+
+    monkeypatch.setattr(report, "startReadingAhead", lambda paths: None)
+    monkeypatch.setattr(report, "buildSession", buildSession)
+    monkeypatch.setattr(
+        report.ClassDataArchive, "find",
+        classmethod(lambda cls, options: cls(tmp_path, "driver")),
+    )
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    with pytest.raises(Started):
+        report.main(["logs", "--out", "report"])
+    assert given == [()]
 
 
 def test_a_second_report_loads_sparks_classes_from_the_archive(

@@ -118,6 +118,17 @@ def _launchQuietGateway(conf):
     return gateway
 
 
+def jvmRunning():
+    """
+    Whether this process already has a JVM to talk to (spark-submit's, or
+    one an earlier session started): a new session joins it, and JVM
+    options given now are not applied.
+    """
+    from pyspark.core.context import SparkContext
+
+    return launchedBySparkSubmit() or SparkContext._gateway is not None
+
+
 def driverProcess():
     """
     The driver's JVM, if this process started it (embedded); C{None} under
@@ -143,7 +154,7 @@ def buildSession(master=None, appName="dallal-report", shufflePartitions=None,
         of the system's temporary folder and the working directory.
     @param driverJavaOptions: more options for the driver's JVM (those of
         a L{dallal_analytics.classdata.ClassDataArchive}); only effective
-        when embedded.
+        when this call starts the JVM (see L{jvmRunning}).
     """
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -221,7 +232,7 @@ def buildSession(master=None, appName="dallal-report", shufflePartitions=None,
     # of alternated runs, every table and summary.json equal).
     conf.setIfMissing("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
 
-    if not submitted and SparkContext._gateway is None:
+    if not jvmRunning():
         SparkContext(conf=conf, gateway=_launchQuietGateway(conf))
     session = SparkSession.builder.config(conf=conf).getOrCreate()
     # Under spark-submit log4j was configured by the submitter: quiet what
