@@ -203,9 +203,13 @@ def test_only_the_most_recently_used_archives_are_kept(tmp_path, javaHome, class
     )
 
 
-def test_the_report_uses_an_archive_embedded_on_a_local_master_only(
-    monkeypatch, tmp_path, classdata
-):
+@pytest.fixture
+def archiveOptions(monkeypatch, tmp_path):
+    """
+    Runs C{report.main} with these arguments up to the start of Spark, an
+    archive C{driver} in C{tmp_path} to be had: the JVM options of the
+    archive it gave the session.
+    """
     import report
 
     class Started(Exception):
@@ -219,49 +223,42 @@ def test_the_report_uses_an_archive_embedded_on_a_local_master_only(
 
     monkeypatch.setattr(report, "startReadingAhead", lambda paths: None)
     monkeypatch.setattr(report, "buildSession", buildSession)
-    # As in a process of its own: the tests' session may be running.
-    monkeypatch.setattr(report, "jvmRunning", lambda: False)
     monkeypatch.setattr(
         report.ClassDataArchive, "find",
         classmethod(lambda cls, options: cls(tmp_path, "driver")),
     )
     monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
-    for more in ([], ["--master", "local[2]"], ["--master", "spark://head:7077"],
-                 ["--no-jvm-cache"]):
+
+    def run(*arguments):
         with pytest.raises(Started):
-            report.main(["logs", "--out", "report", *more])
+            report.main(["logs", "--out", "report", *arguments])
+        return given.pop()
+
+    return run
+
+
+def test_the_report_uses_an_archive_embedded_on_a_local_master_only(
+    archiveOptions, monkeypatch, tmp_path, classdata
+):
+    import report
+
+    # As in a process of its own: the tests' session may be running.
+    monkeypatch.setattr(report, "jvmRunning", lambda: False)
     unfinished = tmp_path / f"driver.jsa.{os.getpid()}.tmp"
     writing = [f"-XX:ArchiveClassesAtExit={unfinished}", classdata.QUIET]
-    assert given == [writing, writing, (), ()]
+    assert archiveOptions() == writing
+    assert archiveOptions("--master", "local[2]") == writing
+    assert archiveOptions("--master", "spark://head:7077") == ()
+    assert archiveOptions("--no-jvm-cache") == ()
 
 
-def test_no_archive_for_a_jvm_already_running(spark, monkeypatch, tmp_path, classdata):
+def test_no_archive_for_a_jvm_already_running(spark, archiveOptions):
     """
     Called where a session already runs (an embedder's), the report joins
     its JVM: options would not apply to it, and ending it to write an
     archive would end the embedder's session.
     """
-    import report
-
-    class Started(Exception):
-        pass
-
-    given = []
-
-    def buildSession(**options):
-        given.append(options["driverJavaOptions"])
-        raise Started
-
-    monkeypatch.setattr(report, "startReadingAhead", lambda paths: None)
-    monkeypatch.setattr(report, "buildSession", buildSession)
-    monkeypatch.setattr(
-        report.ClassDataArchive, "find",
-        classmethod(lambda cls, options: cls(tmp_path, "driver")),
-    )
-    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
-    with pytest.raises(Started):
-        report.main(["logs", "--out", "report"])
-    assert given == [()]
+    assert archiveOptions() == ()
 
 
 def test_a_second_report_loads_sparks_classes_from_the_archive(
