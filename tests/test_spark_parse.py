@@ -48,6 +48,13 @@ def test_every_documented_event(spark, tmp_path, logLines):
     rows = {row["event"]: row for row in events(spark, logLines.write(tmp_path / "twistd.log", lines))}
     assert len(rows) == len(lines)
     assert all(row["t"] == pytest.approx(T, abs=1e-6) for row in rows.values())
+    # The per-message events are numbered, the others are 0.
+    from dallal_analytics import parse
+
+    assert {name: row["event_number"] for name, row in rows.items()} == {
+        name: parse.MESSAGE_EVENTS.index(name) + 1 if name in parse.MESSAGE_EVENTS else 0
+        for name in rows
+    }
     assert rows["listening"]["address"] == "[::1]:1373"
     assert (rows["disconnect"]["reason"], rows["disconnect"]["subscriptions"]) == ("missed_pings", 2)
     assert rows["subscribe"]["mode"] == "latest"
@@ -113,6 +120,10 @@ def test_message_events_by_position_or_by_name(spark, tmp_path, logLines):
         (12, "all", 4, 2), (13, "all", 4, 2), (14, "all", 4, 1),
     ]
     assert (rows[7]["topic"], rows[7]["client"]) == ("météo/zürich", "127.0.0.1:50124")
+    # By position or by name, an event has its number.
+    assert [(row["event"], row["event_number"]) for row in rows] == [("publish", 1)] * 5 + [
+        ("deliver", 3)
+    ] * 3
 
 
 def test_positions_are_those_of_the_catalogue():

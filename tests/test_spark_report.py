@@ -278,6 +278,28 @@ def test_odd_event_lines_are_never_fatal(spark, logLines, tmp_path):
     assert "<svg" in (tmp_path / "out" / "report.html").read_text()
 
 
+def test_events_are_told_by_number_or_by_name(spark):
+    """
+    The per-message events are chosen by their number, the others by name,
+    an event of a name no broker logs included; lines that are no events
+    are never chosen.
+    """
+    from dallal_analytics import questions
+
+    frame = spark.createDataFrame(
+        [("deliver", 3), ("publish", 1), ("connect", 0), ("unheard_of", 0), (None, None)],
+        "event string, event_number int",
+    )
+
+    def chosen(*names):
+        return sorted(row.event for row in frame.where(questions.isEvent(*names)).collect())
+
+    assert chosen("deliver") == ["deliver"]
+    assert chosen("deliver", "connect") == ["connect", "deliver"]
+    assert chosen("publish", "unheard_of") == ["publish", "unheard_of"]
+    assert chosen("connect", "disconnect") == ["connect"]
+
+
 def test_sys_statistics_count_as_the_broker_counts_them(spark, tmp_path, logLines):
     """
     The broker's own $SYS publishes are part of its published and bytes_in

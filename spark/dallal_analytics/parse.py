@@ -323,12 +323,12 @@ def _allColumns(columns):
     """
     L{parseLines}' columns, from C{columns} (name -> column) or null.
     """
-    types = {"t": "DOUBLE", **FIELD_TYPES, "stats": "map<string,bigint>"}
+    types = {"t": "DOUBLE", EVENT_NUMBER: "INT", **FIELD_TYPES, "stats": "map<string,bigint>"}
     return [
         (columns[name] if name in columns
          else F.lit(None).cast(types.get(name, "STRING"))).alias(name)
-        for name in ("kind", "level", "event", "t", *INT_FIELDS, *FLOAT_FIELDS, *BOOL_FIELDS,
-                     *TEXT_FIELDS, "stats", "raw")
+        for name in ("kind", "level", "event", EVENT_NUMBER, "t", *INT_FIELDS, *FLOAT_FIELDS,
+                     *BOOL_FIELDS, *TEXT_FIELDS, "stats", "raw")
     ]
 
 
@@ -354,6 +354,7 @@ def messageEvents(split):
     return split.where(F.col(OTHER_LINE).isNull()).select(*_allColumns({
         "kind": F.lit(EVENT),
         "event": codeName(F.col(EVENT_NUMBER), MESSAGE_EVENTS),
+        EVENT_NUMBER: F.col(EVENT_NUMBER),
         **columns,
     }))
 
@@ -441,6 +442,7 @@ def parseOtherLines(split):
         "kind": F.col("kind"),
         "level": F.col("level"),
         "event": F.col("event"),
+        EVENT_NUMBER: nameCode(F.col("event"), MESSAGE_EVENTS),
         "t": _eventTime(),
         **{name: _believedField(name) for name in FIELD_TYPES},
         "stats": F.col("stats"),
@@ -457,7 +459,9 @@ def combine(split, others):
 
 def parseLines(lines):
     """
-    One row per input line: its C{kind}, and for events their typed fields.
+    One row per input line: its C{kind}, and for events their C{event}
+    name, its L{EVENT_NUMBER} (0 for an event that is not per-message),
+    and their typed fields.
 
     A field missing from an event, or whose value does not parse as its
     type, is null.  C{t} falls back on twistd's one-second time when an

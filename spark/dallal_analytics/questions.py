@@ -21,11 +21,14 @@ table: text in a sum's buffer would make it sort every event.  Text
 (clients, transports, reasons) is a grouping key instead.
 """
 
+import functools
 import math
 
 from pyspark.sql import Window, functions as F
 
-from dallal_analytics.parse import EVENT, EVENT_NUMBER, codeName, eventNumberOf, nameCode
+from dallal_analytics.parse import (
+    EVENT, EVENT_NUMBER, MESSAGE_EVENTS, codeName, eventNumberOf, nameCode,
+)
 
 DROP_REASONS = (
     "queue_full", "slow_consumer", "disconnected", "redelivery_limit", "superseded",
@@ -52,9 +55,9 @@ BRIDGE_TRANSPORT = "bridge"
 # The columns of the parsed lines the questions read: what the report
 # caches.
 EVENT_COLUMNS = (
-    "event", "t", "mid", "bytes", "session", "subscribers", "attempt", "by", "latency",
-    "fatal", "count", "topic", "client", "transport", "mode", "reason", "code", "address",
-    "stats", "hops", "bridge",
+    "event", EVENT_NUMBER, "t", "mid", "bytes", "session", "subscribers", "attempt", "by",
+    "latency", "fatal", "count", "topic", "client", "transport", "mode", "reason", "code",
+    "address", "stats", "hops", "bridge",
 )
 
 col = F.col
@@ -74,7 +77,19 @@ def cachedColumns(split):
 
 
 def isEvent(*names):
-    return col("event").isin(*names)
+    """
+    Whether an event is one of C{names}: the per-message events by their
+    L{EVENT_NUMBER} (nearly every event is one, and comparing numbers is
+    cheaper than comparing names), the others by name.
+    """
+    numbers = [eventNumberOf(name) for name in names if name in MESSAGE_EVENTS]
+    others = [name for name in names if name not in MESSAGE_EVENTS]
+    conditions = []
+    if numbers:
+        conditions.append(col(EVENT_NUMBER).isin(*numbers))
+    if others:
+        conditions.append((col(EVENT_NUMBER) == 0) & col("event").isin(*others))
+    return functools.reduce(lambda left, right: left | right, conditions)
 
 
 # A send with no attempt (logs of brokers before acknowledged delivery) is a
@@ -278,10 +293,13 @@ def eventSummary(events, sizes, windowSeconds):
     sends = events.select(
         "*", F.when(isEvent("deliver"), _messageKey()).alias("message_key")
     ).join(sizes, "message_key", "left")
-    return sends.groupBy(
+    summed = sends.groupBy(
         "run",
         "session",
-        "event",
+        # The per-message events by their number only: comparing their
+        # names in the key cost more.
+        EVENT_NUMBER,
+        F.when(col(EVENT_NUMBER) == 0, col("event")).alias("event"),
         # A session's other events name its client: its sends, nearly half
         # the log, leave it out of their key, where comparing it cost a
         # quarter of this aggregation.  Without a session (older logs) the
@@ -311,6 +329,9 @@ def eventSummary(events, sizes, windowSeconds):
         F.min("t").alias("first_t"),
         F.max("t").alias("last_t"),
     )
+    return summed.withColumn("event", F.when(
+        col(EVENT_NUMBER) > 0, codeName(col(EVENT_NUMBER), MESSAGE_EVENTS)
+    ).otherwise(col("event")))
 
 
 # Sessions and runs
