@@ -21,7 +21,6 @@ table: text in a sum's buffer would make it sort every event.  Text
 (clients, transports, reasons) is a grouping key instead.
 """
 
-import functools
 import math
 
 from pyspark.sql import Window, functions as F
@@ -84,12 +83,13 @@ def isEvent(*names):
     """
     numbers = [eventNumberOf(name) for name in names if name in MESSAGE_EVENTS]
     others = [name for name in names if name not in MESSAGE_EVENTS]
-    conditions = []
-    if numbers:
-        conditions.append(col(EVENT_NUMBER).isin(*numbers))
-    if others:
-        conditions.append((col(EVENT_NUMBER) == 0) & col("event").isin(*others))
-    return functools.reduce(lambda left, right: left | right, conditions)
+    byNumber = col(EVENT_NUMBER).isin(*numbers)
+    byName = (col(EVENT_NUMBER) == 0) & col("event").isin(*others)
+    if not others:
+        return byNumber
+    if not numbers:
+        return byName
+    return byNumber | byName
 
 
 # A send with no attempt (logs of brokers before acknowledged delivery) is a
