@@ -551,7 +551,8 @@ def parseArguments(argv):
     parser.add_argument(
         "--no-jvm-cache", action="store_true",
         help="neither map nor write the archive of the JVM's classes that starts later "
-        "reports sooner (kept in $DALLAL_REPORT_CACHE, else ~/.cache/dallal-report)",
+        "reports sooner (kept in $DALLAL_REPORT_CACHE, else $XDG_CACHE_HOME/dallal-report "
+        "or ~/.cache/dallal-report)",
     )
     parser.add_argument(
         "--quiet", action="store_true", help="no progress lines on standard error"

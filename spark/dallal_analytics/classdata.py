@@ -18,10 +18,11 @@ An archive fits one Java, one set of JVM options and one class path (the
 PySpark installation's jars and Spark's configuration folder): its name is
 a digest of these, so that changing one makes a new archive rather than
 reusing one that does not fit, and its size, so that one truncated since it
-was written (which can crash the JVM that maps it) is written again.  The JVM checks it again when it maps it
-and, should it not fit or be damaged, runs without it; the options given
-here keep it silent about that, as about what it leaves out when writing
-one (the classes Spark generates, those of signed jars).
+was written (which can crash the JVM that maps it) is written again.  The
+JVM checks it again when it maps it and, should it not fit or be damaged,
+runs without it; the options given here keep it silent about that, as about
+what it leaves out when writing one (the classes Spark generates, those of
+signed jars).
 """
 
 import hashlib

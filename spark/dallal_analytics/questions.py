@@ -277,7 +277,7 @@ def messageSizes(events, messages):
 
 def eventSummary(events, sizes, windowSeconds):
     """
-    The events counted and summed per run, session, event name, and what
+    The events counted and summed per run, session, event (see L{isEvent}), and what
     the questions group them by, where it applies: client and transport,
     the window and topic of publishes, sends and trouble, and in C{detail}
     the reason of disconnects and drops, the code of refusals, the address
@@ -293,11 +293,12 @@ def eventSummary(events, sizes, windowSeconds):
     sends = events.select(
         "*", F.when(isEvent("deliver"), _messageKey()).alias("message_key")
     ).join(sizes, "message_key", "left")
-    summed = sends.groupBy(
+    return sends.groupBy(
         "run",
         "session",
-        # The per-message events by their number only: comparing their
-        # names in the key cost more.
+        # The per-message events by their number only (their name is null
+        # here: L{isEvent} does not read it): comparing their names in the
+        # key cost more.
         EVENT_NUMBER,
         F.when(col(EVENT_NUMBER) == 0, col("event")).alias("event"),
         # A session's other events name its client: its sends, nearly half
@@ -329,9 +330,6 @@ def eventSummary(events, sizes, windowSeconds):
         F.min("t").alias("first_t"),
         F.max("t").alias("last_t"),
     )
-    return summed.withColumn("event", F.when(
-        col(EVENT_NUMBER) > 0, codeName(col(EVENT_NUMBER), MESSAGE_EVENTS)
-    ).otherwise(col("event")))
 
 
 # Sessions and runs
