@@ -424,11 +424,13 @@ def test_bad_shuffle_partitions(text, capsys):
 def test_the_jvm_runs_with_the_reports_options(spark):
     """
     The driver JVM compiles huge methods, collects garbage for throughput,
-    keeps its optimizing compiler for the hottest code and has room for
-    Spark's generated classes up front (docs/ANALYTICS.md, "How it
-    computes"): the options are in effect, not only on its command line.
+    keeps its optimizing compiler for the hottest code and from Spark's
+    planning code (the compiler directives: a JVM does not start with a
+    file it cannot read) and has room for Spark's generated classes up
+    front (docs/ANALYTICS.md, "How it computes"): the options are in
+    effect, not only on its command line.
     """
-    from dallal_analytics.session import JVM_OPTIONS
+    from dallal_analytics.session import COMPILER_DIRECTIVES, JVM_OPTIONS
 
     jvm = spark._jvm
     arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
@@ -440,14 +442,44 @@ def test_the_jvm_runs_with_the_reports_options(spark):
         name: hotspot.getVMOption(name).getValue()
         for name in ("DontCompileHugeMethods", "UseParallelGC", "Tier4InvocationThreshold",
                      "Tier4MinInvocationThreshold", "Tier4CompileThreshold",
-                     "Tier4BackEdgeThreshold", "ReservedCodeCacheSize", "MetaspaceSize")
+                     "Tier4BackEdgeThreshold", "ReservedCodeCacheSize", "MetaspaceSize",
+                     "CompilerDirectivesFile", "DisplayVMOutputToStderr")
     }
     assert values == {
         "DontCompileHugeMethods": "false", "UseParallelGC": "true",
         "Tier4InvocationThreshold": "50000", "Tier4MinInvocationThreshold": "6000",
         "Tier4CompileThreshold": "150000", "Tier4BackEdgeThreshold": "400000",
         "ReservedCodeCacheSize": str(512 << 20), "MetaspaceSize": str(256 << 20),
+        "CompilerDirectivesFile": str(COMPILER_DIRECTIVES), "DisplayVMOutputToStderr": "true",
     }
+
+
+def test_classes_initialized_ahead_exist_and_a_missing_one_is_skipped(spark, monkeypatch):
+    """
+    The classes whose first use costs a second are initialized from a
+    thread while the JVM starts (docs/ANALYTICS.md, "How it computes"):
+    this Spark has them (else that would silently do nothing), and one
+    that a Spark lacks is skipped without an error.
+    """
+    import threading
+
+    from dallal_analytics import session
+
+    jvm = spark._jvm
+    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+    for name in session.CLASSES_TO_INITIALIZE_AHEAD:
+        # Found, not initialized: the name has not changed in this Spark.
+        assert jvm.java.lang.Class.forName(name, False, loader).getName() == name
+    monkeypatch.setattr(
+        session, "CLASSES_TO_INITIALIZE_AHEAD",
+        ("org.example.NoSuchClass", *session.CLASSES_TO_INITIALIZE_AHEAD),
+    )
+    uncaught = []
+    monkeypatch.setattr(threading, "excepthook", uncaught.append)
+    thread = session._initializeAhead(spark.sparkContext._gateway)
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert uncaught == []
 
 
 def test_aggregations_work_outside_the_heap(spark):
@@ -477,23 +509,27 @@ def test_columns_carry_no_python_call_site(spark):
 def test_jvm_noise_is_filtered_from_standard_error():
     """
     The lines a JVM writes before logging exists (the incubator module
-    Spark adds, and on Java 25 a package it no longer has) do not reach
-    the user; anything else the JVM says does, in order.
+    Spark adds, on Java 25 a package it no longer has, and the count of
+    compiler directives read) do not reach the user; anything else the JVM
+    says does, in order.
     """
     import io
 
     from dallal_analytics.session import _forwardStderr
 
     jvm = io.BytesIO(
+        b"1 compiler directives added\n"
         b"WARNING: Using incubator modules: jdk.incubator.vector\n"
         b"WARNING: package sun.security.action not in java.base\n"
         b"Error: Could not find or load main class\n"
+        b"Could not load file: compiler directives added\n"
         b"WARNING: something the user should see\n"
     )
     seen = io.BytesIO()
     _forwardStderr(jvm, seen)
     assert seen.getvalue() == (
         b"Error: Could not find or load main class\n"
+        b"Could not load file: compiler directives added\n"
         b"WARNING: something the user should see\n"
     )
 

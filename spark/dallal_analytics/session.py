@@ -10,20 +10,35 @@ only settings that are still missing are added.
 """
 
 import os
+import re
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
 LOG4J_CONFIGURATION = Path(__file__).with_name("log4j2.properties")
+# Which code the optimizing compiler leaves alone (see JVM_OPTIONS).
+COMPILER_DIRECTIVES = Path(__file__).with_name("compiler-directives.json")
 
-# Lines a JVM writes on standard error before any logging exists, which no
-# logging setting silences: Spark adds --add-modules=jdk.incubator.vector to
-# every JVM it starts, and the JVM announces it; and it opens
-# sun.security.action to itself, a package that Java 25 no longer has.
-JVM_NOISE = (
-    b"WARNING: Using incubator modules:",
-    b"WARNING: package sun.security.action not in java.base",
+# Lines a JVM writes before any logging exists, which no logging setting
+# silences: Spark adds --add-modules=jdk.incubator.vector to every JVM it
+# starts, and the JVM announces it; it opens sun.security.action to itself,
+# a package that Java 25 no longer has; and the JVM counts the compiler
+# directives it read (on standard output, sent to standard error with the
+# rest of its own output: see compilerDirectiveOptions).
+JVM_NOISE = re.compile(
+    rb"WARNING: Using incubator modules:"
+    rb"|WARNING: package sun\.security\.action not in java\.base"
+    rb"|\d+ compiler directives added$"
+)
+
+# Classes whose first use costs a core about a second, initialized while the
+# JVM starts (see _initializeAhead): Spark 4's table of the characters whose
+# title case is several characters, which it builds by asking ICU about
+# each of the 1,114,112 Unicode code points as the class is initialized (by
+# a task, the first time one runs code that needs it).
+CLASSES_TO_INITIALIZE_AHEAD = (
+    "org.apache.spark.sql.catalyst.util.CollationAwareUTF8String",
 )
 
 # Chosen when the report moved every event of every message once (now only
@@ -58,6 +73,11 @@ LOCAL_FILE_OPEN_COST = 256 * 1024
 #   compiled code or class metadata have grown by a threshold: Spark's
 #   generated classes grow both, and room for them up front removes those
 #   collections (at a million lines, pauses 0.84 s -> 0.55).
+# The compiler directives (COMPILER_DIRECTIVES) keep C2 from the code that
+# runs while Spark plans queries, generates and compiles code and ships
+# tasks (Janino, Catalyst's rules, Java serialization): C1 compiles it, and
+# C2 has the per-row code alone (at ten million lines, 2 to 6 CPU-seconds
+# less, see compilerDirectiveOptions).
 # docs/ANALYTICS.md has the measurements.
 JVM_OPTIONS = (
     "-XX:-DontCompileHugeMethods",
@@ -93,9 +113,33 @@ def launchedBySparkSubmit():
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+def compilerDirectiveOptions():
+    """
+    The JVM options that apply L{COMPILER_DIRECTIVES}, for JVMs of this
+    machine (a JVM does not start without the file); none if the file is
+    not there (the package was shipped without it).
+
+    At ten million lines the report took 2 to 6 CPU-seconds less in each
+    of three pairs of alternated runs, on Java 17 and on Java 25
+    (docs/ANALYTICS.md).  The option needs the diagnostic options
+    unlocked; the JVM then writes a line on standard output, which it is
+    told to write on standard error, where L{JVM_NOISE} filters it.
+    """
+    if not COMPILER_DIRECTIVES.is_file():
+        return []
+    # Spark splits the options' text as a shell would: the path is quoted,
+    # in case it holds spaces.
+    path = str(COMPILER_DIRECTIVES).replace("\\", "\\\\").replace('"', '\\"')
+    return [
+        "-XX:+UnlockDiagnosticVMOptions",
+        "-XX:+DisplayVMOutputToStderr",
+        f'"-XX:CompilerDirectivesFile={path}"',
+    ]
+
+
 def _forwardStderr(stream, destination):
     for line in stream:
-        if not line.startswith(JVM_NOISE):
+        if not JVM_NOISE.match(line):
             destination.write(line)
             destination.flush()
 
@@ -116,6 +160,31 @@ def _launchQuietGateway(conf):
         daemon=True,
     ).start()
     return gateway
+
+
+def _initializeAhead(gateway):
+    """
+    Initialize L{CLASSES_TO_INITIALIZE_AHEAD} in the JVM of C{gateway}, from
+    a thread of its own, while this one goes on starting Spark: the JVM
+    starts on one core, mostly, and the other is idle then.  Otherwise a
+    task initializes them while every core parses the log (about a second
+    of one core on Java 17 and on Java 25).  A class that this Spark does
+    not have is skipped.
+    """
+    from py4j.protocol import Py4JError
+
+    def initialize():
+        for name in CLASSES_TO_INITIALIZE_AHEAD:
+            try:
+                gateway.jvm.java.lang.Class.forName(name)
+            except Py4JError:
+                # Not in this version of Spark, or the JVM has already
+                # stopped: there is nothing to do ahead.
+                pass
+
+    thread = threading.Thread(target=initialize, name="initialize-ahead", daemon=True)
+    thread.start()
+    return thread
 
 
 def jvmRunning():
@@ -179,7 +248,7 @@ def buildSession(master=None, appName="dallal-report", shufflePartitions=None,
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
     log4j = f"-Dlog4j2.configurationFile={LOG4J_CONFIGURATION.as_uri()}"
-    javaOptions = [log4j, *JVM_OPTIONS]
+    javaOptions = [log4j, *JVM_OPTIONS, *compilerDirectiveOptions()]
     if tmpDir is not None:
         javaOptions.append(f"-Djava.io.tmpdir={tmpDir}")
         conf.set("spark.local.dir", str(tmpDir))
@@ -233,7 +302,9 @@ def buildSession(master=None, appName="dallal-report", shufflePartitions=None,
     conf.setIfMissing("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
 
     if not jvmRunning():
-        SparkContext(conf=conf, gateway=_launchQuietGateway(conf))
+        gateway = _launchQuietGateway(conf)
+        _initializeAhead(gateway)
+        SparkContext(conf=conf, gateway=gateway)
     session = SparkSession.builder.config(conf=conf).getOrCreate()
     # Under spark-submit log4j was configured by the submitter: quiet what
     # follows at least.
