@@ -454,6 +454,62 @@ def test_the_jvm_runs_with_the_reports_options(spark):
     }
 
 
+# Run in a process of its own: buildSession with the thread that
+# initializes classes ahead watched.
+INITIALIZED_AHEAD_SCRIPT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from dallal_analytics import session
+started = []
+initializeAhead = session._initializeAhead
+def watched(gateway):
+    thread = initializeAhead(gateway)
+    started.append(thread)
+    return thread
+session._initializeAhead = watched
+spark = session.buildSession(master="local[1]", driverMemory="512m", tmpDir=sys.argv[2])
+for thread in started:
+    thread.join(60)
+print(len(started), [thread.is_alive() for thread in started])
+spark.stop()
+"""
+
+
+def test_a_session_starting_its_jvm_initializes_classes_ahead(spark, tmp_path):
+    """
+    buildSession, when it starts the JVM for a master whose tasks run in
+    the driver, has the classes initialized ahead, from a thread that ends.
+    """
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from dallal_analytics import session
+
+    sparkFolder = Path(session.__file__).resolve().parent.parent
+    result = subprocess.run(
+        [sys.executable, "-c", INITIALIZED_AHEAD_SCRIPT, str(sparkFolder), str(tmp_path)],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "1 [False]"
+
+
+@pytest.mark.parametrize("master, inDriver", [
+    ("local", True), ("local[2]", True), ("local[*]", True), ("local[4, 2]", True),
+    ("local-cluster[2,1,1024]", False), ("spark://host:7077", False), ("yarn", False),
+])
+def test_where_tasks_run(master, inDriver):
+    """
+    Only local masters run the tasks in the driver's JVM, where classes
+    initialized ahead spare them the cost; local-cluster's executors are
+    JVMs of their own.
+    """
+    from dallal_analytics.session import tasksRunInDriver
+
+    assert tasksRunInDriver(master) == inDriver
+
+
 def test_classes_initialized_ahead_exist_and_a_missing_one_is_skipped(spark, monkeypatch):
     """
     The classes whose first use costs a second are initialized from a
@@ -517,21 +573,21 @@ def test_jvm_noise_is_filtered_from_standard_error():
 
     from dallal_analytics.session import _forwardStderr
 
+    said = (
+        b"Error: Could not find or load main class\n"
+        b"Could not load file: /tmp/compiler-directives.json\n"
+        b"[0.1s] 1 compiler directives added\n"
+        b"1 compiler directives added (of 2)\n"
+        b"WARNING: something the user should see\n"
+    )
     jvm = io.BytesIO(
         b"1 compiler directives added\n"
         b"WARNING: Using incubator modules: jdk.incubator.vector\n"
-        b"WARNING: package sun.security.action not in java.base\n"
-        b"Error: Could not find or load main class\n"
-        b"Could not load file: compiler directives added\n"
-        b"WARNING: something the user should see\n"
+        b"WARNING: package sun.security.action not in java.base\n" + said
     )
     seen = io.BytesIO()
     _forwardStderr(jvm, seen)
-    assert seen.getvalue() == (
-        b"Error: Could not find or load main class\n"
-        b"Could not load file: compiler directives added\n"
-        b"WARNING: something the user should see\n"
-    )
+    assert seen.getvalue() == said
 
 
 def test_rotated_files_are_packed_into_few_tasks(spark, tmp_path, logLines):

@@ -3,8 +3,9 @@ A quiet SparkSession for the report, embedded or under spark-submit.
 
 Embedded (C{python spark/report.py}), this module starts the JVM itself: it
 pins the Python executables, binds to 127.0.0.1 for local masters, points
-log4j at the errors-only configuration beside this file and filters the one
-line the JVM prints on standard error that no logging setting silences.
+log4j at the errors-only configuration beside this file, gives the JVM the
+compiler directives beside it too, and filters the lines the JVM prints
+before any logging exists (L{JVM_NOISE}).
 Under C{spark-submit} the JVM already runs with the submitter's options, so
 only settings that are still missing are added.
 """
@@ -76,8 +77,8 @@ LOCAL_FILE_OPEN_COST = 256 * 1024
 # The compiler directives (COMPILER_DIRECTIVES) keep C2 from the code that
 # runs while Spark plans queries, generates and compiles code and ships
 # tasks (Janino, Catalyst's rules, Java serialization): C1 compiles it, and
-# C2 has the per-row code alone (at ten million lines, 2 to 6 CPU-seconds
-# less, see compilerDirectiveOptions).
+# C2 is left for the rest, the per-row code above all (at ten million
+# lines, 2 to 6 CPU-seconds less, see compilerDirectiveOptions).
 # docs/ANALYTICS.md has the measurements.
 JVM_OPTIONS = (
     "-XX:-DontCompileHugeMethods",
@@ -113,6 +114,14 @@ def launchedBySparkSubmit():
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+def _quotedOption(option):
+    """
+    A JVM option as Spark's launcher reads the options' text (split as a
+    shell would): quoted, in case it holds a path with spaces.
+    """
+    return '"' + option.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def compilerDirectiveOptions():
     """
     The JVM options that apply L{COMPILER_DIRECTIVES}, for JVMs of this
@@ -127,13 +136,10 @@ def compilerDirectiveOptions():
     """
     if not COMPILER_DIRECTIVES.is_file():
         return []
-    # Spark splits the options' text as a shell would: the path is quoted,
-    # in case it holds spaces.
-    path = str(COMPILER_DIRECTIVES).replace("\\", "\\\\").replace('"', '\\"')
     return [
         "-XX:+UnlockDiagnosticVMOptions",
         "-XX:+DisplayVMOutputToStderr",
-        f'"-XX:CompilerDirectivesFile={path}"',
+        _quotedOption(f"-XX:CompilerDirectivesFile={COMPILER_DIRECTIVES}"),
     ]
 
 
@@ -160,6 +166,14 @@ def _launchQuietGateway(conf):
         daemon=True,
     ).start()
     return gateway
+
+
+def tasksRunInDriver(master):
+    """
+    Whether the tasks run in the driver's JVM (C{local}, C{local[4]}), rather
+    than in executor JVMs (C{local-cluster[...]}, a cluster's).
+    """
+    return master == "local" or master.startswith("local[")
 
 
 def _initializeAhead(gateway):
@@ -250,7 +264,7 @@ def buildSession(master=None, appName="dallal-report", shufflePartitions=None,
     log4j = f"-Dlog4j2.configurationFile={LOG4J_CONFIGURATION.as_uri()}"
     javaOptions = [log4j, *JVM_OPTIONS, *compilerDirectiveOptions()]
     if tmpDir is not None:
-        javaOptions.append(f"-Djava.io.tmpdir={tmpDir}")
+        javaOptions.append(_quotedOption(f"-Djava.io.tmpdir={tmpDir}"))
         conf.set("spark.local.dir", str(tmpDir))
         conf.set("spark.sql.warehouse.dir", str(Path(tmpDir) / "warehouse"))
     defaults = {
@@ -303,7 +317,9 @@ def buildSession(master=None, appName="dallal-report", shufflePartitions=None,
 
     if not jvmRunning():
         gateway = _launchQuietGateway(conf)
-        _initializeAhead(gateway)
+        # Executors of other JVMs would each initialize them anyway.
+        if tasksRunInDriver(effectiveMaster):
+            _initializeAhead(gateway)
         SparkContext(conf=conf, gateway=gateway)
     session = SparkSession.builder.config(conf=conf).getOrCreate()
     # Under spark-submit log4j was configured by the submitter: quiet what
