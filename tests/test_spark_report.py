@@ -479,6 +479,8 @@ def test_a_session_starting_its_jvm_initializes_classes_ahead(spark, tmp_path):
     """
     buildSession, when it starts the JVM for a master whose tasks run in
     the driver, has the classes initialized ahead, from a thread that ends.
+    (A JVM of its own, in another process: C{spark}, the suite's session,
+    is asked for only so that the test is skipped where Java is missing.)
     """
     import subprocess
     import sys
@@ -524,7 +526,8 @@ def test_classes_initialized_ahead_exist_and_a_missing_one_is_skipped(spark, mon
     jvm = spark._jvm
     loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
     for name in session.CLASSES_TO_INITIALIZE_AHEAD:
-        # Found, not initialized: the name has not changed in this Spark.
+        # Looked up without initializing it: the name has not changed in
+        # this Spark.
         assert jvm.java.lang.Class.forName(name, False, loader).getName() == name
     monkeypatch.setattr(
         session, "CLASSES_TO_INITIALIZE_AHEAD",
