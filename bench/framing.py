@@ -5,7 +5,7 @@ Twisted's LineReceiver copies the rest of its buffer for every line it
 splits off (twisted/twisted#6357), and a receiver that reads counted
 payloads with setRawMode/setLineMode copies it again when it hands back
 what follows a payload: a read holding thousands of frames costs time
-quadratic in its size.  dallal.framing.FrameReceiver walks the buffer with
+quadratic in its size.  dallal.protocol.framing.FrameReceiver walks the buffer with
 an offset instead.  This feeds both the same stream, cut into reads of a
 given size, and prints frames per second.
 
@@ -25,7 +25,7 @@ import time
 from twisted.internet.testing import StringTransport
 from twisted.protocols.basic import LineReceiver
 
-from dallal.framing import FrameReceiver
+from dallal.protocol.framing import FrameReceiver
 
 PAYLOAD = b"x" * 64
 

@@ -1,7 +1,7 @@
 """
 A fuzz target for everything that parses bytes from the network: the
-broker's TCP protocol (dallal.tcp.BrokerProtocol on dallal.framing), its
-UDP protocol (dallal.udp), the TCP client (dallal.client), and
+broker's TCP protocol (dallal.server.tcp.BrokerProtocol on dallal.protocol.framing), its
+UDP protocol (dallal.server.udp), the TCP client (dallal.client), and
 FrameReceiver on its own.  docs/FUZZING.md says how to run it and what it
 found.
 
@@ -62,25 +62,25 @@ def _importTargets():
     global ConnectionDone, Failure, LogLevel, StringTransport, globalLogPublisher
 
     import dallal.client
-    import dallal.core
-    import dallal.datagram
-    import dallal.framing
-    import dallal.session
-    import dallal.tcp
+    import dallal.broker.core
+    import dallal.protocol.datagram
+    import dallal.protocol.framing
+    import dallal.server.requests
+    import dallal.server.tcp
     import dallal.topics
     import dallal.topictree
-    import dallal.udp
-    import dallal.wire
+    import dallal.server.udp
+    import dallal.protocol.wire
 
     from twisted.internet.error import ConnectionDone
     from twisted.internet.testing import StringTransport
     from twisted.logger import LogLevel, globalLogPublisher
     from twisted.python.failure import Failure
 
-    from dallal import udp
+    from dallal.server import udp
     from dallal.client import DallalClientProtocol
-    from dallal.core import BrokerConfig
-    from dallal.framing import FrameReceiver
+    from dallal.broker.core import BrokerConfig
+    from dallal.protocol.framing import FrameReceiver
     from helpers import BrokerHarness
 
 

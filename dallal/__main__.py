@@ -1,3 +1,3 @@
-from dallal.cli import main
+from dallal.cli.main import main
 
 main()

@@ -2,7 +2,7 @@
 The broker's limits: what each one refuses, how a refusal is counted and
 logged, and the bookkeeping the connection and hello limits need.
 
-Every limit's value is a field of L{dallal.core.BrokerConfig} (a
+Every limit's value is a field of L{dallal.broker.core.BrokerConfig} (a
 C{twistd dallal --max-...} option; README.md, "Limits", lists them).  A
 refusal costs the client a clear C{ERR} where there is a request to answer
 (PROTOCOL.md, "Errors"), adds one to the limit's counter
@@ -83,7 +83,7 @@ UDP_CLIENTS = Limit("udp_clients", TOO_MANY_CLIENTS)
 # Over the rate, a HELLO is dropped unanswered: an answer is what a forger
 # of source addresses would want.
 HELLO_RATE = Limit("hello_rate", None)
-# A client's delivery queue (dallal.delivery): what a full one costs is
+# A client's delivery queue (dallal.broker.delivery): what a full one costs is
 # its slow-consumer policy's, seen as a gap in seq or a closed connection.
 QUEUED_MESSAGES = Limit("queued_messages", None)
 QUEUED_BYTES = Limit("queued_bytes", None)

@@ -10,7 +10,7 @@ a leading C{$} for the broker's own topics, so a client cannot publish them.
 from dallal.limits import TOPIC_LENGTH, TOPIC_LEVELS
 
 # The longest topic, and the default limit: a UDP datagram has room for a
-# message's control line with a topic this long (dallal.datagram).
+# message's control line with a topic this long (dallal.protocol.datagram).
 MAX_TOPIC_LENGTH = 256
 SEPARATOR = "/"
 

@@ -162,7 +162,7 @@ def _firstRun(t):
         eventLine(t + 10.002, "deliver", mid=5, topic="news", **s2, mode="fire", seq=3, attempt=1),
         foreignLine(t + 11, "dallal#critical", "Unhandled Error"),
         "\tTraceback (most recent call last):",
-        '\t  File "dallal/tcp.py", line 80, in lineReceived',
+        '\t  File "dallal/server/tcp.py", line 80, in lineReceived',
         "\tbuiltins.ValueError: boom",
         foreignLine(t + 12, "-", "(UDP Port 1234 Closed)"),
         "this line is no log line",

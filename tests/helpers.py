@@ -23,13 +23,13 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import Logger, formatEvent
 from twisted.python.failure import Failure
 
-from dallal import wire
-from dallal.acl import parseAcl
-from dallal.auth import BrokerRealm, Gatekeeper, PasswordFileChecker
-from dallal.core import BrokerConfig
-from dallal.events import NAMESPACE, EventLog
-from dallal.passwords import PasswordHash
-from dallal.service import DallalService
+from dallal.protocol import wire
+from dallal.security.acl import parseAcl
+from dallal.security.auth import BrokerRealm, Gatekeeper, PasswordFileChecker
+from dallal.broker.core import BrokerConfig
+from dallal.broker.events import NAMESPACE, EventLog
+from dallal.security.passwords import PasswordHash
+from dallal.server.service import DallalService
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -280,7 +280,7 @@ _SIZE_ARGUMENT = {b"MSG": 1, b"PUB": 2}
 def decodeFrames(data):
     """
     Cut what the broker wrote (or a client, such as a bridge) into
-    L{Frame}s, as PROTOCOL.md describes them (and without L{dallal.wire},
+    L{Frame}s, as PROTOCOL.md describes them (and without L{dallal.protocol.wire},
     which is under test): CRLF-terminated control lines, and after C{MSG
     <topic> <size>} or C{PUB <id> <topic> <size>} exactly C{size} bytes of
     payload and a CRLF.

@@ -1,5 +1,5 @@
 """
-L{dallal.acl}: Mosquitto's C{acl_file} format read, and its decisions on
+L{dallal.security.acl}: Mosquitto's C{acl_file} format read, and its decisions on
 topics and filters.
 """
 
@@ -8,7 +8,7 @@ import itertools
 import pytest
 from hypothesis import given, settings, strategies
 
-from dallal.acl import READ, AclError, covers, loadAcl, overlaps, parseAcl
+from dallal.security.acl import READ, AclError, covers, loadAcl, overlaps, parseAcl
 from dallal.topictree import SubscriptionTree
 
 MOSQUITTO_EXAMPLE = """\

@@ -1,5 +1,5 @@
 """
-Logins and topic permissions (L{dallal.auth}, L{dallal.acl} in the broker):
+Logins and topic permissions (L{dallal.security.auth}, L{dallal.security.acl} in the broker):
 the C{twisted.cred} checker and gatekeeper, then the broker's TCP protocol
 and UDP port on a clock with in-memory transports: what a client may do
 before and after logging in, what it reads back, and what the broker logs
@@ -17,7 +17,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
-from dallal.auth import (
+from dallal.security.auth import (
     FAILURE_DELAY,
     LOGIN_TIMEOUT,
     MAX_CONCURRENT_CHECKS,
@@ -28,8 +28,8 @@ from dallal.auth import (
     UnknownUser,
     beyondLoopback,
 )
-from dallal.acl import parseAcl
-from dallal.passwords import PasswordHash
+from dallal.security.acl import parseAcl
+from dallal.security.passwords import PasswordHash
 from helpers import (
     CHEAP_SCRYPT,
     PING_INTERVAL,

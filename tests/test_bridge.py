@@ -20,11 +20,11 @@ from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from dallal.bridge import BridgeLink, BridgeSpec, parseBridge
-from dallal.cli import formatStats
-from dallal.core import BrokerConfig
-from dallal.delivery import DeliveryConfig
-from dallal.origin import (
+from dallal.server.bridge import BridgeLink, BridgeSpec, parseBridge
+from dallal.cli.main import formatStats
+from dallal.broker.core import BrokerConfig
+from dallal.broker.delivery import DeliveryConfig
+from dallal.broker.origin import (
     MAX_HOPS,
     NAME_FILE,
     SEEN_WINDOW,
@@ -33,7 +33,7 @@ from dallal.origin import (
     SeenMessages,
     storedName,
 )
-from dallal.sysstats import SysPublisher
+from dallal.broker.sysstats import SysPublisher
 from helpers import PING_INTERVAL, BrokerHarness, decodeFrames, messages
 from test_events_catalogue import LINK_EVENTS, catalogue
 

@@ -5,9 +5,9 @@ C{--to-matching}, C{topics}, C{shell} and C{chat}, and their help.
 
 import pytest
 
-from dallal import chat
-from dallal.cli import buildParser, main
-from dallal.shell import COMMANDS
+from dallal.cli import chat
+from dallal.cli.main import buildParser, main
+from dallal.cli.shell import COMMANDS
 
 
 def parse(*argv):

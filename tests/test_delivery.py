@@ -3,7 +3,7 @@ Acknowledged delivery on a fake clock: the modes C{latest}, C{all} and
 C{fire}, redelivery, slow consumers and the broker's accounting
 (PROTOCOL.md, "Delivery"; docs/EVENTS.md), then the client's side of it.
 
-Broker-side scenarios run a real L{dallal.core.Broker} on a L{Clock}, either
+Broker-side scenarios run a real L{dallal.broker.core.Broker} on a L{Clock}, either
 with fake subscribers that record what the core hands them, or with its TCP
 protocol over a L{StringTransport} when what matters is the bytes a client
 would see.  Every scenario ends by checking that the counters add up and
@@ -21,8 +21,8 @@ from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from dallal.client import DallalClientProtocol, ReceivedMessage
-from dallal.core import BrokerConfig
-from dallal.delivery import (
+from dallal.broker.core import BrokerConfig
+from dallal.broker.delivery import (
     ALL,
     DELIVERY_COUNTERS,
     DISCONNECT,
@@ -31,7 +31,7 @@ from dallal.delivery import (
     LATEST,
     DeliveryConfig,
 )
-from dallal.interfaces import ISubscriber
+from dallal.broker.interfaces import ISubscriber
 from helpers import BrokerHarness, decodeFrames
 
 TOPIC = "news"

@@ -16,7 +16,7 @@ import pytest_twisted
 from twisted.internet import reactor
 
 from dallal.client import ServerError, connect
-from dallal.passwords import PasswordFile, PasswordHash
+from dallal.security.passwords import PasswordFile, PasswordHash
 from helpers import (
     COMMAND_TIMEOUT,
     DALLAL,

@@ -9,10 +9,11 @@ from pathlib import Path
 
 from twisted.internet.defer import fail, succeed
 
-from dallal import udp
-from dallal.delivery import ALL, FIRE, LATEST, DeliveryConfig
-from dallal.core import BrokerConfig
-from dallal.retained import StoreError
+from dallal.server import udp
+from dallal.broker.delivery import DeliveryConfig
+from dallal.modes import ALL, FIRE, LATEST
+from dallal.broker.core import BrokerConfig
+from dallal.broker.retained import StoreError
 from helpers import PING_INTERVAL, BrokerHarness, FakeDatagramTransport, resultOf
 
 # The events of a bridge's link to its remote broker.

@@ -1,5 +1,5 @@
 """
-L{dallal.framing.FrameReceiver}: control lines and counted payloads, however
+L{dallal.protocol.framing.FrameReceiver}: control lines and counted payloads, however
 the stream is cut into reads.
 """
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies
 from twisted.internet.testing import StringTransport
 
-from dallal.framing import FrameReceiver
+from dallal.protocol.framing import FrameReceiver
 from helpers import splitAt
 
 

@@ -1,5 +1,5 @@
 """
-L{dallal.keepalive.PingSweep} on a fake clock: a ping every interval, a
+L{dallal.server.keepalive.PingSweep} on a fake clock: a ping every interval, a
 report for each one missed, a drop after three in a row.
 """
 
@@ -7,7 +7,7 @@ from twisted.internet.task import Clock
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from dallal.keepalive import IPingable, PingSweep
+from dallal.server.keepalive import IPingable, PingSweep
 
 INTERVAL = 10.0
 

@@ -17,10 +17,10 @@ from twisted.logger import formatEvent, globalLogPublisher
 from twisted.python import usage
 
 from dallal import __version__, limits
-from dallal.core import BrokerConfig
-from dallal.delivery import DISCONNECT, DeliveryConfig
-from dallal.tap import Options, brokerConfig, makeService
-from dallal.tcp import REFUSAL_GRACE, RefusedConnection
+from dallal.broker.core import BrokerConfig
+from dallal.broker.delivery import DISCONNECT, DeliveryConfig
+from dallal.server.tap import Options, brokerConfig, makeService
+from dallal.server.tcp import REFUSAL_GRACE, RefusedConnection
 from helpers import (
     PING_INTERVAL,
     REPO,
@@ -548,7 +548,7 @@ LIMIT_OPTIONS = {
 }
 
 
-# The queues' limits, of dallal.delivery, are in the same table.
+# The queues' limits, of dallal.broker.delivery, are in the same table.
 QUEUE_OPTIONS = ["max-queued", "max-queued-bytes"]
 
 

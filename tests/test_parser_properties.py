@@ -19,10 +19,10 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import LogLevel, globalLogPublisher
 from twisted.python.failure import Failure
 
-from dallal import udp
+from dallal.server import udp
 from dallal.client import DallalClientProtocol, DallalDatagramClient
-from dallal.core import BrokerConfig
-from dallal.framing import FrameReceiver
+from dallal.broker.core import BrokerConfig
+from dallal.protocol.framing import FrameReceiver
 from helpers import BrokerHarness, FakeDatagramTransport, splitAt
 
 # Small limits make LINE_TOO_LONG and PAYLOAD_TOO_LARGE reachable by short

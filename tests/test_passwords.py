@@ -1,5 +1,5 @@
 """
-The password file (L{dallal.passwords}) and the C{dallal-passwd} command
+The password file (L{dallal.security.passwords}) and the C{dallal-passwd} command
 that writes it: the hash format, errors with the file and line, and the
 command run for real, with C{DALLAL_PASSWORD} and on a pseudo-terminal.
 """
@@ -12,16 +12,16 @@ import sys
 
 import pytest
 
-from dallal.passwords import (
+from dallal.security.passwords import (
     DEFAULT_N,
     PasswordFile,
     PasswordFileError,
     PasswordHash,
-    checkUserName,
 )
+from dallal.names import checkUserName
 from helpers import CHEAP_SCRYPT, COMMAND_TIMEOUT, Conversation, environmentWithout
 
-PASSWD = [sys.executable, "-m", "dallal.passwd"]
+PASSWD = [sys.executable, "-m", "dallal.cli.passwd"]
 
 
 # The hash

@@ -1,5 +1,5 @@
 """
-Tests for dallal.retained: the retained message store, in memory and on
+Tests for dallal.broker.retained: the retained message store, in memory and on
 disk, and how it fails.
 """
 
@@ -10,7 +10,7 @@ import pytest
 import pytest_twisted
 from twisted.internet import reactor
 
-from dallal.retained import FILE_NAME, SCHEMA_VERSION, RetainedStats, RetainedStore, StoreError
+from dallal.broker.retained import FILE_NAME, SCHEMA_VERSION, RetainedStats, RetainedStore, StoreError
 
 # Only turns a hang into a failure: the machine is small and shared.
 TIMEOUT = 30

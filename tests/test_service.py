@@ -1,11 +1,11 @@
 """
-L{dallal.service.DallalService}'s TCP listeners on a L{MemoryReactorClock}.
+L{dallal.server.service.DallalService}'s TCP listeners on a L{MemoryReactorClock}.
 """
 
 import pytest
 from twisted.internet.testing import MemoryReactorClock
 
-from dallal.service import DEFAULT_BACKLOG, DallalService
+from dallal.server.service import DEFAULT_BACKLOG, DallalService
 
 
 @pytest.mark.parametrize(

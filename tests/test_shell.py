@@ -1,6 +1,6 @@
 """
-The interactive commands without processes: L{dallal.shell.Shell} and
-L{dallal.chat.Chat} driving a real client over an in-memory transport, with
+The interactive commands without processes: L{dallal.cli.shell.Shell} and
+L{dallal.cli.chat.Chat} driving a real client over an in-memory transport, with
 the broker's answers typed in by the tests and what a user would see
 recorded; and the consoles, the terminal one rendered on a terminal
 emulator.
@@ -16,10 +16,10 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
-from dallal.chat import Chat, checkName
+from dallal.cli.chat import Chat, checkName
 from dallal.client import DallalClientProtocol
-from dallal.console import PipeConsole, TerminalConsole, displayable
-from dallal.shell import (
+from dallal.cli.console import PipeConsole, TerminalConsole, displayable
+from dallal.cli.shell import (
     COMMANDS,
     Shell,
     UsageError,

@@ -1,5 +1,5 @@
 """
-A broker that stops (L{dallal.service.DallalService.stopService}), on a
+A broker that stops (L{dallal.server.service.DallalService.stopService}), on a
 clock: it stops accepting connections, refuses new work with
 C{SHUTTING_DOWN}, lets what is in flight be acked for a bounded grace, then
 closes every session and logs its final counters.
@@ -8,7 +8,7 @@ closes every session and logs its final counters.
 from twisted.internet.defer import Deferred
 from twisted.internet.testing import MemoryReactorClock
 
-from dallal.core import DRAIN_CHECK_INTERVAL, BrokerConfig
+from dallal.broker.core import DRAIN_CHECK_INTERVAL, BrokerConfig
 from helpers import BrokerHarness, FakeDatagramTransport, decodeFrames, resultOf
 
 GRACE = 2.0

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from dallal.core import BrokerConfig
+from dallal.broker.core import BrokerConfig
 from helpers import REPO
 from test_udp import UdpHarness
 

@@ -165,7 +165,7 @@ def test_lines_that_are_not_events(spark, tmp_path, logLines):
         logLines.event(T, "connect", session=1, client="127.0.0.1:1", transport="tcp"),
         # A failure logged by the broker's namespace is not an event, and its
         # traceback continues on tab-indented lines.
-        logLines.foreign(T, "dallal.keepalive.PingSweep#critical", "ping sweep stopped"),
+        logLines.foreign(T, "dallal.server.keepalive.PingSweep#critical", "ping sweep stopped"),
         logLines.foreign(T, "dallal#critical", "Unhandled Error"),
         "\tTraceback (most recent call last):",
         "\tbuiltins.ValueError: event=publish mid=1",
@@ -266,7 +266,7 @@ def test_json_log_records(spark, tmp_path):
     Records of Twisted's jsonFileLogObserver, as the broker's EventLog
     emits them.
     """
-    from dallal.events import EventLog
+    from dallal.broker.events import EventLog
     from twisted.internet.task import Clock
     from twisted.logger import Logger, LogLevel, jsonFileLogObserver
 

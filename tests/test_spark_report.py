@@ -767,6 +767,6 @@ def test_suppressed_refusals_count_as_errors(spark, logLines, tmp_path):
 def test_every_drop_reason_of_the_broker_is_counted():
     from dallal_analytics import questions
 
-    from dallal.delivery import DROP_REASONS
+    from dallal.broker.delivery import DROP_REASONS
 
     assert set(questions.DROP_REASONS) == set(DROP_REASONS)

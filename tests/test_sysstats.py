@@ -6,7 +6,7 @@ broker's TCP protocol.
 
 from twisted.logger import Logger
 
-from dallal.sysstats import LOAD_WINDOWS, PREFIX, SysPublisher
+from dallal.broker.sysstats import LOAD_WINDOWS, PREFIX, SysPublisher
 from helpers import BrokerHarness, BrokerProcess, dallal, messages, subscriber
 
 INTERVAL = 10.0

@@ -1,5 +1,5 @@
 """
-L{dallal.tcp.BrokerProtocol} over in-memory transports, with a real broker
+L{dallal.server.tcp.BrokerProtocol} over in-memory transports, with a real broker
 core on a fake clock: what clients read, and what the broker logs.
 """
 
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from dallal.core import BrokerConfig
+from dallal.broker.core import BrokerConfig
 from dallal.errors import CLOSING
 from helpers import PING_INTERVAL, REPO, BrokerHarness, decodeFrames, messages, splitAt
 from test_auth import AUTH_ERRORS

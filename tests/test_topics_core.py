@@ -8,7 +8,7 @@ import json
 
 from twisted.internet.defer import succeed
 
-from dallal.retained import RetainedStats
+from dallal.broker.retained import RetainedStats
 from dallal.topictree import TopicMap
 from helpers import BrokerHarness, decodeFrames
 

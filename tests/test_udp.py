@@ -1,5 +1,5 @@
 """
-The broker over UDP (L{dallal.udp}) and the UDP client
+The broker over UDP (L{dallal.server.udp}) and the UDP client
 (L{dallal.client.DallalDatagramClient}), over in-memory datagram transports
 on a C{task.Clock}: what each side sends, what the broker logs and counts.
 """
@@ -12,10 +12,12 @@ from hypothesis import given, settings, strategies
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
-from dallal import __version__, udp
+from dallal import __version__
+
+from dallal.server import udp
 from dallal.client import DallalDatagramClient, SessionLost
-from dallal.datagram import MAX_PAYLOAD
-from dallal.retained import StoreError
+from dallal.protocol.datagram import MAX_PAYLOAD
+from dallal.broker.retained import StoreError
 from helpers import PING_INTERVAL, BrokerHarness, FakeDatagramTransport, messages, resultOf
 
 SECRET = b"a fixed secret for the tests...."

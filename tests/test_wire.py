@@ -1,12 +1,12 @@
 """
-L{dallal.wire}: the frame codec, checked against PROTOCOL.md.
+L{dallal.protocol.wire}: the frame codec, checked against PROTOCOL.md.
 """
 
 import pytest
 from hypothesis import given, settings, strategies
 
-from dallal import wire
-from dallal.core import Message
+from dallal.protocol import wire
+from dallal.broker.core import Message
 from dallal.errors import BAD_ARGUMENTS, BAD_COMMAND, BAD_ID, NO_ID, RequestError
 
 

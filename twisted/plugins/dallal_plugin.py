@@ -1,5 +1,5 @@
 from twisted.application.service import ServiceMaker
 
 Dallal = ServiceMaker(
-    "Dallal", "dallal.tap", "A publish/subscribe message broker.", "dallal"
+    "Dallal", "dallal.server.tap", "A publish/subscribe message broker.", "dallal"
 )

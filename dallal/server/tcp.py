@@ -8,7 +8,7 @@ request does is the same as over UDP: L{RequestHandler}.
 
 On a broker that takes passwords, a connection serves nothing but C{HELLO},
 C{PING}, C{PONG} and C{BYE} until its C{HELLO} logs it in
-(L{dallal.auth.Gatekeeper}).
+(L{dallal.security.auth.Gatekeeper}).
 """
 
 from twisted.internet.interfaces import IPushProducer, ISSLTransport
@@ -16,8 +16,10 @@ from twisted.internet.protocol import Protocol, ServerFactory
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from dallal import __version__, wire
-from dallal.auth import LoginFailed
+from dallal import __version__
+
+from dallal.protocol import wire
+from dallal.security.auth import LoginFailed
 from dallal.errors import (
     BAD_ARGUMENTS,
     BAD_CREDENTIALS,
@@ -27,28 +29,17 @@ from dallal.errors import (
     NOT_AUTHORIZED,
     RequestError,
 )
-from dallal.framing import FrameReceiver
-from dallal.interfaces import ISubscriber
-from dallal.keepalive import IPingable
+from dallal.protocol.framing import FrameReceiver
+from dallal.broker.interfaces import ISubscriber
+from dallal.server.keepalive import IPingable
 from dallal.limits import LINE, ConnectionTable
-from dallal.session import RequestHandler, helloLimits
+from dallal.server.addresses import formatAddress
+from dallal.server.requests import RequestHandler, helloLimits
 
 # Seconds a refused connection is given to read its ERR and close.
 REFUSAL_GRACE = 2.0
 
 
-def formatAddress(address):
-    """
-    C{host:port} for an IPv4 address, C{[host]:port} for IPv6, the type name
-    for anything else (a UNIX socket has no port to report).
-    """
-    host = getattr(address, "host", None)
-    port = getattr(address, "port", None)
-    if host is None or port is None:
-        return type(address).__name__
-    if ":" in host:
-        return f"[{host}]:{port}"
-    return f"{host}:{port}"
 
 
 class WriteBatch:
@@ -104,7 +95,7 @@ class _DeliveryValve:
     """
     Registered with the transport so that the broker stops writing to a
     client whose write buffer is full, and holds what waits in its own
-    bounded queues instead (L{dallal.delivery.Outbox}).
+    bounded queues instead (L{dallal.broker.delivery.Outbox}).
 
     The protocol itself cannot be the producer: as a L{LineReceiver} its
     C{pauseProducing} pauses I{reading} from the client.
@@ -139,7 +130,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
     """
     One TCP client of the broker.
 
-    @param gatekeeper: the broker's L{dallal.auth.Gatekeeper}, or C{None}
+    @param gatekeeper: the broker's L{dallal.security.auth.Gatekeeper}, or C{None}
         when it has neither passwords nor ACL.
     """
 
@@ -150,7 +141,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
 
     def __init__(self, broker, sweep, gatekeeper=None, batch=None, connections=None, host=None):
         """
-        @param gatekeeper: the broker's L{dallal.auth.Gatekeeper}, if any.
+        @param gatekeeper: the broker's L{dallal.security.auth.Gatekeeper}, if any.
         @param batch: the L{WriteBatch} its writes join, shared by the
             factory's connections (a new one if C{None}).
         @param connections: the L{ConnectionTable} this connection counts

@@ -42,10 +42,12 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from dallal import datagram, wire
+from dallal.protocol import datagram
+
+from dallal.protocol import wire
 from dallal.errors import BAD_TOKEN, CLOSING, NO_SESSION, RequestError
-from dallal.framing import FrameReceiver
-from dallal.passwords import checkUserName
+from dallal.protocol.framing import FrameReceiver
+from dallal.names import checkUserName
 from dallal.topics import MAX_TOPIC_LENGTH
 
 # Resending a request over UDP: after this many seconds, then twice as long

@@ -9,20 +9,20 @@ from dataclasses import replace
 from twisted.logger import LogLevel
 from twisted.python import usage
 
-from dallal.acl import AclError
-from dallal.auth import Gatekeeper
-from dallal.bridge import parseBridge
-from dallal.core import BrokerConfig
-from dallal.origin import BrokerNameError, checkName
-from dallal.passwords import PasswordFileError
-from dallal.retained import StoreError
-from dallal.delivery import SLOW_CONSUMER_POLICIES, DeliveryConfig
-from dallal.keepalive import DEFAULT_INTERVAL
+from dallal.security.acl import AclError
+from dallal.security.auth import Gatekeeper
+from dallal.server.bridge import parseBridge
+from dallal.broker.core import BrokerConfig
+from dallal.broker.origin import BrokerNameError, checkName
+from dallal.security.passwords import PasswordFileError
+from dallal.broker.retained import StoreError
+from dallal.broker.delivery import SLOW_CONSUMER_POLICIES, DeliveryConfig
+from dallal.server.keepalive import DEFAULT_INTERVAL
 from dallal.limits import CONNECTIONS, MAX_CONTROL_LINE, MIN_CONTROL_LINE, fitToDescriptors
-from dallal.service import DEFAULT_INTERFACE, DEFAULT_SHUTDOWN_GRACE, DallalService
-from dallal.sysstats import DEFAULT_INTERVAL as DEFAULT_SYS_INTERVAL
+from dallal.server.service import DEFAULT_INTERFACE, DEFAULT_SHUTDOWN_GRACE, DallalService
+from dallal.broker.sysstats import DEFAULT_INTERVAL as DEFAULT_SYS_INTERVAL
 from dallal.topics import MAX_TOPIC_LENGTH
-from dallal.udp import DEFAULT_ACK_TIMEOUT as DEFAULT_UDP_ACK_TIMEOUT
+from dallal.server.udp import DEFAULT_ACK_TIMEOUT as DEFAULT_UDP_ACK_TIMEOUT
 
 DEFAULT_TCP_PORT = 1373
 

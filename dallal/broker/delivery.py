@@ -28,11 +28,7 @@ from collections import deque
 from twisted.logger import LogLevel
 
 from dallal.limits import QUEUED_BYTES, QUEUED_MESSAGES
-
-LATEST = "latest"
-ALL = "all"
-FIRE = "fire"
-MODES = (LATEST, ALL, FIRE)
+from dallal.modes import ALL, FIRE, LATEST
 
 DROP_OLDEST = "drop-oldest"
 DISCONNECT = "disconnect"

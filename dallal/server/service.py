@@ -14,16 +14,17 @@ from twisted.internet.defer import gatherResults, maybeDeferred
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
-from dallal.auth import beyondLoopback
-from dallal.bridge import BridgeLink
-from dallal.core import Broker, BrokerConfig
-from dallal.origin import storedName
-from dallal.retained import RetainedStore
-from dallal.datagram import MAX_PACKET_SIZE
-from dallal.keepalive import DEFAULT_INTERVAL, PingSweep
-from dallal.sysstats import DEFAULT_INTERVAL as DEFAULT_SYS_INTERVAL, SysPublisher
-from dallal.tcp import BrokerFactory, formatAddress
-from dallal.udp import DEFAULT_ACK_TIMEOUT, BrokerDatagramProtocol
+from dallal.security.auth import beyondLoopback
+from dallal.server.bridge import BridgeLink
+from dallal.broker.core import Broker, BrokerConfig
+from dallal.broker.origin import storedName
+from dallal.broker.retained import RetainedStore
+from dallal.protocol.datagram import MAX_PACKET_SIZE
+from dallal.server.keepalive import DEFAULT_INTERVAL, PingSweep
+from dallal.broker.sysstats import DEFAULT_INTERVAL as DEFAULT_SYS_INTERVAL, SysPublisher
+from dallal.server.addresses import formatAddress
+from dallal.server.tcp import BrokerFactory
+from dallal.server.udp import DEFAULT_ACK_TIMEOUT, BrokerDatagramProtocol
 
 DEFAULT_INTERFACE = "127.0.0.1"
 # Seconds a stopping broker gives what is in flight to be acked.
@@ -181,13 +182,13 @@ class DallalService(MultiService):
         @param sysInterval: seconds between updates of the C{$SYS/broker/...}
             statistics topics, or 0 for none.
         @param gatekeeper: who may connect and what they may do
-            (L{dallal.auth.Gatekeeper}), or C{None} for everyone, anything.
+            (L{dallal.security.auth.Gatekeeper}), or C{None} for everyone, anything.
         @param shutdownGrace: the longest L{stopService} waits for what is
             in flight to be acked, in seconds.
-        @param events: the L{dallal.events.EventLog} to log to, if not the
+        @param events: the L{dallal.broker.events.EventLog} to log to, if not the
             global log.
-        @raise dallal.retained.StoreError: the store cannot be opened.
-        @raise dallal.origin.BrokerNameError: C{config} names no broker, and
+        @raise dallal.broker.retained.StoreError: the store cannot be opened.
+        @raise dallal.broker.origin.BrokerNameError: C{config} names no broker, and
             the name kept in C{dataDir} cannot be read or written.
         """
         MultiService.__init__(self)
@@ -243,7 +244,7 @@ class DallalService(MultiService):
         Connect to another broker as its client while running, and carry
         the messages of some topics between the two: a bridge.
 
-        @param spec: the bridge's L{dallal.bridge.BridgeSpec}.
+        @param spec: the bridge's L{dallal.server.bridge.BridgeSpec}.
         @param endpoint: the remote's C{IStreamClientEndpoint}, if not the
             one C{spec} describes.
         @return: the child L{BridgeLink}.

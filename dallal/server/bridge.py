@@ -19,7 +19,7 @@ It moves the messages of its topic filters in one direction or both:
     C{--max-queued-bytes}; the oldest are dropped first, and counted), and
     those sent but not acked are sent again once the link is back.
 
-Every bridged message carries its origin (L{dallal.origin}), so that no
+Every bridged message carries its origin (L{dallal.broker.origin}), so that no
 message loops or arrives twice, whatever the shape of the bridges.
 
 The link's state is C{connecting} (an attempt is under way), C{up}
@@ -47,12 +47,13 @@ from twisted.logger import Logger, LogLevel
 from zope.interface import implementer
 
 from dallal.client import DallalClientProtocol, ServerError
-from dallal.delivery import ALL, BRIDGE_REFUSED, DROP_OLDEST
+from dallal.broker.delivery import BRIDGE_REFUSED, DROP_OLDEST
+from dallal.modes import ALL
 from dallal.errors import NO_ID, SHUTTING_DOWN, RequestError
-from dallal.interfaces import ISubscriber
-from dallal.keepalive import IPingable
-from dallal.origin import checkName
-from dallal.tcp import formatAddress
+from dallal.broker.interfaces import ISubscriber
+from dallal.server.keepalive import IPingable
+from dallal.broker.origin import checkName
+from dallal.server.addresses import formatAddress
 from dallal.topics import TopicError
 from dallal.topictree import MULTI_LEVEL, RESERVED_PREFIX, checkFilter
 
@@ -220,8 +221,8 @@ class BridgeLink(Service):
 
     def __init__(self, spec, broker, clock, sweep, endpoint=None, retryPolicy=None):
         """
-        @param broker: this broker's L{dallal.core.Broker}.
-        @param sweep: this broker's L{dallal.keepalive.PingSweep}.
+        @param broker: this broker's L{dallal.broker.core.Broker}.
+        @param sweep: this broker's L{dallal.server.keepalive.PingSweep}.
         @param endpoint: the remote's C{IStreamClientEndpoint}; by default
             the one C{spec} describes.
         @param retryPolicy: seconds to wait after a number of failed

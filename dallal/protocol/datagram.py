@@ -10,7 +10,7 @@ refused on its own.
 Every request a UDP client sends after its C{HELLO} ends with two options,
 C{client=<client-id> token=<token>}: its identity, which the broker checks
 against the datagram's source address and takes off before it reads the
-request.  Both the broker (L{dallal.udp}) and the client
+request.  Both the broker (L{dallal.server.udp}) and the client
 (L{dallal.client}) use this module.
 """
 
@@ -110,7 +110,7 @@ def withIdentity(frame, clientId, token):
     A request frame as the datagram a UDP client sends: its control line
     ends with the client's identity.
 
-    @param frame: the frame as L{dallal.wire} encodes it: bytes, or a
+    @param frame: the frame as L{dallal.protocol.wire} encodes it: bytes, or a
         sequence of byte strings whose first is the control line; either
         way the control line ends with CRLF.
     """

@@ -3,15 +3,15 @@ A client session's requests, carried out on the broker core and answered.
 
 TCP and UDP frame requests differently (a stream of frames, one frame per
 datagram) but carry them out the same way: L{RequestHandler} is that
-shared part.  A transport parses a control line with L{dallal.wire},
+shared part.  A transport parses a control line with L{dallal.protocol.wire},
 reads the payload its own way, and hands the request here; the answers go
 back through the transport's L{RequestHandler.sendFrame}.
 """
 
 import json
 
-from dallal import wire
-from dallal.delivery import LATEST
+from dallal.protocol import wire
+from dallal.modes import LATEST
 from dallal.errors import BAD_ARGUMENTS, RequestError
 
 
@@ -19,7 +19,7 @@ def helloLimits(config, maxPayload):
     """
     The limits the answer to a HELLO tells a client, as its options.
 
-    @param config: the broker's L{dallal.core.BrokerConfig}.
+    @param config: the broker's L{dallal.broker.core.BrokerConfig}.
     @param maxPayload: the largest payload the client's transport accepts.
     """
     return {
@@ -128,7 +128,7 @@ class RequestHandler:
         Ack a retained message once it is on disk, or refuse it if it could
         not be stored.
 
-        @param stored: the Deferred of L{dallal.core.Broker.retain}.
+        @param stored: the Deferred of L{dallal.broker.core.Broker.retain}.
         """
         stored.addCallbacks(
             lambda _: self.sendFrame(wire.encodePubAck(requestId)), self._storeFailed

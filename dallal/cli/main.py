@@ -21,8 +21,8 @@ from twisted.internet.task import deferLater, react
 from twisted.python.failure import Failure
 
 from dallal import __version__
-from dallal.askpass import PASSWORD_VARIABLE, NoTerminal, askPassword, passwordFromEnvironment
-from dallal.chat import Chat, checkName, defaultName
+from dallal.cli.askpass import PASSWORD_VARIABLE, NoTerminal, askPassword, passwordFromEnvironment
+from dallal.cli.chat import Chat, checkName, defaultName
 from dallal.client import (
     DallalClientProtocol,
     ServerError,
@@ -31,11 +31,11 @@ from dallal.client import (
     connectUDP,
     tlsEndpoint,
 )
-from dallal.console import openConsole
-from dallal.delivery import MODES
+from dallal.cli.console import openConsole
+from dallal.modes import MODES
 from dallal.errors import BAD_CREDENTIALS, BAD_TOPIC, CLOSING, NOT_AUTHORIZED
-from dallal.passwords import checkUserName
-from dallal.shell import Shell, describeReach, formatTopics, helpLines as shellHelpLines
+from dallal.names import checkUserName
+from dallal.cli.shell import Shell, describeReach, formatTopics, helpLines as shellHelpLines
 from dallal.topics import WILDCARDS, checkTopic
 
 DEFAULT_TIMEOUT = 10.0
@@ -623,7 +623,7 @@ def _sayBye(client):
 
 async def _consoleCommand(reactor, args, prompt, makeSession):
     """
-    Run a L{dallal.shell.ConsoleSession} on standard input and output.
+    Run a L{dallal.cli.shell.ConsoleSession} on standard input and output.
 
     @param makeSession: called with the client, the console and the
         function that says BYE; returns the session.

@@ -16,14 +16,14 @@ token.  Source addresses can be forged, so the broker:
    it received from it (QUIC's anti-amplification rule, RFC 9000 8.1), so
    that the broker cannot be used to flood a victim.
 
-Each datagram holds one frame of the TCP format (L{dallal.datagram}); the
+Each datagram holds one frame of the TCP format (L{dallal.protocol.datagram}); the
 requests are carried out by the same L{RequestHandler} as over TCP, on the
 same broker core.  A client pings the broker; one that falls silent is
 expired by the broker's ping sweep.  PROTOCOL.md ("UDP") is the reference.
 
 On a broker that takes passwords, the C{HELLO} that echoes the token also
 carries the client's credentials: its session starts only once they are
-checked (L{dallal.auth.Gatekeeper}), and a client resuming its session from
+checked (L{dallal.security.auth.Gatekeeper}), and a client resuming its session from
 a new address logs in again.
 """
 
@@ -31,7 +31,7 @@ import base64
 import hashlib
 import hmac
 import os
-from collections import Counter, OrderedDict, namedtuple
+from collections import Counter, OrderedDict
 from math import ceil
 
 from twisted.internet.error import MessageLengthError
@@ -39,8 +39,12 @@ from twisted.internet.protocol import DatagramProtocol
 from twisted.logger import Logger, LogLevel
 from zope.interface import implementer
 
-from dallal import __version__, datagram, wire
-from dallal.auth import LoginFailed
+from dallal import __version__
+
+from dallal.protocol import datagram
+
+from dallal.protocol import wire
+from dallal.security.auth import LoginFailed
 from dallal.errors import (
     BAD_CREDENTIALS,
     BAD_TOKEN,
@@ -51,11 +55,11 @@ from dallal.errors import (
     SHUTTING_DOWN,
     RequestError,
 )
-from dallal.interfaces import ISubscriber
-from dallal.keepalive import IPingable
+from dallal.broker.interfaces import ISubscriber
+from dallal.server.keepalive import IPingable
 from dallal.limits import HELLO_RATE, LINE, UDP_CLIENTS, LogWindow, RateTable
-from dallal.session import RequestHandler, helloLimits
-from dallal.tcp import formatAddress
+from dallal.server.requests import RequestHandler, helloLimits
+from dallal.server.addresses import formatDatagramAddress
 
 DEFAULT_UDP_PORT = 1234
 DEFAULT_ACK_TIMEOUT = 1.0
@@ -81,14 +85,8 @@ STRANGER_ERRORS_LOGGED_PER_SECOND = 10
 # its client's resend tries again.
 MAX_PENDING_LOGINS = 256
 
-_HostPort = namedtuple("_HostPort", "host port")
 
 
-def formatDatagramAddress(address):
-    """
-    C{host:port} (C{[host]:port} for IPv6) of a C{(host, port)} tuple.
-    """
-    return formatAddress(_HostPort(*address[:2]))
 
 
 def datagramDelivery(delivery, ackTimeout):
@@ -341,7 +339,7 @@ class BrokerDatagramProtocol(DatagramProtocol):
         self, broker, sweep, ackTimeout=DEFAULT_ACK_TIMEOUT, secret=None, gatekeeper=None
     ):
         """
-        @param gatekeeper: the broker's L{dallal.auth.Gatekeeper}, or
+        @param gatekeeper: the broker's L{dallal.security.auth.Gatekeeper}, or
             C{None} when it has neither passwords nor ACL.
         """
         self.broker = broker
@@ -582,7 +580,7 @@ class BrokerDatagramProtocol(DatagramProtocol):
         Start the client's session, or resume it at this address, and
         answer its HELLO.
 
-        @param user: the L{dallal.auth.IBrokerUser} it goes on as (a new
+        @param user: the L{dallal.security.auth.IBrokerUser} it goes on as (a new
             session only), or C{None} on a broker without passwords or ACL.
         @param fingerprint: the HMAC of the credentials it logged in with.
         """

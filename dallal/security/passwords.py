@@ -15,7 +15,7 @@ when its password is set again.
 
 C{n=16384, r=8, p=1} are the scrypt paper's parameters for interactive
 logins: 16 MiB of memory and some tens of milliseconds of CPU per check.
-The broker checks passwords off the reactor thread (L{dallal.auth}).
+The broker checks passwords off the reactor thread (L{dallal.security.auth}).
 
 L{PasswordFile} reads and edits the file (C{dallal-passwd} writes it);
 the broker only reads it.
@@ -29,6 +29,8 @@ import os
 import re
 import tempfile
 from dataclasses import dataclass
+
+from dallal.names import checkUserName
 
 SCHEME = "scrypt"
 DEFAULT_N = 2**14
@@ -47,7 +49,6 @@ MAX_MEMORY = 2**31
 # Letters, digits and ._@- : safe in the control line, in log lines (no
 # space or '='), in the password file (no ':') and in ACL topics (no '/',
 # '+' or '#' for %u to smuggle in).
-USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 
 _HASH = re.compile(
     r"\$scrypt\$n=(?P<n>[0-9]{1,8}),r=(?P<r>[0-9]{1,3}),p=(?P<p>[0-9]{1,3})"
@@ -55,15 +56,6 @@ _HASH = re.compile(
 )
 
 
-def checkUserName(name):
-    """
-    @raise ValueError: C{name} is not a valid user name, with the rule.
-    """
-    if not USER_NAME.fullmatch(name):
-        raise ValueError(
-            f"bad user name {name!r}: 1 to 64 letters, digits and . _ @ -, "
-            "starting with a letter or digit"
-        )
 
 
 def _b64encode(data):

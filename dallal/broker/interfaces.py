@@ -1,7 +1,7 @@
 """
 The seam between the broker core and its transports.
 
-The core (L{dallal.core.Broker}) decides who gets what; a transport turns
+The core (L{dallal.broker.core.Broker}) decides who gets what; a transport turns
 its decisions into bytes.  A connection (TCP) or a remembered address (UDP)
 provides L{ISubscriber}; the core never sees a socket.
 """
@@ -19,7 +19,7 @@ class ISubscriber(Interface):
 
     def sendMessage(message, subscriptionId, seq, deliveryId, redelivered):
         """
-        Send a L{dallal.core.Message} to this client.
+        Send a L{dallal.broker.core.Message} to this client.
 
         Only called while the subscriber is attached to the broker.
 

@@ -15,8 +15,9 @@ the old one, readable by its owner only.
 import argparse
 import sys
 
-from dallal.askpass import PASSWORD_VARIABLE, NoTerminal, askPassword, passwordFromEnvironment
-from dallal.passwords import PasswordFile, PasswordFileError, PasswordHash, checkUserName
+from dallal.cli.askpass import PASSWORD_VARIABLE, NoTerminal, askPassword, passwordFromEnvironment
+from dallal.names import checkUserName
+from dallal.security.passwords import PasswordFile, PasswordFileError, PasswordHash
 
 PROGRAM = "dallal-passwd"
 

@@ -373,7 +373,7 @@ COPIED_PAYLOAD_SIZE = 4096
 
 def encodeMessage(message, subscriptionId, seq, deliveryId, redelivered):
     """
-    A whole C{MSG} frame for a L{dallal.core.Message}, as the byte strings
+    A whole C{MSG} frame for a L{dallal.broker.core.Message}, as the byte strings
     to write in order.
 
     What every delivery of the message shares (the topic, the size, the

@@ -6,13 +6,13 @@ The pieces are Twisted's:
 
  - L{PasswordFileChecker}, an C{ICredentialsChecker} of user names and
    passwords (C{IUsernamePassword}) against the password file
-   (L{dallal.passwords}).  The scrypt check costs some tens of
+   (L{dallal.security.passwords}).  The scrypt check costs some tens of
    milliseconds and 16 MiB, so it runs in the reactor's thread pool, at
    most L{MAX_CONCURRENT_CHECKS} at a time: a client trying passwords never
    holds up the others' traffic, and a crowd of them cannot make the
    broker's memory grow past those few checks.
  - L{BrokerRealm}, the C{IRealm} whose avatars (L{IBrokerUser}) carry the
-   user's name and what the ACL lets it do (L{dallal.acl}).
+   user's name and what the ACL lets it do (L{dallal.security.acl}).
  - A C{Portal} joining them, which L{Gatekeeper} wraps for the transports:
    it logs clients in, answers a failed login only after
    L{FAILURE_DELAY} seconds (so guessing passwords over one connection
@@ -33,8 +33,8 @@ from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from zope.interface import Attribute, Interface, implementer
 
-from dallal.acl import loadAcl
-from dallal.passwords import (
+from dallal.security.acl import loadAcl
+from dallal.security.passwords import (
     DEFAULT_N,
     DEFAULT_P,
     DEFAULT_R,
@@ -61,7 +61,7 @@ class IBrokerUser(Interface):
 
     name = Attribute("The user name, or None for an anonymous client.")
     permissions = Attribute(
-        "Its dallal.acl.Permissions, or None when the broker has no ACL."
+        "Its dallal.security.acl.Permissions, or None when the broker has no ACL."
     )
 
 
@@ -185,9 +185,9 @@ class Gatekeeper:
         The gatekeeper of C{twistd dallal --passwords FILE --acl FILE}.
 
         @return: a L{Gatekeeper}, or C{None} when neither file is given.
-        @raise dallal.passwords.PasswordFileError: the password file is
+        @raise dallal.security.passwords.PasswordFileError: the password file is
             wrong.
-        @raise dallal.acl.AclError: the ACL file is wrong.
+        @raise dallal.security.acl.AclError: the ACL file is wrong.
         """
         if passwords is None and acl is None:
             return None

@@ -1,6 +1,6 @@
 """
 C{dallal <host> <port> shell}: one connection to the broker, driven by
-slash commands typed on a console (L{dallal.console}).
+slash commands typed on a console (L{dallal.cli.console}).
 
     /sub <filter> [latest|all|fire]   /unsub <filter>
     /pub <topic> <message...>         /pubr <topic> [message...]
@@ -18,7 +18,7 @@ from twisted.internet.defer import DeferredLock, Deferred, TimeoutError, ensureD
 from twisted.internet.error import ConnectionDone, ConnectionLost
 
 from dallal.client import ServerError, SessionLost
-from dallal.delivery import MODES
+from dallal.modes import MODES
 from dallal.topics import WILDCARDS
 
 

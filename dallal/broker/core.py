@@ -14,12 +14,8 @@ from dataclasses import dataclass
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger, LogLevel
 
-from dallal.acl import READ, WRITE
-from dallal.delivery import (
-    ALL,
-    FIRE,
-    LATEST,
-    MODES,
+from dallal.security.acl import READ, WRITE
+from dallal.broker.delivery import (
     DeliveryConfig,
     Ledger,
     Outbox,
@@ -35,7 +31,8 @@ from dallal.errors import (
     STORE_FAILED,
     RequestError,
 )
-from dallal.events import EventLog
+from dallal.broker.events import EventLog
+from dallal.modes import ALL, FIRE, LATEST, MODES
 from dallal.limits import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_CONNECTIONS_PER_IP,
@@ -48,8 +45,8 @@ from dallal.limits import (
     SUBSCRIPTIONS,
     LimitLog,
 )
-from dallal.origin import MAX_HOPS, Origin, SeenMessages, generatedName, originFromOptions
-from dallal.retained import StoreError
+from dallal.broker.origin import MAX_HOPS, Origin, SeenMessages, generatedName, originFromOptions
+from dallal.broker.retained import StoreError
 from dallal.topics import MAX_TOPIC_LENGTH, WILDCARDS, TopicError, checkTopic
 from dallal.topictree import RESERVED_PREFIX, SubscriptionTree, TopicMap, checkFilter
 
@@ -102,7 +99,7 @@ class Message:
     @ivar retained: whether it comes from the retained store, sent to a new
         subscription, rather than from a publish as it happened.
     @ivar encoded: what all its C{MSG} frames share, encoded by
-        L{dallal.wire.encodeMessage} on the first delivery.
+        L{dallal.protocol.wire.encodeMessage} on the first delivery.
     @ivar origin: for a message that came over a bridge, the L{Origin} it
         came with, its C{hops} counting that bridge; C{None} for a message
         published here.
@@ -161,7 +158,7 @@ class _Session:
     @ivar subscriptions: topic filter -> L{Subscription}.
     @ivar user: the name it logged in with, or C{None} (anonymous).
     @ivar permissions: what the ACL lets it read and write
-        (L{dallal.acl.Permissions}), or C{None} when the broker has no ACL.
+        (L{dallal.security.acl.Permissions}), or C{None} when the broker has no ACL.
     """
 
     __slots__ = ("sid", "subscriber", "subscriptions", "outbox", "user", "permissions")
@@ -180,14 +177,14 @@ class Broker:
     Routes published messages to the subscribers of their topic.
 
     @ivar counters: running totals (see docs/EVENTS.md for their meaning).
-    @ivar retained: the L{dallal.retained.RetainedStore}, or C{None} for a
+    @ivar retained: the L{dallal.broker.retained.RetainedStore}, or C{None} for a
         broker that keeps no retained messages.
     @ivar shuttingDown: whether L{drain} has begun: new publishes and
         subscriptions are refused.
     @ivar name: the broker's name among bridged brokers, the C{origin} of
         the messages published here.
     @ivar bridges: this broker's bridges to others by name, each with a
-        C{status()} for C{STATS} (L{dallal.bridge.BridgeLink}).
+        C{status()} for C{STATS} (L{dallal.server.bridge.BridgeLink}).
     """
 
     _log = Logger()
@@ -312,7 +309,7 @@ class Broker:
         A client logged in, or goes on anonymously under the ACL: from now
         on its requests and deliveries are those of C{user}.
 
-        @param user: its L{dallal.auth.IBrokerUser}.
+        @param user: its L{dallal.security.auth.IBrokerUser}.
         """
         session = self._sessions[subscriber]
         session.user = user.name
@@ -332,7 +329,7 @@ class Broker:
         @param subscriber: the client, attached or not (a UDP client has no
             session before it logs in).
         @param shownUser: the user name for the log (see
-            L{dallal.auth.LoginFailed}).
+            L{dallal.security.auth.LoginFailed}).
         """
         self.counters["logins_failed"] += 1
         self.events.emit(
@@ -531,7 +528,7 @@ class Broker:
         Retained messages are not sent here: call L{sendRetained} once the
         client has been told its subscription is in place.
 
-        @param mode: C{latest}, C{all} or C{fire} (see L{dallal.delivery}).
+        @param mode: C{latest}, C{all} or C{fire} (see L{dallal.broker.delivery}).
         @param bridge: whether it carries messages to another broker.
         @return: the L{Subscription}.
         @raise RequestError: the filter or the mode is refused, or the
@@ -955,7 +952,7 @@ class Broker:
         Record that a client sent something the broker refused.
 
         @param logged: whether to log it (a refusal that is only counted is
-            reported by its caller, see L{dallal.udp.StrangerErrorLog}).
+            reported by its caller, see L{dallal.server.udp.StrangerErrorLog}).
         """
         self.counters["errors"] += 1
         if not logged:

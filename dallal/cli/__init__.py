@@ -1,0 +1,1 @@
+"""The command line: the C{dallal} command, its interactive shell and chat, and C{dallal-passwd}."""
