@@ -177,7 +177,12 @@ def test_pingFiresOnPong(connection):
     assert outcome.fired and outcome.failure is None
 
 
-MESSAGES = b"MSG news 12\r\nline\r\nline\r\n\r\nMSG a/b 0\r\n\r\nMSG news 3\r\n\x00\xff\n\r\n"
+# The first SUB's id is 1 (news), the second's 2 (a/b).
+MESSAGES = (
+    b"MSG news 12 sub=1 seq=1\r\nline\r\nline\r\n\r\n"
+    b"MSG a/b 0 sub=2 seq=1\r\n\r\n"
+    b"MSG news 3 sub=1 seq=2\r\n\x00\xff\n\r\n"
+)
 
 
 def receivedBy(chunks):
@@ -202,6 +207,68 @@ def test_messagesReachTheHandler():
     assert receivedBy([MESSAGES]) == expected
     for position in range(1, len(MESSAGES)):
         assert receivedBy(splitAt(MESSAGES, [position])) == expected, position
+
+
+def subscribed(client, transport, topic, onMessage, onGap=None):
+    """
+    Subscribe C{client} to C{topic} and answer its SubAck.
+
+    @return: the subscription's id, the broker's C{sub=}.
+    """
+    client.subscribe(topic, onMessage, onGap=onGap)
+    subscriptionId = sentIds(transport, b"SUB")[-1]
+    client.dataReceived(b"SUBACK %s\r\n" % subscriptionId)
+    return subscriptionId
+
+
+def test_eachSubscriptionHasItsOwnHandlers(connection):
+    """
+    Subscribing to another topic with other handlers leaves the first
+    subscription's in place: each gets its own messages and its own gaps.
+    """
+    client, transport = connection
+    first, second, firstGaps, secondGaps = [], [], [], []
+    a = subscribed(client, transport, "a", first.append, lambda *gap: firstGaps.append(gap))
+    b = subscribed(client, transport, "b", second.append, lambda *gap: secondGaps.append(gap))
+    client.dataReceived(b"MSG a 1 sub=%s seq=1\r\n1\r\n" % a)
+    client.dataReceived(b"MSG b 1 sub=%s seq=3\r\n2\r\n" % b)
+    assert [message.payload for message in first] == [b"1"]
+    assert [message.payload for message in second] == [b"2"]
+    assert firstGaps == []
+    assert secondGaps == [("b", 2)]
+
+
+def test_subscribingAgainChangesTheHandlerAndKeepsTheSequence(connection):
+    """
+    Subscribing again to a topic gives it the new handler; the broker keeps
+    the subscription's sequence, so its next message is no gap.
+    """
+    client, transport = connection
+    first, second, gaps = [], [], []
+    old = subscribed(client, transport, "a", first.append)
+    client.dataReceived(b"MSG a 1 sub=%s seq=1\r\n1\r\n" % old)
+    new = subscribed(client, transport, "a", second.append, lambda *gap: gaps.append(gap))
+    client.dataReceived(b"MSG a 1 sub=%s seq=2\r\n2\r\n" % new)
+    assert [message.payload for message in first] == [b"1"]
+    assert [message.payload for message in second] == [b"2"]
+    assert gaps == []
+
+
+def test_unsubscribeForgetsTheHandlerOnceAcknowledged(connection):
+    """
+    Until the UnsubAck, a message in flight still reaches the handler;
+    after it, the handler gets nothing more.
+    """
+    client, transport = connection
+    received = []
+    a = subscribed(client, transport, "a", received.append)
+    outcome = Outcome(client.unsubscribe("a"))
+    client.dataReceived(b"MSG a 1 sub=%s seq=1\r\n1\r\n" % a)
+    (requestId,) = sentIds(transport, b"UNSUB")
+    client.dataReceived(b"UNSUBACK %s\r\n" % requestId)
+    assert outcome.fired and outcome.failure is None
+    client.dataReceived(b"MSG a 1 sub=%s seq=2\r\n2\r\n" % a)
+    assert [message.payload for message in received] == [b"1"]
 
 
 def test_unexpectedFrameClosesConnection(connection):

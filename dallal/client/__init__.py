@@ -113,7 +113,8 @@ class ReceivedMessage:
 
 class _SubscriptionState:
     """
-    What the client tracks per subscription: where it is in the sequence.
+    What the client tracks per subscription: who handles its messages and
+    gaps, and where it is in the sequence.
 
     @ivar missing: the sequence numbers skipped and not seen since, oldest
         first, each with when its gap is to be reported (C{None} once it
@@ -121,14 +122,16 @@ class _SubscriptionState:
         ones; it is then handed over, not taken for a duplicate.
     """
 
-    __slots__ = ("topic", "lastSeq", "missing")
+    __slots__ = ("topic", "onMessage", "onGap", "lastSeq", "missing")
 
     # Holes remembered per subscription: in latest mode most are replaced
     # messages that will never come.
     MAX_MISSING = 1024
 
-    def __init__(self, topic):
+    def __init__(self, topic, onMessage, onGap):
         self.topic = topic
+        self.onMessage = onMessage
+        self.onGap = onGap
         self.lastSeq = 0
         self.missing = OrderedDict()
 
@@ -207,8 +210,8 @@ class _ClientSession:
         self._ids = itertools.count(1)
         self._pingWaiters = []
         self._closeWaiters = []
-        self._onMessage = None
-        self._onGap = None
+        # Subscription id (its SUB's request id, the broker's sub=) -> its
+        # _SubscriptionState.
         self._subscriptions = {}
         # Deliveries whose handler has not finished: a redelivery of one of
         # them is not handled again, and is acked when the handler is done.
@@ -314,7 +317,14 @@ class _ClientSession:
         """
         checkToken(topicFilter, "topic filter")
         requestId = self._nextId()
-        return self._request(wire.encodeUnsubscribe(requestId, topicFilter), requestId)
+        unsubscribed = self._request(wire.encodeUnsubscribe(requestId, topicFilter), requestId)
+
+        def forget(result):
+            # Until the UnsubAck, messages in flight still reach the handler.
+            self._forgetSubscription(topicFilter)
+            return result
+
+        return unsubscribed.addCallback(forget)
 
     def listSubscriptions(self):
         """
@@ -337,10 +347,16 @@ class _ClientSession:
     def subscribe(self, topics, onMessage, mode=None, onGap=None, options=None):
         """
         Subscribe to each of C{topics}; C{onMessage(message)} is then called
-        with a L{ReceivedMessage} for every message delivered to this
-        client.  The message is acked when C{onMessage} returns or, if
-        it returns a Deferred, when that fires: a slow handler slows the
+        with a L{ReceivedMessage} for every message delivered for these
+        subscriptions.  The message is acked when C{onMessage} returns or,
+        if it returns a Deferred, when that fires: a slow handler slows the
         broker's deliveries down.
+
+        Each subscription keeps its own handlers: subscribing to other
+        topics with other handlers leaves these in place.  Subscribing again
+        to a topic this client has changes its mode and handlers.  A message
+        that matches several of a client's filters arrives once, for one of
+        them (PROTOCOL.md, "Subscriptions").
 
         @param mode: the delivery mode, C{"latest"} (the broker's default),
             C{"all"} or C{"fire"}.
@@ -356,18 +372,34 @@ class _ClientSession:
         topics = [topics] if isinstance(topics, str) else list(topics)
         for topic in topics:
             checkToken(topic, "topic")
-        self._onMessage = onMessage
-        self._onGap = onGap
         acks = []
         for topic in topics:
             requestId = self._nextId()
-            self._subscriptions[requestId] = _SubscriptionState(topic)
+            self._subscriptions[requestId] = self._subscriptionState(topic, onMessage, onGap)
             acks.append(
                 self._request(wire.encodeSubscribe(requestId, topic, mode, options), requestId)
             )
         return gatherResults(acks, consumeErrors=True).addCallbacks(
             lambda _: None, lambda failure: failure.value.subFailure
         )
+
+    def _subscriptionState(self, topic, onMessage, onGap):
+        """
+        The state of a new subscription to C{topic}, or of the one this
+        client has, with new handlers: the broker keeps its sequence.
+        """
+        for subscriptionId, state in list(self._subscriptions.items()):
+            if state.topic == topic:
+                del self._subscriptions[subscriptionId]
+                state.onMessage = onMessage
+                state.onGap = onGap
+                return state
+        return _SubscriptionState(topic, onMessage, onGap)
+
+    def _forgetSubscription(self, topic):
+        for subscriptionId, state in list(self._subscriptions.items()):
+            if state.topic == topic:
+                del self._subscriptions[subscriptionId]
 
     def stats(self):
         """
@@ -427,7 +459,7 @@ class _ClientSession:
             return
         subscriptionId = options.get("sub")
         subscription = self._subscriptions.get(subscriptionId)
-        if self._onMessage is None or (subscriptionId is not None and subscription is None):
+        if subscription is None:
             # Not for this client: over UDP, a resend to the session that
             # had this address (and port) before, whose client vanished
             # without a BYE.  Acking it would ack a delivery of ours.
@@ -441,7 +473,7 @@ class _ClientSession:
             seq = int(options.get("seq", "0"))
         except ValueError:
             seq = 0
-        if subscription is not None and seq:
+        if seq:
             if seq > subscription.lastSeq:
                 if seq > subscription.lastSeq + 1:
                     self._skipped(subscription, subscription.lastSeq + 1, seq)
@@ -461,7 +493,7 @@ class _ClientSession:
             options,
             options.get("retained") == "1",
         )
-        handled = maybeDeferred(self._onMessage, message)
+        handled = maybeDeferred(subscription.onMessage, message)
         if deliveryId is not None:
             self._handling.add(deliveryId)
             handled.addCallbacks(
@@ -480,8 +512,8 @@ class _ClientSession:
         gap now.
         """
         subscription.skipped(first, end, None)
-        if self._onGap is not None:
-            self._onGap(subscription.topic, end - first)
+        if subscription.onGap is not None:
+            subscription.onGap(subscription.topic, end - first)
 
     def _handled(self, result, deliveryId):
         self._handling.discard(deliveryId)
@@ -876,8 +908,8 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
             ]
             for seq in given:
                 subscription.missing[seq] = None
-            if given and self._onGap is not None:
-                self._onGap(subscription.topic, len(given))
+            if given and subscription.onGap is not None:
+                subscription.onGap(subscription.topic, len(given))
 
     def _pingTick(self):
         self._ticks += 1
