@@ -9,7 +9,7 @@ C{IReactorTime}, so tests drive it with C{task.Clock}.
 
 import secrets
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger, LogLevel
@@ -83,10 +83,10 @@ class BrokerConfig:
     maxUdpClients: int = DEFAULT_MAX_UDP_CLIENTS
     maxHellosPerSecond: int = DEFAULT_MAX_HELLOS_PER_SECOND
     messageEvents: bool = True
-    delivery: DeliveryConfig = DeliveryConfig()
+    delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
     maxListed: int = 1000
     # The broker's name among bridged brokers; generated if None.
-    name: str = None
+    name: str | None = None
 
 
 class Message:
@@ -189,7 +189,9 @@ class Broker:
 
     _log = Logger()
 
-    def __init__(self, clock, config=BrokerConfig(), events=None, retained=None):
+    def __init__(self, clock, config=None, events=None, retained=None):
+        if config is None:
+            config = BrokerConfig()
         self.clock = clock
         self.config = config
         self.events = events if events is not None else EventLog(

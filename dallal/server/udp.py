@@ -61,7 +61,6 @@ from dallal.limits import HELLO_RATE, LINE, UDP_CLIENTS, LogWindow, RateTable
 from dallal.server.requests import RequestHandler, helloLimits
 from dallal.server.addresses import formatDatagramAddress
 
-DEFAULT_UDP_PORT = 1234
 DEFAULT_ACK_TIMEOUT = 1.0
 
 # An address that has not proved it receives is sent at most this many
