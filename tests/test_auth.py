@@ -686,6 +686,41 @@ def test_udpResumeWithTheSameCredentials():
     assert len(harness.fields("connect")) == 1
 
 
+@pytest.mark.parametrize(
+    "request_", [b"SUB 3 #", b"PUB 3 alice/x 6\r\nforged", b"ACK 1", b"PING", b"BYE"]
+)
+def test_udpClientIdIsNotACredential(request_):
+    """
+    Issue 24's hijack on a broker with passwords: a sender that knows
+    alice's client id gets a token for it at its own address and signs
+    requests with it, without a password.  They are refused, and alice's
+    session stays hers, where it is.
+    """
+    checks = PendingChecks()
+    harness = UdpHarness(users=USERS, runHash=checks)
+    alice = harness.peer(40001)
+    udpHello(alice, b"alice-phone", credentialOptions("alice", USERS["alice"]))
+    checks.runAll()
+    alice.received()
+    alice.request(b"SUB 1 alice/#")
+    assert alice.received() == [b"SUBACK 1\r\n"]
+    mallory = harness.peer(40666, host="127.0.0.66")
+    [answer] = udpHello(mallory, b"alice-phone")
+    assert answer.startswith(b"ERR 2 NOT_AUTHORIZED ")
+    line, _, payload = request_.partition(b"\r\n")
+    mallory.request(line, payload or None)
+    [refusal] = mallory.received()
+    assert refusal.split(b" ", 3)[2] == b"BAD_TOKEN"
+    assert checks.waiting == []
+    alice.publish(b"4", b"alice/x", b"still mine")
+    assert alice.received() == [
+        b"MSG alice/x 10 sub=1 seq=1 id=1\r\nstill mine\r\n",
+        b"PUBACK 4\r\n",
+    ]
+    assert mallory.received() == []
+    assert harness.fields("disconnect") == []
+
+
 def test_udpAclAppliesToAnonymousSessions():
     harness = UdpHarness(acl=ACL)
     peer = harness.peer(40001)
