@@ -1149,11 +1149,13 @@ def test_clientCloseSaysBye():
 class LossyNetwork:
     """
     Delivers datagrams between in-memory ports after a millisecond, and
-    drops every third datagram in each direction between two addresses.
+    drops every C{loseEvery}th datagram (every third by default; none if
+    C{0}) in each direction between two addresses.
     """
 
-    def __init__(self, clock):
+    def __init__(self, clock, loseEvery=3):
         self.clock = clock
+        self.loseEvery = loseEvery
         self.protocols = {}
         self.sent = {}
         self.dropped = 0
@@ -1170,7 +1172,7 @@ class LossyNetwork:
 
     def send(self, source, destination, data):
         count = self.sent[source, destination] = self.sent.get((source, destination), 0) + 1
-        if count % 3 == 0:
+        if self.loseEvery and count % self.loseEvery == 0:
             self.dropped += 1
             return
         receiver = self.protocols.get(destination)
@@ -1215,3 +1217,43 @@ def test_allModeThroughALossyNetworkDeliversEachMessageOnce():
     stats = harness.broker.stats()
     assert (stats["published"], stats["acked"], stats["inflight"]) == (30, 30, 0)
     assert stats["duplicates"] > 0
+
+
+def test_clientResumesItsSessionAfterANatRebindingAndNoOneElseCan():
+    """
+    The client's port changes (a NAT forgot it): its next request is
+    refused, it says HELLO again with its session key, and its messages
+    reach it at the new port.  Another client with the same client id, at
+    another address, cannot start or take the session.
+    """
+    harness = UdpHarness()
+    network = LossyNetwork(harness.clock, loseEvery=0)
+    network.attach(harness.udp, BROKER)
+    subscriber = DallalDatagramClient(harness.clock, BROKER, clientId="roamer")
+    publisher = DallalDatagramClient(harness.clock, BROKER, clientId="publisher")
+    network.attach(subscriber, ("127.0.0.1", 40001))
+    network.attach(publisher, ("127.0.0.1", 40002))
+    subscriber.handshake()
+    publisher.handshake()
+    network.run(1)
+    received = []
+    subscriber.subscribe(["news"], received.append, mode="all")
+    network.run(1)
+    del network.protocols[("127.0.0.1", 40001)]
+    subscriber.transport.address = ("127.0.0.1", 50001)
+    network.attach(subscriber, subscriber.transport.address)
+    publisher.publish("news", b"after the rebinding")
+    network.run(PING_INTERVAL + 2)
+    assert [message.payload for message in received] == [b"after the rebinding"]
+    assert subscriber.connected
+    impostor = DallalDatagramClient(harness.clock, BROKER, clientId="roamer")
+    network.attach(impostor, ("127.0.0.66", 40666))
+    failures = []
+    impostor.handshake().addErrback(failures.append)
+    network.run(1)
+    [failure] = failures
+    assert failure.value.code == "NOT_AUTHORIZED"
+    publisher.publish("news", b"still mine")
+    network.run(2)
+    assert [message.payload for message in received][-1] == b"still mine"
+    assert len(harness.fields("connect")) == 2
