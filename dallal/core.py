@@ -807,7 +807,7 @@ class Broker:
             discarded = "loop"
         elif origin.hops > MAX_HOPS:
             discarded = "hop_limit"
-        elif not self.seen.firstTime(origin):
+        elif not self.seen.firstTime(origin, topic, payload):
             discarded = "duplicate"
         else:
             discarded = None

@@ -145,6 +145,31 @@ def test_copiesAreAckedButNotPublished(harness, second, reason):
     assert stats["bridged_duplicates" if reason == "duplicate" else "bridged_hop_limit"] == 1
 
 
+def test_aForgedOidCannotSuppressAnotherMessage(harness):
+    """
+    A client that publishes junk under the origin and ids of the hub's
+    messages to come, on a topic it may write, does not make the broker
+    discard the hub's real messages on other topics.
+    """
+    local = harness.connect()
+    local.send(b"SUB 1 # mode=fire\r\n")
+    mallory = harness.connect()
+    for number in range(3):
+        oid = b"h1.%d" % number
+        mallory.send(bridgedPub(b"%d" % number, b"users/mallory/x", b"junk", b"hub", oid, 0))
+    hub = harness.connect()
+    for number in range(3):
+        oid = b"h1.%d" % number
+        hub.send(bridgedPub(b"%d" % number, b"alerts", b"real %d" % number, b"hub", oid, 0))
+    assert hub.received() == b"PUBACK 0\r\nPUBACK 1\r\nPUBACK 2\r\n"
+    assert [payload for topic, payload in messages(local.received()) if topic == b"alerts"] == [
+        b"real 0",
+        b"real 1",
+        b"real 2",
+    ]
+    assert harness.broker.stats()["bridged_duplicates"] == 0
+
+
 def test_ownMessagesComingBackAreDiscarded(harness):
     bridge = harness.connect()
     name = harness.broker.name.encode()
@@ -212,23 +237,38 @@ def test_dropsOnTheWayToABridgeAreCountedAsBridged(harness):
 def test_seenMessagesAreForgottenAfterTheWindow():
     clock = Clock()
     seen = SeenMessages(clock)
-    message = Origin("leaf", "a1.5", 1)
-    assert seen.firstTime(message)
+    message = (Origin("leaf", "a1.5", 1), "news", b"hi")
+    assert seen.firstTime(*message)
     clock.advance(SEEN_WINDOW - 1)
-    assert not seen.firstTime(message)
+    assert not seen.firstTime(*message)
     clock.advance(1)
-    assert seen.firstTime(message)
+    assert seen.firstTime(*message)
     assert len(seen) == 1
 
 
 def test_seenMessagesAreBounded():
     seen = SeenMessages(Clock(), capacity=3)
     for number in range(5):
-        assert seen.firstTime(Origin("leaf", str(number), 1))
+        assert seen.firstTime(Origin("leaf", str(number), 1), "news", b"hi")
     assert len(seen) == 3
     # The oldest went first.
-    assert seen.firstTime(Origin("leaf", "0", 1))
-    assert not seen.firstTime(Origin("leaf", "4", 1))
+    assert seen.firstTime(Origin("leaf", "0", 1), "news", b"hi")
+    assert not seen.firstTime(Origin("leaf", "4", 1), "news", b"hi")
+
+
+@pytest.mark.parametrize(
+    "topic, payload",
+    [("news", b"other"), ("alerts", b"hi"), ("new", b"shi"), ("news\0", b"hi")],
+)
+def test_seenMessagesKnowAMessageByItsTopicAndPayloadToo(topic, payload):
+    """
+    The same origin and id on another topic, or with another payload, is
+    another message: a forged id cannot make the broker discard it.
+    """
+    seen = SeenMessages(Clock())
+    assert seen.firstTime(Origin("hub", "a1.5", 1), "news", b"hi")
+    assert seen.firstTime(Origin("hub", "a1.5", 1), topic, payload)
+    assert not seen.firstTime(Origin("hub", "a1.5", 2), "news", b"hi")
 
 
 # The link: this broker's bridge to a remote one, played by the test.
