@@ -11,11 +11,13 @@ import threading
 
 import pytest
 import pytest_twisted
+from twisted.cred.checkers import ANONYMOUS
 from twisted.cred.credentials import UsernamePassword
 from twisted.cred.error import UnauthorizedLogin
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
+from twisted.python import usage
 
 from dallal.auth import (
     FAILURE_DELAY,
@@ -23,13 +25,15 @@ from dallal.auth import (
     MAX_CONCURRENT_CHECKS,
     BrokerRealm,
     Gatekeeper,
+    IBrokerUser,
     LoginFailed,
     PasswordFileChecker,
     UnknownUser,
     beyondLoopback,
 )
 from dallal.acl import parseAcl
-from dallal.passwords import PasswordHash
+from dallal.passwords import PasswordFile, PasswordFileError, PasswordHash
+from dallal.tap import Options
 from helpers import (
     CHEAP_SCRYPT,
     PING_INTERVAL,
@@ -209,6 +213,28 @@ def test_realmGivesTheUsersPermissions():
     assert Gatekeeper(Clock(), BrokerRealm()).anonymous().permissions is None
     with pytest.raises(NotImplementedError):
         realm.requestAvatar("alice", None, UsernamePassword)
+
+
+def test_bridgeUsersAreTheOnlyUsersThatMayBridge(tmp_path):
+    """
+    --bridge-users names users of the password file: only they may send
+    bridge frames; an anonymous client (no passwords) may.
+    """
+    path = tmp_path / "passwords"
+    passwords = PasswordFile(path)
+    for user, password in USERS.items():
+        passwords.set(user, PasswordHash.make(password, **CHEAP_SCRYPT))
+    passwords.save()
+    realm = Gatekeeper.fromFiles(Clock(), str(path), bridgeUsers=("alice",)).realm
+    mayBridge = {
+        user: realm.requestAvatar(user, None, IBrokerUser)[1].mayBridge for user in USERS
+    }
+    assert mayBridge == {"alice": True, "bob": False}
+    assert realm.requestAvatar(ANONYMOUS, None, IBrokerUser)[1].mayBridge
+    with pytest.raises(PasswordFileError, match="has no user 'carol', named by --bridge-users"):
+        Gatekeeper.fromFiles(Clock(), str(path), bridgeUsers=("carol",))
+    with pytest.raises(usage.UsageError, match="give it too"):
+        Options().parseOptions(["--bridge-users", "alice"])
 
 
 @pytest.mark.parametrize(

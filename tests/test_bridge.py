@@ -170,6 +170,72 @@ def test_aForgedOidCannotSuppressAnotherMessage(harness):
     assert harness.broker.stats()["bridged_duplicates"] == 0
 
 
+USERS = {"hub-bridge": b"bridge secret", "mallory": b"mallory's"}
+ACL = """\
+user mallory
+topic readwrite users/mallory/#
+
+user hub-bridge
+topic readwrite #
+"""
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        bridgedPub(b"7", b"users/mallory/x", b"junk", b"hub", b"h1.1", 0),
+        b"SUB 7 users/mallory/# mode=all bridge=1\r\n",
+    ],
+)
+def test_bridgeFramesOnlyFromBridgeUsers(frame):
+    """
+    On a broker that takes passwords, a user that is no bridge may not send
+    bridge frames, even on the topics it may write: they are refused with
+    NOT_AUTHORIZED, counted and logged, and its connection stays open.  The
+    bridge's user may.
+    """
+    harness = BrokerHarness(users=USERS, acl=ACL, bridgeUsers={"hub-bridge"})
+    mallory = harness.connect()
+    mallory.login("mallory", USERS["mallory"])
+    mallory.send(frame)
+    assert mallory.received().startswith(
+        b"ERR 7 NOT_AUTHORIZED user mallory is not a bridge: "
+    )
+    [denied] = harness.fields("denied")
+    assert (denied["user"], denied["action"]) == ("mallory", "bridge")
+    stats = harness.broker.stats()
+    assert (stats["denied"], stats["published"], stats["subscriptions"]) == (1, 0, 0)
+    mallory.send(b"PING\r\n")
+    assert mallory.received() == b"PONG\r\n"
+    bridge = harness.connect()
+    bridge.login("hub-bridge", USERS["hub-bridge"])
+    bridge.send(frame)
+    assert bridge.received().split(b" ")[0] in (b"PUBACK", b"SUBACK")
+
+
+def test_forgedOidsFromANonBridgeDoNotSuppressTheHubsMessages():
+    """
+    Issue 24's attack on a secured leaf: mallory, who may write only
+    users/mallory/#, publishes junk under the oids of the hub's messages to
+    come.  Refused: the hub's real messages, coming over the bridge, reach
+    the leaf's subscribers.
+    """
+    harness = BrokerHarness(users=USERS, acl=ACL, bridgeUsers={"hub-bridge"})
+    mallory = harness.connect()
+    mallory.login("mallory", USERS["mallory"])
+    mallory.send(b"SUB 1 users/mallory/# mode=fire\r\n")
+    mallory.received()
+    mallory.send(bridgedPub(b"2", b"users/mallory/x", b"junk", b"hub", b"h1.1", 0))
+    assert mallory.received().startswith(b"ERR 2 NOT_AUTHORIZED ")
+    bridge = harness.connect()
+    bridge.login("hub-bridge", USERS["hub-bridge"])
+    bridge.send(b"SUB 1 # mode=fire\r\n")
+    bridge.received()
+    bridge.send(bridgedPub(b"2", b"users/mallory/x", b"real", b"hub", b"h1.1", 0))
+    assert messages(mallory.received()) == [(b"users/mallory/x", b"real")]
+    assert harness.broker.stats()["bridged_duplicates"] == 0
+
+
 def test_ownMessagesComingBackAreDiscarded(harness):
     bridge = harness.connect()
     name = harness.broker.name.encode()
@@ -329,11 +395,11 @@ class LinkHarness:
     the link waits C{n} seconds after C{n} failures in a row.
     """
 
-    def __init__(self, direction="both", filters=("#",), config=None):
+    def __init__(self, direction="both", filters=("#",), config=None, credentials=None):
         self.local = BrokerHarness(config or BrokerConfig(messageEvents=True))
         self.endpoint = FakeEndpoint()
         self.link = BridgeLink(
-            BridgeSpec("hub", "tcp:10.0.0.1:1373", filters, direction),
+            BridgeSpec("hub", "tcp:10.0.0.1:1373", filters, direction, credentials),
             self.local.broker,
             self.local.clock,
             self.local.sweep,
@@ -560,6 +626,34 @@ def test_refusedSubscriptionsCloseTheConnectionAndBackOff():
     assert len(harness.endpoint.attempts) == 1
 
 
+def test_theLinkLogsInBeforeItSubscribes():
+    """
+    A bridge with credentials logs in on each connection, its client id the
+    broker's name, and subscribes once the login is answered.
+    """
+    harness = LinkHarness(credentials=("leaf-bridge", b"s3cret pw"))
+    remote = harness.endpoint.accept()
+    [hello] = frames(remote.received(), b"HELLO")
+    assert hello.line == b"HELLO 1 harness user=leaf-bridge password=czNjcmV0IHB3"
+    assert harness.link.state == "connecting"
+    remote.send(b"HELLO 1 version=0.1.0 ping=10 user=leaf-bridge\r\n")
+    [subscribe] = frames(remote.received(), b"SUB")
+    remote.send(b"SUBACK %s\r\n" % subscribe.arguments[0])
+    assert harness.link.state == "up"
+
+
+def test_aRefusedLoginIsSaidAndBacksOff():
+    harness = LinkHarness(credentials=("leaf-bridge", b"wrong"))
+    remote = harness.endpoint.accept()
+    remote.received()
+    remote.send(b"ERR 1 BAD_CREDENTIALS bad user name or password\r\n")
+    remote.lose()
+    assert harness.states()[-1] == ("bridge_down", "login_failed")
+    assert frames(remote.received(), b"SUB") == []
+    harness.local.clock.advance(2)
+    assert len(harness.endpoint.attempts) == 1
+
+
 def test_aRemoteThatStopsAnsweringPingsIsLeft():
     harness = LinkHarness()
     remote, _ = harness.connect()
@@ -667,6 +761,37 @@ def test_parseBridge():
 def test_parseBridgeExplainsWhatIsWrong(text, reason):
     with pytest.raises(ValueError) as raised:
         parseBridge(text, Clock())
+    assert reason in str(raised.value)
+
+
+def test_parseBridgeCredentials(tmp_path):
+    """
+    The password of a bridge's login comes from the first line of a file,
+    or from an environment variable; it is never shown in the spec's repr.
+    """
+    (tmp_path / "pw").write_bytes(b"s3cret pw\r\nignored\n")
+    spec = parseBridge(f"hub=tcp:h:1,user=leaf-1,password-file={tmp_path / 'pw'}", Clock())
+    assert spec.credentials == ("leaf-1", b"s3cret pw")
+    assert "s3cret" not in repr(spec)
+    spec = parseBridge("hub=tcp:h:1,user=leaf-1,password-env=HUB_PW", Clock(), {"HUB_PW": "x"})
+    assert spec.credentials == ("leaf-1", b"x")
+
+
+@pytest.mark.parametrize(
+    "options, reason",
+    [
+        ("user=leaf-1", "user= and one of password-file= or password-env= go together"),
+        ("password-env=HUB_PW", "user= and one of password-file= or password-env= go together"),
+        ("user=le af,password-env=HUB_PW", "bad user name 'le af'"),
+        ("user=l,password-env=NONE", "the environment has no variable 'NONE'"),
+        ("user=l,password-env=EMPTY", "the password in EMPTY is empty"),
+        ("user=l,password-file=/nonexistent/pw", "cannot read the password from /nonexistent/pw"),
+        ("user=l,password-env=HUB_PW,password-env=HUB_PW", "give one password-file= or"),
+    ],
+)
+def test_parseBridgeCredentialsExplainsWhatIsWrong(options, reason):
+    with pytest.raises(ValueError) as raised:
+        parseBridge(f"hub=tcp:h:1,{options}", Clock(), {"HUB_PW": "x", "EMPTY": ""})
     assert reason in str(raised.value)
 
 
