@@ -688,18 +688,29 @@ def test_udpLoginRequired():
     assert harness.fields("connect") == []
 
 
+def aliceOverUdp(clientId):
+    """
+    A broker that takes passwords, checking them when the test says, with
+    alice logged in over UDP as C{clientId}.
+
+    @return: the L{UdpHarness}, its L{PendingChecks}, and alice's peer.
+    """
+    checks = PendingChecks()
+    harness = UdpHarness(users=USERS, runHash=checks)
+    alice = harness.peer(40001)
+    udpHello(alice, clientId, credentialOptions("alice", USERS["alice"]))
+    checks.runAll()
+    alice.received()
+    return harness, checks, alice
+
+
 def test_udpResumeWithTheSameCredentials():
     """
     A client whose address changed says both HELLOs again with its
     credentials: the session resumes without the password being checked
     again.  Another user's credentials cannot take the session over.
     """
-    checks = PendingChecks()
-    harness = UdpHarness(users=USERS, runHash=checks)
-    first = harness.peer(40001)
-    udpHello(first, b"me", credentialOptions("alice", USERS["alice"]))
-    checks.runAll()
-    first.received()
+    harness, checks, _ = aliceOverUdp(b"me")
     moved = harness.peer(40002)
     [answer] = udpHello(moved, b"me", credentialOptions("alice", USERS["alice"]))
     assert answer.endswith(b" session=resumed user=alice\r\n")
@@ -722,12 +733,7 @@ def test_udpClientIdIsNotACredential(request_):
     requests with it, without a password.  They are refused, and alice's
     session stays hers, where it is.
     """
-    checks = PendingChecks()
-    harness = UdpHarness(users=USERS, runHash=checks)
-    alice = harness.peer(40001)
-    udpHello(alice, b"alice-phone", credentialOptions("alice", USERS["alice"]))
-    checks.runAll()
-    alice.received()
+    harness, checks, alice = aliceOverUdp(b"alice-phone")
     alice.request(b"SUB 1 alice/#")
     assert alice.received() == [b"SUBACK 1\r\n"]
     mallory = harness.peer(40666, host="127.0.0.66")
