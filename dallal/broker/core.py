@@ -26,6 +26,7 @@ from dallal.errors import (
     BAD_TOPIC,
     FORBIDDEN,
     NO_ID,
+    NOT_AUTHORIZED,
     NOT_SUBSCRIBED,
     SHUTTING_DOWN,
     STORE_FAILED,
@@ -159,9 +160,19 @@ class _Session:
     @ivar user: the name it logged in with, or C{None} (anonymous).
     @ivar permissions: what the ACL lets it read and write
         (L{dallal.security.acl.Permissions}), or C{None} when the broker has no ACL.
+    @ivar mayBridge: whether it may send bridge frames: not when it logged
+        in as a user that is no bridge (L{dallal.security.auth.BrokerRealm}).
     """
 
-    __slots__ = ("sid", "subscriber", "subscriptions", "outbox", "user", "permissions")
+    __slots__ = (
+        "sid",
+        "subscriber",
+        "subscriptions",
+        "outbox",
+        "user",
+        "permissions",
+        "mayBridge",
+    )
 
     def __init__(self, sid, subscriber, outbox):
         self.sid = sid
@@ -170,6 +181,7 @@ class _Session:
         self.outbox = outbox
         self.user = None
         self.permissions = None
+        self.mayBridge = True
 
 
 class Broker:
@@ -316,6 +328,7 @@ class Broker:
         session = self._sessions[subscriber]
         session.user = user.name
         session.permissions = user.permissions
+        session.mayBridge = user.mayBridge
         if user.permissions is not None:
             self._restricted = True
         if user.name is not None:
@@ -349,9 +362,9 @@ class Broker:
         session = self._sessions.get(subscriber)
         return session.sid if session else 0
 
-    def _forbid(self, session, action, topic, requestId):
+    def _denied(self, session, action, topic):
         """
-        Count and log a request the ACL refuses, and refuse it.
+        Count and log a request its user may not make.
         """
         self.counters["denied"] += 1
         user = session.user
@@ -364,11 +377,38 @@ class Broker:
             action=action,
             topic=topic,
         )
+
+    def _forbid(self, session, action, topic, requestId):
+        """
+        Count and log a request the ACL refuses, and refuse it.
+        """
+        self._denied(session, action, topic)
+        user = session.user
         who = "anonymous clients" if user is None else f"user {user}"
         preposition = "on" if action == "publish" else "to"
         raise RequestError(
             FORBIDDEN, f"{who} may not {action} {preposition} {topic}", requestId
         )
+
+    def checkBridging(self, subscriber, topic, requestId):
+        """
+        Refuse a bridge frame (a C{PUB} with C{origin=}, a C{SUB} with
+        C{bridge=1}) from a client that is no bridge: it could otherwise
+        claim the origin of other brokers' messages (PROTOCOL.md, "Who may
+        bridge").
+
+        @raise RequestError: C{NOT_AUTHORIZED}, counted and logged as
+            C{denied}.
+        """
+        session = self._sessions[subscriber]
+        if not session.mayBridge:
+            self._denied(session, "bridge", topic)
+            raise RequestError(
+                NOT_AUTHORIZED,
+                f"user {session.user} is not a bridge: only the broker's --bridge-users "
+                "may send origin= or bridge=1",
+                requestId,
+            )
 
     def acknowledge(self, subscriber, deliveryId):
         """
@@ -806,7 +846,7 @@ class Broker:
             discarded = "loop"
         elif origin.hops > MAX_HOPS:
             discarded = "hop_limit"
-        elif not self.seen.firstTime(origin):
+        elif not self.seen.firstTime(origin, topic, payload):
             discarded = "duplicate"
         else:
             discarded = None
