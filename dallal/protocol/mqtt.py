@@ -354,6 +354,13 @@ class _NoProperties(Mapping):
     def __getitem__(self, key):
         raise KeyError(key)
 
+    # Mapping's own would raise and catch a KeyError.
+    def __contains__(self, key):
+        return False
+
+    def get(self, key, default=None):
+        return default
+
     def __iter__(self):
         return iter(())
 
@@ -946,6 +953,13 @@ def encodePublishHeader(
 
 # Decoding.
 
+# The enum members the decoder compares with for every packet, as plain
+# ints (an enum attribute lookup costs more than the comparison).
+_CONNECT = int(PacketType.CONNECT)
+_PUBLISH = int(PacketType.PUBLISH)
+_AUTH = int(PacketType.AUTH)
+_TOPIC_ALIAS = int(Property.TOPIC_ALIAS)
+
 
 class _Reader:
     """
@@ -1204,6 +1218,7 @@ class MQTTDecoder:
             self._error = error
             self._buffer = b""
             self._pending = []
+            self._pendingSize = 0
             raise
 
     def _nextPacket(self):
@@ -1228,42 +1243,70 @@ class MQTTDecoder:
         firstByte = buffer[position]
         packetType = firstByte >> 4
         flags = firstByte & 0x0F
-        if self._connectExpected:
-            if packetType != PacketType.CONNECT:
+        if self._connectAllowed:
+            if self._connectExpected and packetType != _CONNECT:
                 # [MQTT-3.1.0-1]
                 raise _protocolError("the first packet is not a CONNECT")
-        elif packetType == PacketType.CONNECT and not self._connectAllowed:
+        elif packetType == _CONNECT:
             # [MQTT-3.1.0-2]
             raise _protocolError("a second CONNECT")
-        if flags != _FLAGS.get(packetType, flags):
-            # [MQTT-2.2.2-1] and [MQTT-2.2.2-2] (3.1.1), [MQTT-2.1.3-1] (5)
-            raise _malformed(f"reserved flags 0x{flags:x} of packet type {packetType}")
-        if packetType == 0 or (packetType == PacketType.AUTH and self.version != MQTT_5):
-            raise _malformed(f"reserved packet type {packetType}")
+        if packetType != _PUBLISH:
+            # PUBLISH's flags are its DUP, QoS and RETAIN, checked with its body.
+            self._checkFixedHeader(packetType, flags)
 
-        # The Remaining Length (2.2.3), one to four bytes.
-        remaining = 0
-        index = position + 1
-        for shift in (0, 7, 14, 21):
-            if index - position >= available:
-                self._needed = available + 1
-                return None
-            byte = buffer[index]
-            index += 1
-            remaining |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                break
-        else:
-            raise _malformed("a remaining length longer than four bytes")
-        if byte == 0 and shift and self.version == MQTT_5:
-            # [MQTT-1.5.5-1]
-            raise _malformed("a remaining length with a useless byte")
+        # The Remaining Length (2.2.3), one to four bytes; most often one.
+        if available < 2:
+            self._needed = 2
+            return None
+        remaining = buffer[position + 1]
+        index = position + 2
+        if remaining & 0x80:
+            remaining &= 0x7F
+            for shift in (7, 14, 21):
+                if index - position >= available:
+                    self._needed = available + 1
+                    return None
+                byte = buffer[index]
+                index += 1
+                remaining |= (byte & 0x7F) << shift
+                if not byte & 0x80:
+                    break
+            else:
+                raise _malformed("a remaining length longer than four bytes")
+            if byte == 0 and self.version == MQTT_5:
+                # [MQTT-1.5.5-1]
+                raise _malformed("a remaining length with a useless byte")
         size = index - position + remaining
         if size > self.maxPacketSize:
             raise MalformedPacket(
                 f"a {size}-byte packet, over the {self.maxPacketSize}-byte limit",
                 ReasonCode.PACKET_TOO_LARGE,
             )
+        if packetType in _FIXED_REMAINING_LENGTH_TYPES:
+            self._checkFixedLength(packetType, remaining)
+        if size > available:
+            self._needed = size
+            return None
+
+        end = position + size
+        self._position = end
+        self._needed = 1
+        if self._connectAllowed:
+            self._connectExpected = self._connectAllowed = False
+        if packetType == _PUBLISH:
+            return self._publish(flags, buffer, index, end)
+        return _DECODERS[packetType](self, flags, _Reader(buffer, index, end))
+
+    def _checkFixedHeader(self, packetType, flags):
+        expected = _FLAGS.get(packetType)
+        if expected is None or (packetType == _AUTH and self.version != MQTT_5):
+            # 2.1.2: 0 is reserved, and so is 15 in MQTT 3.1.1.
+            raise _malformed(f"reserved packet type {packetType}")
+        if flags != expected:
+            # [MQTT-2.2.2-1] and [MQTT-2.2.2-2] (3.1.1), [MQTT-2.1.3-1] (5)
+            raise _malformed(f"reserved flags 0x{flags:x} of packet type {packetType}")
+
+    def _checkFixedLength(self, packetType, remaining):
         fixedLengths = (
             _FIXED_REMAINING_LENGTHS_5
             if self.version == MQTT_5
@@ -1272,19 +1315,6 @@ class MQTTDecoder:
         expected = fixedLengths.get(packetType)
         if expected is not None and remaining != expected:
             raise _malformed(f"packet type {packetType} with remaining length {remaining}")
-        if size > available:
-            self._needed = size
-            self._position = position
-            return None
-
-        end = position + size
-        self._position = end
-        self._needed = 1
-        self._connectExpected = False
-        self._connectAllowed = False
-        if packetType == PacketType.PUBLISH:
-            return self._publish(flags, buffer, index, end)
-        return _DECODERS[packetType](self, flags, _Reader(buffer, index, end))
 
     def _publish(self, flags, data, start, end):
         """
@@ -1321,9 +1351,9 @@ class MQTTDecoder:
                 position += 1
             else:
                 reader = _Reader(data, position, end)
-                properties = reader.properties(PacketType.PUBLISH)
+                properties = reader.properties(_PUBLISH)
                 position = reader.position
-            if not topic and Property.TOPIC_ALIAS not in properties:
+            if not topic and _TOPIC_ALIAS not in properties:
                 # 3.3.2.1: a zero-length topic needs a Topic Alias.
                 raise _protocolError("an empty topic name without a topic alias")
         elif not topic:
@@ -1593,8 +1623,8 @@ _DECODERS = {
     ),
 }
 
-# The fixed header flags each packet type must have [MQTT-2.2.2-1]; PUBLISH's
-# are its DUP, QoS and RETAIN, checked with its body.
+# The fixed header flags each packet type but PUBLISH must have
+# [MQTT-2.2.2-1]; type 0 is reserved.
 _FLAGS = {packetType: 0 for packetType in PacketType if packetType != PacketType.PUBLISH}
 _FLAGS.update(
     {PacketType.PUBREL: 0x02, PacketType.SUBSCRIBE: 0x02, PacketType.UNSUBSCRIBE: 0x02}
@@ -1614,3 +1644,4 @@ _FIXED_REMAINING_LENGTHS_3_1_1 = {
     PacketType.UNSUBACK: 2,
     PacketType.DISCONNECT: 0,
 }
+_FIXED_REMAINING_LENGTH_TYPES = frozenset(_FIXED_REMAINING_LENGTHS_3_1_1)
