@@ -9,6 +9,7 @@ clients Dallal did not write (paho-mqtt, mosquitto_pub), both ways.
 import shutil
 import socket
 import subprocess
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -1160,3 +1161,367 @@ def test_propertiesAllowedOnlyWhereTheSpecSays(identifier, data):
         if identifier not in PROPERTIES_ALLOWED[packetType]:
             with pytest.raises(ValueError):
                 encodeProperties({identifier: value}, packetType)
+
+
+# Clients and a broker Dallal did not write: what they send decodes, and
+# what this codec sends, they understand.
+
+PEER_TIMEOUT = 10
+
+
+class PacketPeer:
+    """
+    Our end of a TCP connection to an MQTT program: it decodes what the
+    program sends and encodes what it is sent, in the version of the
+    conversation.
+
+    @ivar pump: called while waiting, to let a client that runs in this
+        thread (paho without its thread) read and write.
+    """
+
+    def __init__(self, connection, version=None, pump=None):
+        self.connection = connection
+        self.decoder = MQTTDecoder(version)
+        self.version = version
+        self.pump = pump
+        connection.settimeout(0.05 if pump else PEER_TIMEOUT)
+
+    def send(self, *packets):
+        version = self.decoder.version or self.version
+        self.connection.sendall(b"".join(packet.encode(version) for packet in packets))
+
+    def receive(self, count):
+        packets = []
+        deadline = time.monotonic() + PEER_TIMEOUT
+        while len(packets) < count:
+            packet = self.decoder.nextPacket()
+            if packet is not None:
+                packets.append(packet)
+                continue
+            assert time.monotonic() < deadline, f"only {packets} in {PEER_TIMEOUT} s"
+            if self.pump:
+                self.pump()
+            try:
+                data = self.connection.recv(65536)
+            except TimeoutError:
+                continue
+            assert data, f"the connection closed after {packets}"
+            self.decoder.feed(data)
+        return packets
+
+    def until(self, condition):
+        deadline = time.monotonic() + PEER_TIMEOUT
+        while not condition():
+            assert time.monotonic() < deadline, "the client never got there"
+            self.pump()
+
+
+def pahoProperties(packetType, **values):
+    from paho.mqtt.properties import Properties
+
+    properties = Properties(packetType)
+    for name, value in values.items():
+        setattr(properties, name, value)
+    return properties
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_pahoClient(version):
+    """
+    A paho-mqtt client through a whole session: what it sends decodes to
+    the packets its calls asked for; what we answer, its callbacks report.
+    """
+    mqtt = pytest.importorskip("paho.mqtt.client")
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.reasoncodes import ReasonCode as PahoReasonCode
+    from paho.mqtt.subscribeoptions import SubscribeOptions
+
+    five = version == MQTT_5
+    events = []
+    client = mqtt.Client(
+        mqtt.CallbackAPIVersion.VERSION2,
+        client_id="paho-1",
+        protocol=mqtt.MQTTv5 if five else mqtt.MQTTv311,
+        clean_session=None if five else False,
+    )
+    client.on_connect = lambda c, u, flags, reason, properties: events.append(
+        ("connect", reason.value, properties)
+    )
+    client.on_subscribe = lambda c, u, mid, reasons, properties: events.append(
+        ("subscribe", mid, [reason.value for reason in reasons])
+    )
+    client.on_unsubscribe = lambda c, u, mid, reasons, properties: events.append(
+        ("unsubscribe", mid, [reason.value for reason in reasons])
+    )
+    client.on_message = lambda c, u, message: events.append(("message", message))
+    client.username_pw_set("user", "secret")
+    client.will_set(
+        "wills/paho",
+        b"gone",
+        qos=1,
+        retain=True,
+        properties=pahoProperties(
+            PacketTypes.WILLMESSAGE, WillDelayInterval=30, UserProperty=[("w", "1")]
+        )
+        if five
+        else None,
+    )
+    users = [("k", "v"), ("k", "w"), ("a", "z")]
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(PEER_TIMEOUT)
+        client.connect(
+            "127.0.0.1",
+            listener.getsockname()[1],
+            keepalive=30,
+            properties=pahoProperties(
+                PacketTypes.CONNECT,
+                SessionExpiryInterval=120,
+                ReceiveMaximum=10,
+                UserProperty=users,
+            )
+            if five
+            else None,
+        )
+        connection, _ = listener.accept()
+    try:
+        peer = PacketPeer(connection, pump=lambda: client.loop(timeout=0.01))
+        [connect] = peer.receive(1)
+        assert connect == Connect(
+            "paho-1",
+            version,
+            five,  # paho's MQTT 5 default: a clean start the first time
+            30,
+            "user",
+            b"secret",
+            Will(
+                "wills/paho",
+                b"gone",
+                1,
+                True,
+                {Property.WILL_DELAY_INTERVAL: 30, Property.USER_PROPERTY: [("w", "1")]}
+                if five
+                else NO_PROPERTIES,
+            ),
+            {
+                Property.SESSION_EXPIRY_INTERVAL: 120,
+                Property.RECEIVE_MAXIMUM: 10,
+                Property.USER_PROPERTY: users,
+            }
+            if five
+            else NO_PROPERTIES,
+        )
+
+        peer.send(
+            ConnAck(
+                False,
+                0,
+                {
+                    Property.RECEIVE_MAXIMUM: 5,
+                    Property.REASON_STRING: "welcome",
+                    Property.USER_PROPERTY: [("s", "1")],
+                }
+                if five
+                else NO_PROPERTIES,
+            )
+        )
+        peer.until(lambda: events)
+        [(name, reason, properties)] = events
+        assert (name, reason) == ("connect", 0)
+        if five:
+            assert properties.UserProperty == [("s", "1")]
+            assert properties.ReasonString == "welcome"
+        events.clear()
+
+        if five:
+            _, mid = client.subscribe(
+                [
+                    (
+                        "a/+",
+                        SubscribeOptions(
+                            qos=2, noLocal=True, retainAsPublished=True, retainHandling=2
+                        ),
+                    ),
+                    ("$share/g/b/#", SubscribeOptions(qos=0)),
+                ],
+                properties=pahoProperties(PacketTypes.SUBSCRIBE, SubscriptionIdentifier=7),
+            )
+        else:
+            _, mid = client.subscribe([("a/+", 2), ("$share/g/b/#", 0)])
+        [subscribe] = peer.receive(1)
+        assert subscribe == Subscribe(
+            mid,
+            [
+                Subscription("a/+", 2, True, True, 2) if five else Subscription("a/+", 2),
+                Subscription("$share/g/b/#", 0),
+            ],
+            {Property.SUBSCRIPTION_IDENTIFIER: [7]} if five else NO_PROPERTIES,
+        )
+        refused = ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED if five else 0x80
+        peer.send(SubAck(mid, [2, refused]))
+        peer.until(lambda: events)
+        assert events.pop() == ("subscribe", mid, [2, refused])
+
+        publishProperties = {
+            Property.PAYLOAD_FORMAT_INDICATOR: 1,
+            Property.MESSAGE_EXPIRY_INTERVAL: 60,
+            Property.CONTENT_TYPE: "text/plain",
+            Property.RESPONSE_TOPIC: "replies/1",
+            Property.CORRELATION_DATA: b"\x01\x02",
+            Property.USER_PROPERTY: users,
+        }
+        client.publish("t/0", b"zero", 0)
+        first = client.publish(
+            "t/1",
+            b"one",
+            1,
+            retain=True,
+            properties=pahoProperties(
+                PacketTypes.PUBLISH,
+                PayloadFormatIndicator=1,
+                MessageExpiryInterval=60,
+                ContentType="text/plain",
+                ResponseTopic="replies/1",
+                CorrelationData=b"\x01\x02",
+                UserProperty=users,
+            )
+            if five
+            else None,
+        )
+        second = client.publish("t/2", b"two", 2)
+        assert peer.receive(3) == [
+            Publish("t/0", b"zero"),
+            Publish(
+                "t/1",
+                b"one",
+                1,
+                True,
+                False,
+                first.mid,
+                publishProperties if five else NO_PROPERTIES,
+            ),
+            Publish("t/2", b"two", 2, False, False, second.mid),
+        ]
+        peer.send(PubAck(first.mid), PubRec(second.mid))
+        assert peer.receive(1) == [PubRel(second.mid)]
+        peer.send(PubComp(second.mid))
+        peer.until(lambda: first.is_published() and second.is_published())
+
+        # Messages to the client, at QoS 1 and 2 (whose four steps complete
+        # before paho hands it over).
+        peer.send(
+            Publish(
+                "a/x",
+                b"to paho",
+                1,
+                False,
+                False,
+                100,
+                {
+                    Property.SUBSCRIPTION_IDENTIFIER: [7],
+                    Property.USER_PROPERTY: [("from", "dallal")],
+                    Property.CONTENT_TYPE: "text/plain",
+                }
+                if five
+                else NO_PROPERTIES,
+            ),
+            Publish("a/y", b"exactly once", 2, True, False, 101),
+        )
+        assert peer.receive(2) == [PubAck(100), PubRec(101)]
+        peer.send(PubRel(101))
+        assert peer.receive(1) == [PubComp(101)]
+        peer.until(lambda: len(events) == 2)
+        messages = [event[1] for event in events]
+        assert [
+            (message.topic, message.payload, message.qos, message.retain)
+            for message in messages
+        ] == [("a/x", b"to paho", 1, False), ("a/y", b"exactly once", 2, True)]
+        if five:
+            assert messages[0].properties.UserProperty == [("from", "dallal")]
+            assert messages[0].properties.SubscriptionIdentifier == [7]
+            assert messages[0].properties.ContentType == "text/plain"
+        events.clear()
+
+        _, mid = client.unsubscribe(["a/+", "$share/g/b/#"])
+        assert peer.receive(1) == [Unsubscribe(mid, ["a/+", "$share/g/b/#"])]
+        peer.send(UnsubAck(mid, [0, ReasonCode.NO_SUBSCRIPTION_EXISTED] if five else []))
+        peer.until(lambda: events)
+        if five:
+            assert events.pop() == ("unsubscribe", mid, [0, 0x11])
+
+        client.disconnect(
+            reasoncode=PahoReasonCode(PacketTypes.DISCONNECT, identifier=4) if five else None
+        )
+        assert peer.receive(1) == [Disconnect(4 if five else 0)]
+    finally:
+        connection.close()
+        client.loop(timeout=0.01)
+
+
+@pytest.mark.skipif(shutil.which("mosquitto_pub") is None, reason="no mosquitto_pub")
+@pytest.mark.parametrize("version", VERSIONS)
+def test_mosquittoPub(version):
+    """
+    What Debian's mosquitto_pub sends for a QoS 2 retained message with a
+    will, a user name and, in MQTT 5, properties.
+    """
+    five = version == MQTT_5
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(PEER_TIMEOUT)
+        arguments = [
+            "mosquitto_pub", "-h", "127.0.0.1", "-p", str(listener.getsockname()[1]),
+            "-V", "mqttv5" if five else "mqttv311", "-i", "mosquitto-1", "-k", "45",
+            "-t", "sensors/1", "-m", "21.5", "-q", "2", "-r", "-u", "user", "-P", "pw",
+            "--will-topic", "wills/m", "--will-payload", "bye", "--will-qos", "1",
+        ]  # fmt: skip
+        if five:
+            arguments += [
+                "-D", "publish", "user-property", "unit", "celsius",
+                "-D", "publish", "content-type", "text/plain",
+                "-D", "connect", "session-expiry-interval", "60",
+            ]  # fmt: skip
+        process = subprocess.Popen(
+            arguments, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        try:
+            connection, _ = listener.accept()
+            with connection:
+                peer = PacketPeer(connection)
+                [connect] = peer.receive(1)
+                assert connect == Connect(
+                    "mosquitto-1",
+                    version,
+                    True,
+                    45,
+                    "user",
+                    b"pw",
+                    Will("wills/m", b"bye", 1),
+                    # mosquitto_pub asks for 20 messages in flight at most.
+                    {Property.SESSION_EXPIRY_INTERVAL: 60, Property.RECEIVE_MAXIMUM: 20}
+                    if five
+                    else NO_PROPERTIES,
+                )
+                peer.send(ConnAck())
+                [publish] = peer.receive(1)
+                assert publish == Publish(
+                    "sensors/1",
+                    b"21.5",
+                    2,
+                    True,
+                    False,
+                    publish.packetId,
+                    {
+                        Property.USER_PROPERTY: [("unit", "celsius")],
+                        Property.CONTENT_TYPE: "text/plain",
+                    }
+                    if five
+                    else NO_PROPERTIES,
+                )
+                peer.send(PubRec(publish.packetId))
+                assert peer.receive(1) == [PubRel(publish.packetId)]
+                peer.send(PubComp(publish.packetId))
+                assert peer.receive(1) == [Disconnect()]
+            assert process.wait(timeout=PEER_TIMEOUT) == 0, process.stderr.read()
+        finally:
+            process.kill()
+            process.wait()
