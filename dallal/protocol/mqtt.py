@@ -1127,10 +1127,9 @@ def _decodeString(raw):
 
 def _checkTopicName(topic):
     if "+" in topic or "#" in topic:
-        # [MQTT-3.3.2-2], [MQTT-4.7.1-1] (3.1.1)
-        raise MalformedPacket(
-            f"topic name {topic!r} has a wildcard", ReasonCode.TOPIC_NAME_INVALID
-        )
+        # [MQTT-3.3.2-2], [MQTT-4.7.1-1] (3.1.1).  The spec names no reason
+        # code for it; Mosquitto's is Protocol Error.
+        raise _protocolError(f"topic name {topic!r} has a wildcard")
     if not topic:
         # [MQTT-4.7.3-1]
         raise _protocolError("an empty topic name")
