@@ -6,6 +6,7 @@ byte boundary, properties checked with hypothesis, and the bytes of MQTT
 clients Dallal did not write (paho-mqtt, mosquitto_pub), both ways.
 """
 
+import os
 import shutil
 import socket
 import subprocess
@@ -1532,9 +1533,8 @@ def mosquittoBroker(tmp_path):
     """
     A Mosquitto broker on a free local port, or a skip where none is installed.
     """
-    executable = shutil.which("mosquitto") or (
-        "/usr/sbin/mosquitto" if shutil.os.path.exists("/usr/sbin/mosquitto") else None
-    )
+    # Debian installs the broker in /usr/sbin, not on every user's PATH.
+    executable = shutil.which("mosquitto", path=f"{os.defpath}:/usr/sbin:/usr/local/sbin")
     if executable is None:
         pytest.skip("no mosquitto")
     with socket.socket() as probe:

@@ -523,19 +523,10 @@ class _Acknowledgement:
     properties: dict = NO_PROPERTIES
 
     def encode(self, version=MQTT_5):
-        packetType = self._TYPE
-        body = _encodePacketId(self.packetId)
-        if _checkVersion(version) == MQTT_5:
-            _checkReason(self.reasonCode, self._REASONS, packetType)
-            if self.properties:
-                body += bytes((self.reasonCode,)) + encodeProperties(
-                    self.properties, packetType
-                )
-            elif self.reasonCode:
-                body += bytes((self.reasonCode,))
-        elif self.reasonCode or self.properties:
-            raise ValueError(f"MQTT 3.1.1's {packetType.name} has no reason or properties")
-        return _packet(self._FIRST_BYTE, body)
+        return _packet(
+            self._FIRST_BYTE,
+            _encodePacketId(self.packetId) + _encodeOptionalReason(self, version),
+        )
 
 
 @dataclass(slots=True)
@@ -711,23 +702,9 @@ class _ReasonAndProperties:
     properties: dict = NO_PROPERTIES
 
     def encode(self, version=MQTT_5):
-        packetType = self._TYPE
-        if _checkVersion(version) == MQTT_3_1_1:
-            if packetType == PacketType.AUTH:
-                raise ValueError("MQTT 3.1.1 has no AUTH")
-            if self.reasonCode or self.properties:
-                raise ValueError("MQTT 3.1.1's DISCONNECT has no reason or properties")
-            return _packet(self._FIRST_BYTE, b"")
-        _checkReason(self.reasonCode, self._REASONS, packetType)
-        if self.properties:
-            body = bytes((self.reasonCode,)) + encodeProperties(
-                self.properties, packetType
-            )
-        elif self.reasonCode:
-            body = bytes((self.reasonCode,))
-        else:
-            body = b""
-        return _packet(self._FIRST_BYTE, body)
+        if self._TYPE == PacketType.AUTH and version == MQTT_3_1_1:
+            raise ValueError("MQTT 3.1.1 has no AUTH")
+        return _packet(self._FIRST_BYTE, _encodeOptionalReason(self, version))
 
 
 @dataclass(slots=True)
@@ -840,6 +817,25 @@ def _encodeTopicFilter(topicFilter):
     if not topicFilter:
         raise ValueError("an empty topic filter")
     return _encodeString(topicFilter)
+
+
+def _encodeOptionalReason(packet, version):
+    """
+    The end of a packet whose MQTT 5 reason code and properties are left out
+    when they are Success and none (3.4.2.1, 3.14.2.1, 3.15.2.1); MQTT 3.1.1
+    has neither.
+    """
+    packetType = packet._TYPE
+    if _checkVersion(version) == MQTT_3_1_1:
+        if packet.reasonCode or packet.properties:
+            raise ValueError(f"MQTT 3.1.1's {packetType.name} has no reason or properties")
+        return b""
+    _checkReason(packet.reasonCode, packet._REASONS, packetType)
+    if packet.properties:
+        return bytes((packet.reasonCode,)) + encodeProperties(packet.properties, packetType)
+    if packet.reasonCode:
+        return bytes((packet.reasonCode,))
+    return b""
 
 
 def _encodeAcknowledgementList(packet, version, firstByte, packetType, allowed):
@@ -1198,7 +1194,16 @@ class MQTTDecoder:
         return self
 
     def __next__(self):
-        packet = self.nextPacket()
+        if self._error is not None:
+            raise self._error
+        try:
+            packet = self._nextPacket()
+        except MalformedPacket as error:
+            self._error = error
+            self._buffer = b""
+            self._pending = []
+            self._pendingSize = 0
+            raise
         if packet is None:
             raise StopIteration
         return packet
@@ -1209,16 +1214,7 @@ class MQTTDecoder:
 
         @raise MalformedPacket: the stream's next packet breaks the spec.
         """
-        if self._error is not None:
-            raise self._error
-        try:
-            return self._nextPacket()
-        except MalformedPacket as error:
-            self._error = error
-            self._buffer = b""
-            self._pending = []
-            self._pendingSize = 0
-            raise
+        return next(self, None)
 
     def _nextPacket(self):
         buffer = self._buffer
@@ -1332,9 +1328,15 @@ class MQTTDecoder:
         position = start + 2 + (data[start] << 8 | data[start + 1])
         if position > end:
             raise _malformed("the packet ends inside the topic name")
-        topic = _decodeString(data[start + 2 : position])
-        if "+" in topic or "#" in topic:
-            _checkTopicName(topic)
+        # The checks of _decodeString and _checkTopicName, inline: this runs
+        # for every message the broker receives.  When one fails, those
+        # functions say why.
+        try:
+            topic = data[start + 2 : position].decode("utf-8")
+        except UnicodeDecodeError:
+            topic = None
+        if topic is None or "+" in topic or "#" in topic or "\x00" in topic:
+            _checkTopicName(_decodeString(data[start + 2 : position]))
         packetId = None
         if qos:
             if position + 2 > end:
@@ -1474,20 +1476,7 @@ class MQTTDecoder:
         PUBACK, PUBREC, PUBREL, PUBCOMP (3.4 to 3.7).
         """
         packetId = reader.packetId()
-        reasonCode = 0
-        properties = NO_PROPERTIES
-        # MQTT 3.1.1's are exactly two bytes (checked with the fixed header);
-        # MQTT 5's may stop after the packet identifier or the reason code.
-        if reader.left():
-            reasonCode = reader.byte()
-            if reasonCode not in packetClass._REASONS:
-                raise _protocolError(
-                    f"{packetClass._TYPE.name} reason code 0x{reasonCode:02x}"
-                )
-            if reader.left():
-                properties = reader.properties(packetClass._TYPE)
-                reader.expectEnd(packetClass._TYPE.name)
-        return packetClass(packetId, reasonCode, properties)
+        return packetClass(packetId, *self._optionalReason(packetClass, reader))
 
     def _subscribe(self, flags, reader):
         """
@@ -1582,8 +1571,15 @@ class MQTTDecoder:
 
     def _reasonAndProperties(self, packetClass, reader):
         """
-        DISCONNECT and AUTH (3.14, 3.15); MQTT 3.1.1's DISCONNECT is empty
-        (checked with the fixed header).
+        DISCONNECT and AUTH (3.14, 3.15).
+        """
+        return packetClass(*self._optionalReason(packetClass, reader))
+
+    def _optionalReason(self, packetClass, reader):
+        """
+        The reason code and properties that end an MQTT 5 acknowledgement,
+        DISCONNECT or AUTH, each left out when Success and none; MQTT 3.1.1's
+        packets have neither (their length is checked with the fixed header).
         """
         reasonCode = 0
         properties = NO_PROPERTIES
@@ -1596,7 +1592,7 @@ class MQTTDecoder:
             if reader.left():
                 properties = reader.properties(packetClass._TYPE)
                 reader.expectEnd(packetClass._TYPE.name)
-        return packetClass(reasonCode, properties)
+        return reasonCode, properties
 
 
 _DECODERS = {
