@@ -796,6 +796,9 @@ def test_refusalIsFinal():
         list(decoder.feed(b"\x00\x00"))
     with pytest.raises(MalformedPacket):
         list(decoder.feed(PingReq().encode()))
+    # Nor does it keep what a peer goes on sending.
+    decoder.feed(b"x" * 1000)
+    assert decoder._pendingSize == 0
 
 
 def test_packetsBeforeARefusalAreYielded():

@@ -391,7 +391,7 @@ class Will:
     payload: bytes = b""
     qos: int = 0
     retain: bool = False
-    properties: dict = NO_PROPERTIES
+    properties: Mapping = NO_PROPERTIES
 
 
 @dataclass(slots=True)
@@ -408,7 +408,7 @@ class Connect:
     username: str | None = None
     password: bytes | None = None
     will: Will | None = None
-    properties: dict = NO_PROPERTIES
+    properties: Mapping = NO_PROPERTIES
 
     def encode(self, version=None):
         """
@@ -459,7 +459,7 @@ class ConnAck:
 
     sessionPresent: bool = False
     reasonCode: int = 0
-    properties: dict = NO_PROPERTIES
+    properties: Mapping = NO_PROPERTIES
 
     def encode(self, version=MQTT_5):
         _checkVersion(version)
@@ -488,7 +488,7 @@ class Publish:
     retain: bool = False
     dup: bool = False
     packetId: int | None = None
-    properties: dict = NO_PROPERTIES
+    properties: Mapping = NO_PROPERTIES
 
     def encode(self, version=MQTT_5):
         if not self.topic and not (
@@ -520,7 +520,7 @@ class _Acknowledgement:
 
     packetId: int
     reasonCode: int = 0
-    properties: dict = NO_PROPERTIES
+    properties: Mapping = NO_PROPERTIES
 
     def encode(self, version=MQTT_5):
         return _packet(
@@ -588,7 +588,7 @@ class Subscribe:
 
     packetId: int
     subscriptions: list
-    properties: dict = NO_PROPERTIES
+    properties: Mapping = NO_PROPERTIES
 
     def encode(self, version=MQTT_5):
         version = _checkVersion(version)
@@ -626,7 +626,7 @@ class SubAck:
 
     packetId: int
     reasonCodes: list
-    properties: dict = NO_PROPERTIES
+    properties: Mapping = NO_PROPERTIES
 
     def encode(self, version=MQTT_5):
         allowed = _SUBACK_REASONS if version == MQTT_5 else _SUBACK_RETURN_CODES
@@ -641,7 +641,7 @@ class Unsubscribe:
 
     packetId: int
     topicFilters: list
-    properties: dict = NO_PROPERTIES
+    properties: Mapping = NO_PROPERTIES
 
     def encode(self, version=MQTT_5):
         version = _checkVersion(version)
@@ -663,7 +663,7 @@ class UnsubAck:
 
     packetId: int
     reasonCodes: list = field(default_factory=list)
-    properties: dict = NO_PROPERTIES
+    properties: Mapping = NO_PROPERTIES
 
     def encode(self, version=MQTT_5):
         if _checkVersion(version) == MQTT_3_1_1:
@@ -699,7 +699,7 @@ class _ReasonAndProperties:
     """
 
     reasonCode: int = 0
-    properties: dict = NO_PROPERTIES
+    properties: Mapping = NO_PROPERTIES
 
     def encode(self, version=MQTT_5):
         if self._TYPE == PacketType.AUTH and version == MQTT_3_1_1:
@@ -1185,7 +1185,8 @@ class MQTTDecoder:
 
         @return: this decoder, to iterate over the packets now complete.
         """
-        if data:
+        # A refused stream is over: what follows is not kept.
+        if data and self._error is None:
             self._pending.append(data)
             self._pendingSize += len(data)
         return self
