@@ -547,7 +547,6 @@ def test_encoderRefusesWhatItMayNotSend(version):
             Publish("", b""),
             Publish("a", properties={Property.SESSION_EXPIRY_INTERVAL: 1}),
             Publish("a", properties={Property.TOPIC_ALIAS: 0}),
-            Publish("a", properties={Property.PAYLOAD_FORMAT_INDICATOR: 2}),
             Subscribe(
                 1, [Subscription("a")], {Property.SUBSCRIPTION_IDENTIFIER: [1, 2]}
             ),
@@ -634,8 +633,7 @@ MALFORMED_INPUTS = [
     ("property twice", MQTT_5, withPublishProperties(b"\x01\x00\x01\x01"), PROTOCOL_ERROR),
     ("property of another packet", MQTT_5, withPublishProperties(b"\x11\x00\x00\x00\x01"), MALFORMED),
     ("unknown property", MQTT_5, withPublishProperties(b"\x04\x00"), MALFORMED),
-    ("topic alias 0", MQTT_5, withPublishProperties(b"\x23\x00\x00"), PROTOCOL_ERROR),
-    ("payload format 2", MQTT_5, withPublishProperties(b"\x01\x02"), PROTOCOL_ERROR),
+    ("topic alias 0", MQTT_5, withPublishProperties(b"\x23\x00\x00"), MALFORMED),
     ("subscription identifier 0", MQTT_5, withPublishProperties(b"\x0b\x00"), PROTOCOL_ERROR),
     ("property cut short", MQTT_5, withPublishProperties(b"\x02\x00\x00"), MALFORMED),
     ("properties past the end", MQTT_5, b"\x30\x05\x00\x01t\x05\x01", MALFORMED),
@@ -756,8 +754,8 @@ def test_malformedInputsAreMalformedOnlyForTheirReason():
     # one fix away from valid: the vectors do not pass by accident of
     # another error.  Spot-check the fixed versions decode.
     assert decodeOne(b"\x62\x02\x00\x01", MQTT_5) == PubRel(1)
-    assert decodeOne(withPublishProperties(b"\x01\x01"), MQTT_5).properties == {
-        Property.PAYLOAD_FORMAT_INDICATOR: 1
+    assert decodeOne(withPublishProperties(b"\x23\x00\x01"), MQTT_5).properties == {
+        Property.TOPIC_ALIAS: 1
     }
     assert decodeOne(b"\x82\x07\x00\x01\x00\x00\x01a\x20", MQTT_5) == Subscribe(
         1, [Subscription("a", retainHandling=2)]
@@ -878,7 +876,10 @@ NOT_ZERO = {
 def propertyValues(identifier, packetType):
     propertyType = PROPERTY_TYPES[identifier]
     least = 1 if identifier in NOT_ZERO else 0
-    if propertyType is PropertyType.BYTE:
+    if identifier == Property.PAYLOAD_FORMAT_INDICATOR:
+        # The spec defines 0 and 1 and refuses no other value.
+        values = st.integers(0, 255)
+    elif propertyType is PropertyType.BYTE:
         values = st.integers(0, 1)
     elif propertyType is PropertyType.TWO_BYTE_INTEGER:
         values = st.integers(least, 0xFFFF)
@@ -1670,12 +1671,31 @@ def test_mosquittoBroker(mosquittoBroker, version):
         peer.send(PingReq())
         assert peer.receive(1) == [PingResp()]
 
-        if five:
-            # A PUBLISH to a wildcard topic: Mosquitto closes with the
-            # reason code this codec refuses it with (the spec names none).
-            wildcard = b"\x30\x06\x00\x03a/#\x00"
-            connection.sendall(wildcard)
-            assert peer.receive(1) == [Disconnect(refusal(wildcard, MQTT_5))]
-        else:
-            peer.send(Disconnect())
+        peer.send(Disconnect())
         assert connection.recv(1) == b""
+
+
+@pytest.mark.parametrize(
+    "data, accepted",
+    [
+        (b"\x30\x06\x00\x03a/#\x00", False),  # a wildcard in a topic name
+        (withPublishProperties(b"\x23\x00\x00"), False),  # topic alias 0
+        (withPublishProperties(b"\x01\x02"), True),  # payload format 2
+    ],
+    ids=["wildcard topic", "topic alias 0", "payload format 2"],
+)
+def test_mosquittoDecidesWhereTheSpecDoesNot(mosquittoBroker, data, accepted):
+    """
+    Where MQTT 5 names no reason code or leaves a value open, this codec
+    accepts what Mosquitto accepts and refuses with the code Mosquitto sends.
+    """
+    with socket.create_connection(("127.0.0.1", mosquittoBroker), timeout=PEER_TIMEOUT) as connection:
+        peer = PacketPeer(connection, MQTT_5)
+        peer.send(Connect("judge", MQTT_5))
+        assert peer.receive(1)[0].reasonCode == 0
+        connection.sendall(data + PingReq().encode())
+        if accepted:
+            assert decodeAll(data, MQTT_5)
+            assert peer.receive(1) == [PingResp()]
+        else:
+            assert peer.receive(1) == [Disconnect(refusal(data, MQTT_5))]

@@ -21,10 +21,13 @@ property types, duplicates, placement and values, ...) and refuses a
 packet that breaks one with L{MalformedPacket}, whose C{reasonCode} is the
 MQTT 5 reason code a server sends before closing.  Comments name the
 statement each check implements: [MQTT-x.y.z-n] numbers are MQTT 3.1.1's
-when only that version is meant, MQTT 5.0's otherwise.  Rules that need a
-session (topic alias mapping, packet identifiers in use, Receive Maximum,
-which side sent a packet) are the protocol's, as are topic filter syntax
-(MQTT 5 answers a bad filter with a SUBACK reason code, not a disconnect).
+when only that version is meant, MQTT 5.0's otherwise.  Where the spec
+names no reason code, or leaves a value's meaning open, the codec does what
+Mosquitto (2.0.11) does, and its tests check that against a running
+Mosquitto.  Rules that need a session (topic alias mapping, packet
+identifiers in use, Receive Maximum, which side sent a packet) are the
+protocol's, as is topic filter syntax (MQTT 5 lets a server refuse one
+filter of a SUBSCRIBE in its SUBACK).
 
 Encoding validates what it builds (field ranges, string lengths, reason
 codes and properties allowed for the packet) and raises C{ValueError}
@@ -323,26 +326,27 @@ PROPERTIES_ALLOWED = {
 REPEATABLE_PROPERTIES = frozenset(
     (Property.USER_PROPERTY, Property.SUBSCRIPTION_IDENTIFIER)
 )
-# "It is a Protocol Error to include ... a value of 0": Receive Maximum
-# (3.1.2.11.3, 3.2.2.3.3), Maximum Packet Size (3.1.2.11.4, 3.2.2.3.6),
-# Topic Alias [MQTT-3.3.2-8] and Subscription Identifier (3.8.2.1.2).
-_NOT_ZERO = frozenset(
-    (
-        Property.RECEIVE_MAXIMUM,
-        Property.MAXIMUM_PACKET_SIZE,
-        Property.TOPIC_ALIAS,
-        Property.SUBSCRIPTION_IDENTIFIER,
-    )
-)
-# The byte properties whose only values are 0 and 1 (a Protocol Error
-# otherwise, as each one's section says; Payload Format Indicator's two
-# values are the only ones defined, and Mosquitto refuses others too).
+# The properties that cannot be 0, and the reason code for a 0: "It is a
+# Protocol Error to include ... a value of 0" for Receive Maximum
+# (3.1.2.11.3, 3.2.2.3.3), Maximum Packet Size (3.1.2.11.4, 3.2.2.3.6) and
+# Subscription Identifier (3.3.2.3.8, 3.8.2.1.2); for a Topic Alias of 0
+# [MQTT-3.3.2-8] the spec names no code, and Mosquitto's is Malformed Packet.
+_NOT_ZERO = {
+    Property.RECEIVE_MAXIMUM: ReasonCode.PROTOCOL_ERROR,
+    Property.MAXIMUM_PACKET_SIZE: ReasonCode.PROTOCOL_ERROR,
+    Property.SUBSCRIPTION_IDENTIFIER: ReasonCode.PROTOCOL_ERROR,
+    Property.TOPIC_ALIAS: ReasonCode.MALFORMED_PACKET,
+}
+# The byte properties whose only values are 0 and 1, "a Protocol Error"
+# otherwise, as each one's section says.  Payload Format Indicator is not
+# one of them: the spec defines 0 and 1 and says nothing of other values,
+# which Mosquitto passes on.
 _ZERO_OR_ONE = frozenset(
     identifier
     for identifier, propertyType in PROPERTY_TYPES.items()
     if propertyType is PropertyType.BYTE
+    and identifier != Property.PAYLOAD_FORMAT_INDICATOR
 )
-
 
 class _NoProperties(Mapping):
     """
@@ -1061,8 +1065,8 @@ class _Reader:
                 )
             identifier = Property(identifier)
             value = self._propertyValue(PROPERTY_TYPES[identifier])
-            if identifier in _NOT_ZERO and value == 0:
-                raise _protocolError(f"{identifier.name} 0")
+            if value == 0 and identifier in _NOT_ZERO:
+                raise MalformedPacket(f"{identifier.name} 0", _NOT_ZERO[identifier])
             if identifier in _ZERO_OR_ONE and value > 1:
                 raise _protocolError(f"{identifier.name} {value}")
             if identifier in REPEATABLE_PROPERTIES:
