@@ -25,6 +25,7 @@ from dallal.protocol.mqtt import (
     Auth,
     ConnAck,
     Connect,
+    ConnectReturnCode,
     Disconnect,
     MalformedPacket,
     MQTTDecoder,
@@ -1230,6 +1231,96 @@ def pahoProperties(packetType, **values):
     return properties
 
 
+def pahoConnection(client, properties=None):
+    """
+    Connect a paho client to a listening socket of ours: our end.
+    """
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.settimeout(PEER_TIMEOUT)
+        client.connect(
+            "127.0.0.1", listener.getsockname()[1], keepalive=30, properties=properties
+        )
+        connection, _ = listener.accept()
+    return connection
+
+
+def pahoClient(version, events):
+    """
+    A paho client of C{version} whose connects and disconnects are logged in
+    C{events} as (name, reason code value, properties).
+    """
+    mqtt = pytest.importorskip("paho.mqtt.client")
+    client = mqtt.Client(
+        mqtt.CallbackAPIVersion.VERSION2,
+        client_id="paho-1",
+        protocol=mqtt.MQTTv5 if version == MQTT_5 else mqtt.MQTTv311,
+    )
+    client.on_connect = lambda c, u, flags, reason, properties: events.append(
+        ("connect", reason.value, properties)
+    )
+    client.on_disconnect = lambda c, u, flags, reason, properties: events.append(
+        ("disconnect", reason.value, properties)
+    )
+    return client
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_pahoHearsARefusedConnect(version):
+    events = []
+    client = pahoClient(version, events)
+    connection = pahoConnection(client)
+    try:
+        peer = PacketPeer(connection, pump=lambda: client.loop(timeout=0.01))
+        assert type(peer.receive(1)[0]) is Connect
+        if version == MQTT_5:
+            peer.send(
+                ConnAck(
+                    False,
+                    ReasonCode.BAD_USER_NAME_OR_PASSWORD,
+                    {Property.REASON_STRING: "who are you?"},
+                )
+            )
+        else:
+            peer.send(ConnAck(False, ConnectReturnCode.BAD_USER_NAME_OR_PASSWORD))
+        peer.until(lambda: events)
+        name, reason, properties = events[0]
+        # paho reports 3.1.1's return code 4 as MQTT 5's 0x86 too.
+        assert (name, reason) == ("connect", ReasonCode.BAD_USER_NAME_OR_PASSWORD)
+        if version == MQTT_5:
+            assert properties.ReasonString == "who are you?"
+    finally:
+        connection.close()
+        client.loop(timeout=0.01)
+
+
+def test_pahoHearsAServerDisconnect():
+    events = []
+    client = pahoClient(MQTT_5, events)
+    connection = pahoConnection(client)
+    try:
+        peer = PacketPeer(connection, pump=lambda: client.loop(timeout=0.01))
+        assert type(peer.receive(1)[0]) is Connect
+        peer.send(ConnAck(), PingResp())
+        peer.until(lambda: events)
+        peer.send(
+            Disconnect(
+                ReasonCode.SERVER_SHUTTING_DOWN,
+                {
+                    Property.REASON_STRING: "maintenance",
+                    Property.SERVER_REFERENCE: "other:1883",
+                },
+            )
+        )
+        peer.until(lambda: len(events) == 2)
+        name, reason, properties = events[1]
+        assert (name, reason) == ("disconnect", ReasonCode.SERVER_SHUTTING_DOWN)
+        assert properties.ReasonString == "maintenance"
+        assert properties.ServerReference == "other:1883"
+    finally:
+        connection.close()
+        client.loop(timeout=0.01)
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_pahoClient(version):
     """
@@ -1273,22 +1364,17 @@ def test_pahoClient(version):
     )
     users = [("k", "v"), ("k", "w"), ("a", "z")]
 
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        listener.settimeout(PEER_TIMEOUT)
-        client.connect(
-            "127.0.0.1",
-            listener.getsockname()[1],
-            keepalive=30,
-            properties=pahoProperties(
-                PacketTypes.CONNECT,
-                SessionExpiryInterval=120,
-                ReceiveMaximum=10,
-                UserProperty=users,
-            )
-            if five
-            else None,
+    connection = pahoConnection(
+        client,
+        pahoProperties(
+            PacketTypes.CONNECT,
+            SessionExpiryInterval=120,
+            ReceiveMaximum=10,
+            UserProperty=users,
         )
-        connection, _ = listener.accept()
+        if five
+        else None,
+    )
     try:
         peer = PacketPeer(connection, pump=lambda: client.loop(timeout=0.01))
         [connect] = peer.receive(1)
