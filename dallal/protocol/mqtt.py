@@ -241,6 +241,13 @@ class PropertyType(enum.Enum):
     UTF8_STRING_PAIR = "UTF-8 string pair"
 
 
+# The enum members used for every message, as plain ints: looking up an
+# enum's attribute costs more than what is done with it.
+_CONNECT = int(PacketType.CONNECT)
+_PUBLISH = int(PacketType.PUBLISH)
+_AUTH = int(PacketType.AUTH)
+_TOPIC_ALIAS = int(Property.TOPIC_ALIAS)
+
 # Properties travel in the packets named here and in the Will Properties of
 # a CONNECT, which this key stands for (0 is no packet type).
 WILL_PROPERTIES = 0
@@ -495,14 +502,12 @@ class Publish:
     properties: Mapping = NO_PROPERTIES
 
     def encode(self, version=MQTT_5):
-        if not self.topic and not (
-            version == MQTT_5 and Property.TOPIC_ALIAS in self.properties
-        ):
-            raise ValueError("a PUBLISH names its topic or, in MQTT 5, a topic alias")
         if _checkVersion(version) == MQTT_5:
-            properties = encodeProperties(self.properties, PacketType.PUBLISH)
+            properties = encodeProperties(self.properties, _PUBLISH)
         else:
             properties = None
+        if not self.topic and not (properties and _TOPIC_ALIAS in self.properties):
+            raise ValueError("a PUBLISH names its topic or, in MQTT 5, a topic alias")
         header = encodePublishHeader(
             _topicNameBytes(self.topic),
             len(self.payload),
@@ -890,7 +895,7 @@ def encodeProperties(properties, packetType):
     @raise ValueError: for a property the packet does not allow, or a value
         its type cannot hold.
     """
-    if not properties:
+    if properties is NO_PROPERTIES or not properties:
         return b"\x00"
     allowed = PROPERTIES_ALLOWED[packetType]
     parts = []
@@ -952,13 +957,6 @@ def encodePublishHeader(
 
 
 # Decoding.
-
-# The enum members the decoder compares with for every packet, as plain
-# ints (an enum attribute lookup costs more than the comparison).
-_CONNECT = int(PacketType.CONNECT)
-_PUBLISH = int(PacketType.PUBLISH)
-_AUTH = int(PacketType.AUTH)
-_TOPIC_ALIAS = int(Property.TOPIC_ALIAS)
 
 
 class _Reader:
