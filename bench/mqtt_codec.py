@@ -81,9 +81,15 @@ def main(argv=None):
         f"MQTT {'5' if version == 5 else '3.1.1'}, {len(encoded)}-byte QoS 0 PUBLISH "
         f"({len(PAYLOAD)}-byte payload), {count} packets, median of {options.repeat}"
     )
-    print(f"  decode ({options.read_size}-byte reads): {bestRate(decode, count, options.repeat):>12,.0f}/s")
-    print(f"  Publish.encode:            {bestRate(encodeObjects, count, options.repeat):>12,.0f}/s")
-    print(f"  encodePublishHeader:       {bestRate(encodeHeaders, count, options.repeat):>12,.0f}/s")
+    print(
+        f"  decode ({options.read_size}-byte reads): {bestRate(decode, count, options.repeat):>12,.0f}/s"
+    )
+    print(
+        f"  Publish.encode:            {bestRate(encodeObjects, count, options.repeat):>12,.0f}/s"
+    )
+    print(
+        f"  encodePublishHeader:       {bestRate(encodeHeaders, count, options.repeat):>12,.0f}/s"
+    )
     print(f"  command: {shlex.join([sys.executable, *sys.argv])}")
 
 

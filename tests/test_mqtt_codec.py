@@ -140,6 +140,7 @@ def test_variableByteIntegerTooLarge():
         encodeVariableByteInteger(268_435_456)
 
 
+# fmt: off
 KNOWN = [
     # MQTT 3.1.1
     (MQTT_3_1_1, PingReq(), b"\xc0\x00"),
@@ -272,18 +273,23 @@ KNOWN = [
         b"\xf0\x06\x18\x04\x15\x00\x01m",
     ),
 ]
+# fmt: on
 
 
 @pytest.mark.parametrize("version, packet, encoded", KNOWN)
 def test_knownBytes(version, packet, encoded):
     assert packet.encode(version) == encoded
-    assert decodeOne(encoded, None if isinstance(packet, Connect) else version) == packet
+    assert (
+        decodeOne(encoded, None if isinstance(packet, Connect) else version) == packet
+    )
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_everyPacketTypeHasAKnownVector(version):
     types = {
-        type(packet).__name__ for packetVersion, packet, _ in KNOWN if packetVersion == version
+        type(packet).__name__
+        for packetVersion, packet, _ in KNOWN
+        if packetVersion == version
     }
     expected = {
         "Connect", "ConnAck", "Publish", "PubAck", "PubRec", "PubRel", "PubComp",
@@ -432,9 +438,15 @@ def samples(version):
             ),
         ),
         SubAck(11, [0, 1, 2, 0x80]),
-        SubAck(12, [0x97, 0xA2] if five else [0x80], properties({Property.REASON_STRING: "r"})),
+        SubAck(
+            12,
+            [0x97, 0xA2] if five else [0x80],
+            properties({Property.REASON_STRING: "r"}),
+        ),
         Unsubscribe(13, ["a", "b/#"], properties({Property.USER_PROPERTY: users})),
-        UnsubAck(14, [0, 0x11] if five else [], properties({Property.REASON_STRING: "r"})),
+        UnsubAck(
+            14, [0, 0x11] if five else [], properties({Property.REASON_STRING: "r"})
+        ),
         PingReq(),
         PingResp(),
         Disconnect(),
@@ -470,7 +482,9 @@ def samples(version):
 @pytest.mark.parametrize(
     "version, packet",
     [(version, packet) for version in VERSIONS for packet in samples(version)],
-    ids=lambda value: type(value).__name__ if not isinstance(value, int) else str(value),
+    ids=lambda value: (
+        type(value).__name__ if not isinstance(value, int) else str(value)
+    ),
 )
 def test_roundTrip(version, packet):
     decoded = list(decoderFor(packet, version).feed(packet.encode(version)))
@@ -602,12 +616,13 @@ CONNECT_5 = connect(MQTT_5)
 # Offsets in a CONNECT: protocol level, connect flags.
 LEVEL, FLAGS = 8, 9
 
+# fmt: off
 MALFORMED_INPUTS = [
     # Fixed header: reserved types and flags [MQTT-2.2.2-1], [MQTT-2.1.3-1].
     ("packet type 0", MQTT_5, b"\x00\x00", MALFORMED),
     ("AUTH in 3.1.1", MQTT_3_1_1, b"\xf0\x00", MALFORMED),
     ("PUBREL flags 0000", MQTT_5, b"\x60\x02\x00\x01", MALFORMED),
-    ("SUBSCRIBE flags 0000", MQTT_5, b"\x80\x06\x00\x01\x00\x00\x01a\x00"[:2], MALFORMED),
+    ("SUBSCRIBE flags 0000", MQTT_5, b"\x80\x07\x00\x01\x00\x00\x01a\x00", MALFORMED),
     ("PUBACK flags 0001", MQTT_3_1_1, b"\x41\x02\x00\x01", MALFORMED),
     ("PINGREQ flags", MQTT_5, b"\xc8\x00", MALFORMED),
     ("five length bytes", MQTT_5, b"\x30\xff\xff\xff\xff\x01", MALFORMED),
@@ -737,6 +752,7 @@ MALFORMED_INPUTS = [
         PROTOCOL_ERROR,
     ),
 ]
+# fmt: on
 
 
 @pytest.mark.parametrize(
@@ -781,7 +797,9 @@ def test_packetSizeLimitBoundary():
     payloadLength = 1024 - len(encodePublishHeader(b"t", 1000, properties=b"\x00"))
     fits = Publish("t", b"p" * payloadLength).encode(MQTT_5)
     assert len(fits) == 1024
-    assert decodeAll(fits, MQTT_5, maxPacketSize=1024) == [Publish("t", b"p" * payloadLength)]
+    assert decodeAll(fits, MQTT_5, maxPacketSize=1024) == [
+        Publish("t", b"p" * payloadLength)
+    ]
     tooLarge = Publish("t", b"p" * (payloadLength + 1)).encode(MQTT_5)
     decoder = MQTTDecoder(MQTT_5, maxPacketSize=1024)
     with pytest.raises(MalformedPacket) as caught:
@@ -823,12 +841,19 @@ def test_byteByByte():
 
 def test_stoppingEarlyKeepsTheRest():
     decoder = MQTTDecoder(MQTT_3_1_1)
-    stream = b"".join(Publish("t", bytes([index])).encode(MQTT_3_1_1) for index in range(5))
+    stream = b"".join(
+        Publish("t", bytes([index])).encode(MQTT_3_1_1) for index in range(5)
+    )
     iterator = decoder.feed(stream)
     assert next(iterator).payload == b"\x00"
     # Nothing is lost when the next read comes before the rest is taken.
     rest = list(decoder.feed(PingReq().encode()))
-    assert [packet.payload for packet in rest[:4]] == [b"\x01", b"\x02", b"\x03", b"\x04"]
+    assert [packet.payload for packet in rest[:4]] == [
+        b"\x01",
+        b"\x02",
+        b"\x03",
+        b"\x04",
+    ]
     assert rest[4] == PingReq()
 
 
@@ -897,7 +922,9 @@ def propertyValues(identifier, packetType):
     if identifier == Property.USER_PROPERTY:
         return st.lists(values, min_size=1, max_size=3)
     if identifier == Property.SUBSCRIPTION_IDENTIFIER:
-        return st.lists(values, min_size=1, max_size=3 if packetType == PacketType.PUBLISH else 1)
+        return st.lists(
+            values, min_size=1, max_size=3 if packetType == PacketType.PUBLISH else 1
+        )
     return values
 
 
@@ -915,7 +942,9 @@ def propertiesFor(packetType, version):
             properties.pop(Property.AUTHENTICATION_DATA, None)
         return properties or NO_PROPERTIES
 
-    return st.fixed_dictionaries({}, optional=optional).map(authenticationDataNeedsAMethod)
+    return st.fixed_dictionaries({}, optional=optional).map(
+        authenticationDataNeedsAMethod
+    )
 
 
 def reasonCodes(packetType, version):
@@ -924,9 +953,10 @@ def reasonCodes(packetType, version):
     """
     if version == MQTT_3_1_1:
         return st.sampled_from(
-            {PacketType.CONNACK: [0, 1, 2, 3, 4, 5], PacketType.SUBACK: [0, 1, 2, 0x80]}.get(
-                packetType, [0]
-            )
+            {
+                PacketType.CONNACK: [0, 1, 2, 3, 4, 5],
+                PacketType.SUBACK: [0, 1, 2, 0x80],
+            }.get(packetType, [0])
         )
     return st.sampled_from(
         {
@@ -1015,7 +1045,9 @@ def reasonsAndProperties(packetClass, packetType, version):
     if version == MQTT_3_1_1:
         return st.builds(packetClass)
     return st.builds(
-        packetClass, reasonCodes(packetType, version), propertiesFor(packetType, version)
+        packetClass,
+        reasonCodes(packetType, version),
+        propertiesFor(packetType, version),
     )
 
 
@@ -1027,9 +1059,11 @@ def connAcks(version):
         propertiesFor(PacketType.CONNACK, version),
     ).map(
         # [MQTT-3.2.2-4] (3.1.1), [MQTT-3.2.2-6] (5)
-        lambda packet: ConnAck(False, packet.reasonCode, packet.properties)
-        if packet.reasonCode
-        else packet
+        lambda packet: (
+            ConnAck(False, packet.reasonCode, packet.properties)
+            if packet.reasonCode
+            else packet
+        )
     )
 
 
@@ -1092,7 +1126,10 @@ def streams(draw):
     A version, and the packets of a connection in it: a CONNECT, then any.
     """
     version = draw(versions)
-    return version, [draw(connects(version)), *draw(st.lists(packetsAfterConnect(version), max_size=6))]
+    return version, [
+        draw(connects(version)),
+        *draw(st.lists(packetsAfterConnect(version), max_size=6)),
+    ]
 
 
 @BOUNDED
@@ -1356,24 +1393,28 @@ def test_pahoClient(version):
         b"gone",
         qos=1,
         retain=True,
-        properties=pahoProperties(
-            PacketTypes.WILLMESSAGE, WillDelayInterval=30, UserProperty=[("w", "1")]
-        )
-        if five
-        else None,
+        properties=(
+            pahoProperties(
+                PacketTypes.WILLMESSAGE, WillDelayInterval=30, UserProperty=[("w", "1")]
+            )
+            if five
+            else None
+        ),
     )
     users = [("k", "v"), ("k", "w"), ("a", "z")]
 
     connection = pahoConnection(
         client,
-        pahoProperties(
-            PacketTypes.CONNECT,
-            SessionExpiryInterval=120,
-            ReceiveMaximum=10,
-            UserProperty=users,
-        )
-        if five
-        else None,
+        (
+            pahoProperties(
+                PacketTypes.CONNECT,
+                SessionExpiryInterval=120,
+                ReceiveMaximum=10,
+                UserProperty=users,
+            )
+            if five
+            else None
+        ),
     )
     try:
         peer = PacketPeer(connection, pump=lambda: client.loop(timeout=0.01))
@@ -1390,30 +1431,39 @@ def test_pahoClient(version):
                 b"gone",
                 1,
                 True,
-                {Property.WILL_DELAY_INTERVAL: 30, Property.USER_PROPERTY: [("w", "1")]}
-                if five
-                else NO_PROPERTIES,
+                (
+                    {
+                        Property.WILL_DELAY_INTERVAL: 30,
+                        Property.USER_PROPERTY: [("w", "1")],
+                    }
+                    if five
+                    else NO_PROPERTIES
+                ),
             ),
-            {
-                Property.SESSION_EXPIRY_INTERVAL: 120,
-                Property.RECEIVE_MAXIMUM: 10,
-                Property.USER_PROPERTY: users,
-            }
-            if five
-            else NO_PROPERTIES,
+            (
+                {
+                    Property.SESSION_EXPIRY_INTERVAL: 120,
+                    Property.RECEIVE_MAXIMUM: 10,
+                    Property.USER_PROPERTY: users,
+                }
+                if five
+                else NO_PROPERTIES
+            ),
         )
 
         peer.send(
             ConnAck(
                 False,
                 0,
-                {
-                    Property.RECEIVE_MAXIMUM: 5,
-                    Property.REASON_STRING: "welcome",
-                    Property.USER_PROPERTY: [("s", "1")],
-                }
-                if five
-                else NO_PROPERTIES,
+                (
+                    {
+                        Property.RECEIVE_MAXIMUM: 5,
+                        Property.REASON_STRING: "welcome",
+                        Property.USER_PROPERTY: [("s", "1")],
+                    }
+                    if five
+                    else NO_PROPERTIES
+                ),
             )
         )
         peer.until(lambda: events)
@@ -1430,12 +1480,17 @@ def test_pahoClient(version):
                     (
                         "a/+",
                         SubscribeOptions(
-                            qos=2, noLocal=True, retainAsPublished=True, retainHandling=2
+                            qos=2,
+                            noLocal=True,
+                            retainAsPublished=True,
+                            retainHandling=2,
                         ),
                     ),
                     ("$share/g/b/#", SubscribeOptions(qos=0)),
                 ],
-                properties=pahoProperties(PacketTypes.SUBSCRIBE, SubscriptionIdentifier=7),
+                properties=pahoProperties(
+                    PacketTypes.SUBSCRIBE, SubscriptionIdentifier=7
+                ),
             )
         else:
             _, mid = client.subscribe([("a/+", 2), ("$share/g/b/#", 0)])
@@ -1443,7 +1498,11 @@ def test_pahoClient(version):
         assert subscribe == Subscribe(
             mid,
             [
-                Subscription("a/+", 2, True, True, 2) if five else Subscription("a/+", 2),
+                (
+                    Subscription("a/+", 2, True, True, 2)
+                    if five
+                    else Subscription("a/+", 2)
+                ),
                 Subscription("$share/g/b/#", 0),
             ],
             {Property.SUBSCRIPTION_IDENTIFIER: [7]} if five else NO_PROPERTIES,
@@ -1467,17 +1526,19 @@ def test_pahoClient(version):
             b"one",
             1,
             retain=True,
-            properties=pahoProperties(
-                PacketTypes.PUBLISH,
-                PayloadFormatIndicator=1,
-                MessageExpiryInterval=60,
-                ContentType="text/plain",
-                ResponseTopic="replies/1",
-                CorrelationData=b"\x01\x02",
-                UserProperty=users,
-            )
-            if five
-            else None,
+            properties=(
+                pahoProperties(
+                    PacketTypes.PUBLISH,
+                    PayloadFormatIndicator=1,
+                    MessageExpiryInterval=60,
+                    ContentType="text/plain",
+                    ResponseTopic="replies/1",
+                    CorrelationData=b"\x01\x02",
+                    UserProperty=users,
+                )
+                if five
+                else None
+            ),
         )
         second = client.publish("t/2", b"two", 2)
         assert peer.receive(3) == [
@@ -1508,13 +1569,15 @@ def test_pahoClient(version):
                 False,
                 False,
                 100,
-                {
-                    Property.SUBSCRIPTION_IDENTIFIER: [7],
-                    Property.USER_PROPERTY: [("from", "dallal")],
-                    Property.CONTENT_TYPE: "text/plain",
-                }
-                if five
-                else NO_PROPERTIES,
+                (
+                    {
+                        Property.SUBSCRIPTION_IDENTIFIER: [7],
+                        Property.USER_PROPERTY: [("from", "dallal")],
+                        Property.CONTENT_TYPE: "text/plain",
+                    }
+                    if five
+                    else NO_PROPERTIES
+                ),
             ),
             Publish("a/y", b"exactly once", 2, True, False, 101),
         )
@@ -1535,13 +1598,17 @@ def test_pahoClient(version):
 
         _, mid = client.unsubscribe(["a/+", "$share/g/b/#"])
         assert peer.receive(1) == [Unsubscribe(mid, ["a/+", "$share/g/b/#"])]
-        peer.send(UnsubAck(mid, [0, ReasonCode.NO_SUBSCRIPTION_EXISTED] if five else []))
+        peer.send(
+            UnsubAck(mid, [0, ReasonCode.NO_SUBSCRIPTION_EXISTED] if five else [])
+        )
         peer.until(lambda: events)
         if five:
             assert events.pop() == ("unsubscribe", mid, [0, 0x11])
 
         client.disconnect(
-            reasoncode=PahoReasonCode(PacketTypes.DISCONNECT, identifier=4) if five else None
+            reasoncode=(
+                PahoReasonCode(PacketTypes.DISCONNECT, identifier=4) if five else None
+            )
         )
         assert peer.receive(1) == [Disconnect(4 if five else 0)]
     finally:
@@ -1588,9 +1655,14 @@ def test_mosquittoPub(version):
                     b"pw",
                     Will("wills/m", b"bye", 1),
                     # mosquitto_pub asks for 20 messages in flight at most.
-                    {Property.SESSION_EXPIRY_INTERVAL: 60, Property.RECEIVE_MAXIMUM: 20}
-                    if five
-                    else NO_PROPERTIES,
+                    (
+                        {
+                            Property.SESSION_EXPIRY_INTERVAL: 60,
+                            Property.RECEIVE_MAXIMUM: 20,
+                        }
+                        if five
+                        else NO_PROPERTIES
+                    ),
                 )
                 peer.send(ConnAck())
                 [publish] = peer.receive(1)
@@ -1601,12 +1673,14 @@ def test_mosquittoPub(version):
                     True,
                     False,
                     publish.packetId,
-                    {
-                        Property.USER_PROPERTY: [("unit", "celsius")],
-                        Property.CONTENT_TYPE: "text/plain",
-                    }
-                    if five
-                    else NO_PROPERTIES,
+                    (
+                        {
+                            Property.USER_PROPERTY: [("unit", "celsius")],
+                            Property.CONTENT_TYPE: "text/plain",
+                        }
+                        if five
+                        else NO_PROPERTIES
+                    ),
                 )
                 peer.send(PubRec(publish.packetId))
                 assert peer.receive(1) == [PubRel(publish.packetId)]
@@ -1624,7 +1698,9 @@ def mosquittoBroker(tmp_path):
     A Mosquitto broker on a free local port, or a skip where none is installed.
     """
     # Debian installs the broker in /usr/sbin, not on every user's PATH.
-    executable = shutil.which("mosquitto", path=f"{os.defpath}:/usr/sbin:/usr/local/sbin")
+    executable = shutil.which(
+        "mosquitto", path=f"{os.defpath}:/usr/sbin:/usr/local/sbin"
+    )
     if executable is None:
         pytest.skip("no mosquitto")
     with socket.socket() as probe:
@@ -1667,7 +1743,9 @@ def test_mosquittoBroker(mosquittoBroker, version):
     def properties(mapping):
         return mapping if five else NO_PROPERTIES
 
-    with socket.create_connection(("127.0.0.1", mosquittoBroker), timeout=PEER_TIMEOUT) as connection:
+    with socket.create_connection(
+        ("127.0.0.1", mosquittoBroker), timeout=PEER_TIMEOUT
+    ) as connection:
         peer = PacketPeer(connection, version)
         peer.send(
             Connect(
@@ -1685,7 +1763,11 @@ def test_mosquittoBroker(mosquittoBroker, version):
             )
         )
         [connAck] = peer.receive(1)
-        assert (type(connAck), connAck.sessionPresent, connAck.reasonCode) == (ConnAck, False, 0)
+        assert (type(connAck), connAck.sessionPresent, connAck.reasonCode) == (
+            ConnAck,
+            False,
+            0,
+        )
 
         peer.send(
             Subscribe(
@@ -1725,10 +1807,20 @@ def test_mosquittoBroker(mosquittoBroker, version):
 
         # QoS 1, then (MQTT 5) a topic alias set and used.
         peer.send(
-            Publish("cross/b", b"one", 1, False, False, 3, properties({Property.TOPIC_ALIAS: 1}))
+            Publish(
+                "cross/b",
+                b"one",
+                1,
+                False,
+                False,
+                3,
+                properties({Property.TOPIC_ALIAS: 1}),
+            )
         )
         if five:
-            peer.send(Publish("", b"two", 1, False, False, 4, {Property.TOPIC_ALIAS: 1}))
+            peer.send(
+                Publish("", b"two", 1, False, False, 4, {Property.TOPIC_ALIAS: 1})
+            )
         else:
             peer.send(Publish("cross/b", b"two", 1, False, False, 4))
         packets = peer.receive(4)
@@ -1775,7 +1867,9 @@ def test_mosquittoDecidesWhereTheSpecDoesNot(mosquittoBroker, data, accepted):
     Where MQTT 5 names no reason code or leaves a value open, this codec
     accepts what Mosquitto accepts and refuses with the code Mosquitto sends.
     """
-    with socket.create_connection(("127.0.0.1", mosquittoBroker), timeout=PEER_TIMEOUT) as connection:
+    with socket.create_connection(
+        ("127.0.0.1", mosquittoBroker), timeout=PEER_TIMEOUT
+    ) as connection:
         peer = PacketPeer(connection, MQTT_5)
         peer.send(Connect("judge", MQTT_5))
         assert peer.receive(1)[0].reasonCode == 0

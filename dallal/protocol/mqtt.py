@@ -254,14 +254,20 @@ WILL_PROPERTIES = 0
 
 _P = PacketType
 _PROPERTY_TYPES_AND_PACKETS = {
-    Property.PAYLOAD_FORMAT_INDICATOR: (PropertyType.BYTE, (_P.PUBLISH, WILL_PROPERTIES)),
+    Property.PAYLOAD_FORMAT_INDICATOR: (
+        PropertyType.BYTE,
+        (_P.PUBLISH, WILL_PROPERTIES),
+    ),
     Property.MESSAGE_EXPIRY_INTERVAL: (
         PropertyType.FOUR_BYTE_INTEGER,
         (_P.PUBLISH, WILL_PROPERTIES),
     ),
     Property.CONTENT_TYPE: (PropertyType.UTF8_STRING, (_P.PUBLISH, WILL_PROPERTIES)),
     Property.RESPONSE_TOPIC: (PropertyType.UTF8_STRING, (_P.PUBLISH, WILL_PROPERTIES)),
-    Property.CORRELATION_DATA: (PropertyType.BINARY_DATA, (_P.PUBLISH, WILL_PROPERTIES)),
+    Property.CORRELATION_DATA: (
+        PropertyType.BINARY_DATA,
+        (_P.PUBLISH, WILL_PROPERTIES),
+    ),
     Property.SUBSCRIPTION_IDENTIFIER: (
         PropertyType.VARIABLE_BYTE_INTEGER,
         (_P.PUBLISH, _P.SUBSCRIBE),
@@ -355,6 +361,7 @@ _ZERO_OR_ONE = frozenset(
     and identifier != Property.PAYLOAD_FORMAT_INDICATOR
 )
 
+
 class _NoProperties(Mapping):
     """
     An immutable empty mapping, equal to C{{}}: the properties of a packet
@@ -439,7 +446,11 @@ class Connect:
         )
         if will is not None:
             flags |= 0x04 | _checkQos(will.qos) << 3 | bool(will.retain) << 5
-        if self.password is not None and self.username is None and version == MQTT_3_1_1:
+        if (
+            self.password is not None
+            and self.username is None
+            and version == MQTT_3_1_1
+        ):
             raise ValueError("MQTT 3.1.1 sends no password without a username")
         parts = [
             b"\x00\x04MQTT",
@@ -639,7 +650,9 @@ class SubAck:
 
     def encode(self, version=MQTT_5):
         allowed = _SUBACK_REASONS if version == MQTT_5 else _SUBACK_RETURN_CODES
-        return _encodeAcknowledgementList(self, version, 0x90, PacketType.SUBACK, allowed)
+        return _encodeAcknowledgementList(
+            self, version, 0x90, PacketType.SUBACK, allowed
+        )
 
 
 @dataclass(slots=True)
@@ -659,7 +672,9 @@ class Unsubscribe:
         parts = [_encodePacketId(self.packetId)]
         if version == MQTT_5:
             parts.append(encodeProperties(self.properties, PacketType.UNSUBSCRIBE))
-        parts.extend(_encodeTopicFilter(topicFilter) for topicFilter in self.topicFilters)
+        parts.extend(
+            _encodeTopicFilter(topicFilter) for topicFilter in self.topicFilters
+        )
         return _packet(0xA2, b"".join(parts))
 
 
@@ -837,11 +852,15 @@ def _encodeOptionalReason(packet, version):
     packetType = packet._TYPE
     if _checkVersion(version) == MQTT_3_1_1:
         if packet.reasonCode or packet.properties:
-            raise ValueError(f"MQTT 3.1.1's {packetType.name} has no reason or properties")
+            raise ValueError(
+                f"MQTT 3.1.1's {packetType.name} has no reason or properties"
+            )
         return b""
     _checkReason(packet.reasonCode, packet._REASONS, packetType)
     if packet.properties:
-        return bytes((packet.reasonCode,)) + encodeProperties(packet.properties, packetType)
+        return bytes((packet.reasonCode,)) + encodeProperties(
+            packet.properties, packetType
+        )
     if packet.reasonCode:
         return bytes((packet.reasonCode,))
     return b""
@@ -1312,7 +1331,9 @@ class MQTTDecoder:
         )
         expected = fixedLengths.get(packetType)
         if expected is not None and remaining != expected:
-            raise _malformed(f"packet type {packetType} with remaining length {remaining}")
+            raise _malformed(
+                f"packet type {packetType} with remaining length {remaining}"
+            )
 
     def _publish(self, flags, data, start, end):
         """
@@ -1601,9 +1622,15 @@ class MQTTDecoder:
 _DECODERS = {
     PacketType.CONNECT: MQTTDecoder._connect,
     PacketType.CONNACK: MQTTDecoder._connAck,
-    PacketType.PUBACK: lambda self, flags, reader: self._acknowledgement(PubAck, reader),
-    PacketType.PUBREC: lambda self, flags, reader: self._acknowledgement(PubRec, reader),
-    PacketType.PUBREL: lambda self, flags, reader: self._acknowledgement(PubRel, reader),
+    PacketType.PUBACK: lambda self, flags, reader: self._acknowledgement(
+        PubAck, reader
+    ),
+    PacketType.PUBREC: lambda self, flags, reader: self._acknowledgement(
+        PubRec, reader
+    ),
+    PacketType.PUBREL: lambda self, flags, reader: self._acknowledgement(
+        PubRel, reader
+    ),
     PacketType.PUBCOMP: lambda self, flags, reader: self._acknowledgement(
         PubComp, reader
     ),
@@ -1623,7 +1650,9 @@ _DECODERS = {
 
 # The fixed header flags each packet type but PUBLISH must have
 # [MQTT-2.2.2-1]; type 0 is reserved.
-_FLAGS = {packetType: 0 for packetType in PacketType if packetType != PacketType.PUBLISH}
+_FLAGS = {
+    packetType: 0 for packetType in PacketType if packetType != PacketType.PUBLISH
+}
 _FLAGS.update(
     {PacketType.PUBREL: 0x02, PacketType.SUBSCRIBE: 0x02, PacketType.UNSUBSCRIBE: 0x02}
 )
