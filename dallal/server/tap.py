@@ -4,6 +4,7 @@ C{twistd dallal}: command-line options and the service they build.
 
 import math
 import resource
+import sys
 from dataclasses import replace
 
 from twisted.logger import LogLevel
@@ -12,6 +13,7 @@ from twisted.python import usage
 from dallal.security.acl import AclError
 from dallal.security.auth import Gatekeeper
 from dallal.server.bridge import parseBridge
+from dallal.server.config import ConfigError, applyConfig, commandLineNames, inFile, readConfig
 from dallal.broker.core import BrokerConfig
 from dallal.broker.origin import BrokerNameError, checkName
 from dallal.security.passwords import PasswordFileError
@@ -27,17 +29,26 @@ from dallal.server.udp import DEFAULT_ACK_TIMEOUT as DEFAULT_UDP_ACK_TIMEOUT
 DEFAULT_TCP_PORT = 1373
 
 
-def _positive(kind, zeroTurnsOff=False):
+def _positive(option, kind, zeroTurnsOff=False):
     """
-    A converter of positive numbers of C{kind} for an option; with
-    C{zeroTurnsOff}, 0 too, meaning the feature is off.
+    A converter of positive numbers of C{kind} for one option; with
+    C{zeroTurnsOff}, 0 too, meaning the feature is off.  Anything else stops
+    twistd with one line naming the option.
     """
+    least = "positive or 0" if zeroTurnsOff else "positive"
 
     def convert(text):
-        value = kind(text)
-        if not math.isfinite(value) or value < 0 or (value == 0 and not zeroTurnsOff):
-            least = "positive or 0" if zeroTurnsOff else "positive"
-            raise ValueError(f"must be {least}, got {text}")
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if (
+            value is None
+            or not math.isfinite(value)
+            or value < 0
+            or (value == 0 and not zeroTurnsOff)
+        ):
+            raise usage.UsageError(f"--{option} must be a number, {least}, not {text!r}")
         return value
 
     convert.coerceDoc = "0 turns it off." if zeroTurnsOff else "Must be positive."
@@ -86,6 +97,14 @@ class Options(usage.Options):
 
     optParameters = [
         [
+            "config",
+            None,
+            None,
+            "Read options from this TOML file, one key per option (README.md, "
+            "Configuration); the command line overrides it.  On SIGHUP the "
+            "broker reads it again for the options that can change while it runs.",
+        ],
+        [
             "data-dir",
             None,
             "dallal-data",
@@ -112,7 +131,7 @@ class Options(usage.Options):
             "Seconds to wait for a UDP client's ack before sending a message "
             "again (UDP loses datagrams: resend sooner than over TCP, for as "
             "long).",
-            _positive(float),
+            _positive("udp-ack-timeout", float),
         ],
         [
             "ping-interval",
@@ -121,7 +140,7 @@ class Options(usage.Options):
             "Seconds between the server's pings to TCP clients, and between "
             "UDP clients' pings to it; a client that misses 3 in a row is "
             "dropped.",
-            _positive(float),
+            _positive("ping-interval", float),
         ],
         [
             "name",
@@ -137,7 +156,7 @@ class Options(usage.Options):
             DEFAULT_SYS_INTERVAL,
             "Seconds between updates of the broker's statistics on its "
             "$SYS/broker/... topics.",
-            _positive(float, zeroTurnsOff=True),
+            _positive("sys-interval", float, zeroTurnsOff=True),
         ],
         [
             "shutdown-grace",
@@ -146,7 +165,7 @@ class Options(usage.Options):
             "Seconds a stopping broker waits for the messages in flight to be "
             "acked (it takes no new connections, publishes or subscriptions "
             "meanwhile); 0 closes every connection at once.",
-            _positive(float, zeroTurnsOff=True),
+            _positive("shutdown-grace", float, zeroTurnsOff=True),
         ],
     ]
 
@@ -261,7 +280,7 @@ class Options(usage.Options):
             None,
             _delivery.ackTimeout,
             "Seconds to wait for an ack before sending a message again.",
-            _positive(float),
+            _positive("ack-timeout", float),
         ],
         [
             "max-attempts",
@@ -307,6 +326,38 @@ class Options(usage.Options):
         self["tcp"] = []
         self["bridge"] = []
 
+    def parseOptions(self, options=None):
+        """
+        Parse the command line, and the configuration file that
+        C{--config} names under it.  A wrong file stops twistd with one line
+        naming the file and the key.
+        """
+        try:
+            self.parseWithConfig(sys.argv[1:] if options is None else options)
+        except ConfigError as error:
+            raise SystemExit(f"dallal: cannot start: {error}")
+
+    def parseWithConfig(self, argv):
+        """
+        Parse C{argv}, the command line of C{twistd dallal}, over the
+        values of the configuration file it names, if any.
+
+        @raise ConfigError: the file cannot be read, or a key or value of it
+            is wrong.
+        @raise usage.UsageError: the command line is wrong.
+        """
+        self.argv = list(argv)
+        given, path = commandLineNames(self, self.argv)
+        fromFile = set() if path is None else applyConfig(self, path, readConfig(path), given)
+        try:
+            usage.Options.parseOptions(self, self.argv)
+        except usage.UsageError as error:
+            # postOptions' checks of values that came from the file.
+            for name in fromFile:
+                if str(error).startswith(f"--{name}"):
+                    raise ConfigError(inFile(path, name, str(error)))
+            raise
+
     def opt_tcp(self, value):
         """
         Where to serve TCP clients: a port number (on --interface) or a Twisted endpoint description such as tcp:1373:interface=0.0.0.0 or ssl:8883:privateKey=key.pem:certKey=cert.pem. Repeat it to listen on several. [default: 1373]
@@ -322,7 +373,8 @@ class Options(usage.Options):
     def postOptions(self):
         if self["slow-consumer"] not in SLOW_CONSUMER_POLICIES:
             raise usage.UsageError(
-                f"--slow-consumer must be one of {', '.join(SLOW_CONSUMER_POLICIES)}"
+                f"--slow-consumer must be one of {', '.join(SLOW_CONSUMER_POLICIES)}, "
+                f"not {self['slow-consumer']!r}"
             )
         if not self["tcp"]:
             self["tcp"] = [str(DEFAULT_TCP_PORT)]
