@@ -157,11 +157,14 @@ class _Session:
 
     @ivar subscriptions: topic filter -> L{Subscription}.
     @ivar user: the name it logged in with, or C{None} (anonymous).
+    @ivar clientId: the client id it logged in with, or C{None}.
     @ivar permissions: what the ACL lets it read and write
         (L{dallal.security.acl.Permissions}), or C{None} when the broker has no ACL.
     """
 
-    __slots__ = ("sid", "subscriber", "subscriptions", "outbox", "user", "permissions")
+    __slots__ = (
+        "sid", "subscriber", "subscriptions", "outbox", "user", "clientId", "permissions"
+    )
 
     def __init__(self, sid, subscriber, outbox):
         self.sid = sid
@@ -169,6 +172,7 @@ class _Session:
         self.subscriptions = {}
         self.outbox = outbox
         self.user = None
+        self.clientId = None
         self.permissions = None
 
 
@@ -313,6 +317,7 @@ class Broker:
         """
         session = self._sessions[subscriber]
         session.user = user.name
+        session.clientId = user.clientId
         session.permissions = user.permissions
         if user.permissions is not None:
             self._restricted = True
@@ -321,6 +326,41 @@ class Broker:
             self.events.emit(
                 "login", session=session.sid, client=subscriber.peer, user=user.name
             )
+
+    def revisePermissions(self, permissionsFor):
+        """
+        The ACL has changed (SIGHUP): give every session under it its new
+        permissions, and end each subscription whose filter can no longer
+        match a topic the session may read, telling its client.
+
+        @param permissionsFor: returns the
+            L{dallal.security.acl.Permissions} of a user name (C{None} for
+            an anonymous client) and a client id.
+        """
+        for session in list(self._sessions.values()):
+            if session.permissions is None:
+                continue
+            session.permissions = permissionsFor(session.user, session.clientId)
+            for topicFilter, subscription in list(session.subscriptions.items()):
+                if not session.permissions.mayMatch(topicFilter, READ):
+                    self._revoke(session, topicFilter, subscription)
+
+    def _revoke(self, session, topicFilter, subscription):
+        self._endSubscription(session, topicFilter, subscription)
+        user = session.user
+        self.events.emit(
+            "subscription_revoked",
+            LogLevel.warn,
+            session=session.sid,
+            client=session.subscriber.peer,
+            user="-" if user is None else user,
+            topic=topicFilter,
+        )
+        who = "anonymous clients" if user is None else f"user {user}"
+        session.subscriber.subscriptionRevoked(
+            subscription.id,
+            f"{who} may no longer read {topicFilter}: the subscription has ended",
+        )
 
     def loginFailed(self, subscriber, shownUser):
         """
@@ -618,20 +658,24 @@ class Broker:
         @raise RequestError: the client has no subscription with that filter.
         """
         session = self._sessions[subscriber]
-        subscription = session.subscriptions.pop(topicFilter, None)
+        subscription = session.subscriptions.get(topicFilter)
         if subscription is None:
             raise RequestError(
                 NOT_SUBSCRIBED, f"not subscribed to {topicFilter!r}", requestId
             )
-        self._forgetFilter(topicFilter, subscriber)
-        session.outbox.unsubscribe(subscription)
-        self.counters["subscriptions"] -= 1
+        self._endSubscription(session, topicFilter, subscription)
         self.events.emit(
             "unsubscribe",
             session=session.sid,
             client=subscriber.peer,
             topic=topicFilter,
         )
+
+    def _endSubscription(self, session, topicFilter, subscription):
+        del session.subscriptions[topicFilter]
+        self._forgetFilter(topicFilter, session.subscriber)
+        session.outbox.unsubscribe(subscription)
+        self.counters["subscriptions"] -= 1
 
     def _forgetFilter(self, topicFilter, subscriber):
         self._tree.remove(topicFilter, subscriber)

@@ -32,7 +32,7 @@ class ConfigError(Exception):
     """
 
 
-def _keys(options):
+def settingNames(options):
     """
     The keys a configuration file may have for C{options}.
 
@@ -118,7 +118,7 @@ def applyConfig(options, path, table, skip=frozenset()):
     @return: the names of the options the file set.
     @raise ConfigError: a key is unknown, or a value is wrong.
     """
-    keys = _keys(options)
+    keys = settingNames(options)
     for name in table:
         if name not in keys:
             close = difflib.get_close_matches(name, keys, n=1)

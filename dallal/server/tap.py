@@ -13,7 +13,14 @@ from twisted.python import usage
 from dallal.security.acl import AclError
 from dallal.security.auth import Gatekeeper
 from dallal.server.bridge import parseBridge
-from dallal.server.config import ConfigError, applyConfig, commandLineNames, inFile, readConfig
+from dallal.server.config import (
+    ConfigError,
+    applyConfig,
+    commandLineNames,
+    inFile,
+    readConfig,
+    settingNames,
+)
 from dallal.broker.core import BrokerConfig
 from dallal.broker.origin import BrokerNameError, checkName
 from dallal.security.passwords import PasswordFileError
@@ -27,6 +34,27 @@ from dallal.topics import MAX_TOPIC_LENGTH
 from dallal.server.udp import DEFAULT_ACK_TIMEOUT as DEFAULT_UDP_ACK_TIMEOUT
 
 DEFAULT_TCP_PORT = 1373
+
+# The options a running broker takes again from its configuration file on
+# SIGHUP (README.md, "Configuration"): those of the service's
+# RELOADABLE_FIELDS, and the shutdown grace.
+RELOADABLE_OPTIONS = frozenset(
+    {
+        "max-payload",
+        "max-topic-length",
+        "max-topic-levels",
+        "max-subscriptions",
+        "max-udp-clients",
+        "max-inflight",
+        "max-queued",
+        "max-queued-bytes",
+        "slow-consumer",
+        "ack-timeout",
+        "max-attempts",
+        "message-events",
+        "shutdown-grace",
+    }
+)
 
 
 def _positive(option, kind, zeroTurnsOff=False):
@@ -444,6 +472,35 @@ def brokerConfig(options):
     )
 
 
+def rereadConfig(options, service):
+    """
+    Parse the command line again over the configuration file as it is now
+    (SIGHUP), and give the running service the options that changed and
+    can change while it runs; log each change, and each change that needs
+    a restart.  A file that cannot be read, or is wrong, changes nothing.
+
+    @param options: the L{Options} the service was made with; those that
+        change are changed in it too.
+    """
+    fresh = Options()
+    try:
+        fresh.parseWithConfig(options.argv)
+    except (ConfigError, usage.UsageError) as error:
+        service.fileReloaded("config", error)
+        return
+    events = service.broker.events
+    for name in sorted(settingNames(options)):
+        if fresh[name] == options[name]:
+            continue
+        if name in RELOADABLE_OPTIONS:
+            options[name] = fresh[name]
+            events.emit("option_changed", option=name, value=fresh[name])
+        else:
+            events.emit("restart_needed", LogLevel.warn, option=name)
+    service.reconfigure(brokerConfig(options), options["shutdown-grace"])
+    service.fileReloaded("config")
+
+
 def makeService(options, reactor=None, rlimit=resource):
     """
     Build the broker service from parsed L{Options}.
@@ -467,6 +524,7 @@ def makeService(options, reactor=None, rlimit=resource):
             sysInterval=options["sys-interval"],
             gatekeeper=gatekeeper,
             shutdownGrace=options["shutdown-grace"],
+            reloadOnHangup=True,
         )
     except (StoreError, PasswordFileError, AclError, BrokerNameError) as error:
         # twistd would show a traceback; the operator needs the reason.
@@ -480,6 +538,8 @@ def makeService(options, reactor=None, rlimit=resource):
             requested=requested,
             descriptors=descriptors,
         )
+    if options["config"] is not None:
+        service.rereadConfig = lambda service: rereadConfig(options, service)
     for description in options["tcp"]:
         service.listenTCP(description)
     if options["udp"] is not None:
