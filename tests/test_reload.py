@@ -6,13 +6,18 @@ again by a running broker, without dropping a connection.
 import signal
 
 import pytest
+from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import globalLogPublisher
 
+from dallal.broker.core import Broker
+from dallal.security.acl import parseAcl
+from dallal.security.auth import BrokerUser
 from dallal.security.passwords import PasswordHash
 from dallal.server.service import RELOADABLE_FIELDS, DallalService
 from dallal.server.tap import RELOADABLE_OPTIONS, Options, makeService
 from helpers import CHEAP_SCRYPT, BrokerHarness, decodeFrames
+from test_delivery import RecordingSubscriber
 
 NEWS_ACL = "user alice\ntopic readwrite news/#\ntopic readwrite alerts/#\n"
 
@@ -82,6 +87,20 @@ def test_aWrongAclFileKeepsTheOldOne(tmp_path):
     assert harness.fields("subscription_revoked") == []
     published(harness, "news/x")
     assert client.received().startswith(b"MSG news/x 2 sub=s1")
+
+
+def test_theCoreEndsTheSubscriptionsAnAnonymousClientMayNoLongerRead():
+    broker = Broker(Clock())
+    client = RecordingSubscriber("127.0.0.1:1")
+    broker.attach(client)
+    broker.login(client, BrokerUser(None, parseAcl("topic read public/#\n").permissionsFor(None, None)))
+    broker.subscribe(client, "public/news", "s1")
+    broker.subscribe(client, "#", "s2")
+    broker.revisePermissions(parseAcl("topic read other/#\n").permissionsFor)
+    assert client.revoked == [
+        ("s1", "anonymous clients may no longer read public/news: the subscription has ended")
+    ]
+    assert broker.subscriptions(client) == [("#", "latest")]
 
 
 def passwordLine(user, password):

@@ -347,16 +347,7 @@ class Broker:
 
     def _revoke(self, session, topicFilter, subscription):
         self._endSubscription(session, topicFilter, subscription)
-        user = session.user
-        self.events.emit(
-            "subscription_revoked",
-            LogLevel.warn,
-            session=session.sid,
-            client=session.subscriber.peer,
-            user="-" if user is None else user,
-            topic=topicFilter,
-        )
-        who = "anonymous clients" if user is None else f"user {user}"
+        who = self._logAclEvent("subscription_revoked", session, topic=topicFilter)
         session.subscriber.subscriptionRevoked(
             subscription.id,
             f"{who} may no longer read {topicFilter}: the subscription has ended",
@@ -387,22 +378,30 @@ class Broker:
         session = self._sessions.get(subscriber)
         return session.sid if session else 0
 
+    def _logAclEvent(self, name, session, **fields):
+        """
+        Log an event of the ACL's about a session: its user is C{-} when
+        anonymous.
+
+        @return: how the refusal told to the client names it.
+        """
+        user = session.user
+        self.events.emit(
+            name,
+            LogLevel.warn,
+            session=session.sid,
+            client=session.subscriber.peer,
+            user="-" if user is None else user,
+            **fields,
+        )
+        return "anonymous clients" if user is None else f"user {user}"
+
     def _forbid(self, session, action, topic, requestId):
         """
         Count and log a request the ACL refuses, and refuse it.
         """
         self.counters["denied"] += 1
-        user = session.user
-        self.events.emit(
-            "denied",
-            LogLevel.warn,
-            session=session.sid,
-            client=session.subscriber.peer,
-            user="-" if user is None else user,
-            action=action,
-            topic=topic,
-        )
-        who = "anonymous clients" if user is None else f"user {user}"
+        who = self._logAclEvent("denied", session, action=action, topic=topic)
         preposition = "on" if action == "publish" else "to"
         raise RequestError(
             FORBIDDEN, f"{who} may not {action} {preposition} {topic}", requestId
