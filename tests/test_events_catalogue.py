@@ -64,7 +64,7 @@ def emittedInSource():
     C{EventLog.emit}.
     """
     names = set()
-    for path in (ROOT / "dallal").glob("*.py"):
+    for path in (ROOT / "dallal").rglob("*.py"):
         names.update(re.findall(r'\.emit\(\s*"([a-z_]+)"', path.read_text()))
     return names
 
