@@ -61,7 +61,7 @@ def runInline(function, *arguments):
     return maybeDeferred(function, *arguments)
 
 
-def makeGatekeeper(clock, users=None, acl=None, runHash=runInline):
+def makeGatekeeper(clock, users=None, acl=None, runHash=runInline, bridgeUsers=()):
     """
     A L{Gatekeeper} on C{clock}, checking passwords with cheap scrypt,
     inline unless told otherwise.
@@ -69,6 +69,7 @@ def makeGatekeeper(clock, users=None, acl=None, runHash=runInline):
     @param users: user name -> password (bytes), or C{None} for a broker
         without passwords.
     @param acl: the text of an ACL file, or C{None}.
+    @param bridgeUsers: the users that may send bridge frames.
     """
     checker = None
     if users is not None:
@@ -76,7 +77,8 @@ def makeGatekeeper(clock, users=None, acl=None, runHash=runInline):
             {name: PasswordHash.make(password, **CHEAP_SCRYPT) for name, password in users.items()},
             runHash=runHash,
         )
-    return Gatekeeper(clock, BrokerRealm(parseAcl(acl) if acl is not None else None), checker)
+    realm = BrokerRealm(parseAcl(acl) if acl is not None else None, bridgeUsers)
+    return Gatekeeper(clock, realm, checker)
 
 
 # The name of a BrokerHarness's broker, unless its config gives one.
@@ -101,6 +103,7 @@ class BrokerHarness:
         runHash=runInline,
         shutdownGrace=None,
         clock=None,
+        bridgeUsers=(),
     ):
         """
         @param config: the broker's; by default with per-message events
@@ -108,6 +111,7 @@ class BrokerHarness:
         @param users: user name -> password (bytes): the broker requires a
             login (L{makeGatekeeper}, which C{runHash} is given to).
         @param acl: the text of an ACL file the broker enforces.
+        @param bridgeUsers: the users that may send bridge frames.
         @param shutdownGrace: the service's, if not its default.
         @param clock: the service's reactor, if not a new L{Clock}.
         A config without a name gets C{HARNESS_NAME}, so that two harnesses
@@ -120,7 +124,7 @@ class BrokerHarness:
             config = dataclasses.replace(config, name=HARNESS_NAME)
         self.gatekeeper = None
         if users is not None or acl is not None:
-            self.gatekeeper = makeGatekeeper(self.clock, users, acl, runHash)
+            self.gatekeeper = makeGatekeeper(self.clock, users, acl, runHash, bridgeUsers)
         grace = {} if shutdownGrace is None else {"shutdownGrace": shutdownGrace}
         # No $SYS statistics: the tests that want them start their own.
         self.service = DallalService(

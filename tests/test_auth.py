@@ -11,11 +11,13 @@ import threading
 
 import pytest
 import pytest_twisted
+from twisted.cred.checkers import ANONYMOUS
 from twisted.cred.credentials import UsernamePassword
 from twisted.cred.error import UnauthorizedLogin
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
+from twisted.python import usage
 
 from dallal.security.auth import (
     FAILURE_DELAY,
@@ -23,13 +25,15 @@ from dallal.security.auth import (
     MAX_CONCURRENT_CHECKS,
     BrokerRealm,
     Gatekeeper,
+    IBrokerUser,
     LoginFailed,
     PasswordFileChecker,
     UnknownUser,
     beyondLoopback,
 )
 from dallal.security.acl import parseAcl
-from dallal.security.passwords import PasswordHash
+from dallal.security.passwords import PasswordFile, PasswordFileError, PasswordHash
+from dallal.server.tap import Options
 from helpers import (
     CHEAP_SCRYPT,
     PING_INTERVAL,
@@ -209,6 +213,28 @@ def test_realmGivesTheUsersPermissions():
     assert Gatekeeper(Clock(), BrokerRealm()).anonymous().permissions is None
     with pytest.raises(NotImplementedError):
         realm.requestAvatar("alice", None, UsernamePassword)
+
+
+def test_bridgeUsersAreTheOnlyUsersThatMayBridge(tmp_path):
+    """
+    --bridge-users names users of the password file: only they may send
+    bridge frames; an anonymous client (no passwords) may.
+    """
+    path = tmp_path / "passwords"
+    passwords = PasswordFile(path)
+    for user, password in USERS.items():
+        passwords.set(user, PasswordHash.make(password, **CHEAP_SCRYPT))
+    passwords.save()
+    realm = Gatekeeper.fromFiles(Clock(), str(path), bridgeUsers=("alice",)).realm
+    mayBridge = {
+        user: realm.requestAvatar(user, None, IBrokerUser)[1].mayBridge for user in USERS
+    }
+    assert mayBridge == {"alice": True, "bob": False}
+    assert realm.requestAvatar(ANONYMOUS, None, IBrokerUser)[1].mayBridge
+    with pytest.raises(PasswordFileError, match="has no user 'carol', named by --bridge-users"):
+        Gatekeeper.fromFiles(Clock(), str(path), bridgeUsers=("carol",))
+    with pytest.raises(usage.UsageError, match="give it too"):
+        Options().parseOptions(["--bridge-users", "alice"])
 
 
 @pytest.mark.parametrize(
@@ -662,18 +688,29 @@ def test_udpLoginRequired():
     assert harness.fields("connect") == []
 
 
+def aliceOverUdp(clientId):
+    """
+    A broker that takes passwords, checking them when the test says, with
+    alice logged in over UDP as C{clientId}.
+
+    @return: the L{UdpHarness}, its L{PendingChecks}, and alice's peer.
+    """
+    checks = PendingChecks()
+    harness = UdpHarness(users=USERS, runHash=checks)
+    alice = harness.peer(40001)
+    udpHello(alice, clientId, credentialOptions("alice", USERS["alice"]))
+    checks.runAll()
+    alice.received()
+    return harness, checks, alice
+
+
 def test_udpResumeWithTheSameCredentials():
     """
     A client whose address changed says both HELLOs again with its
     credentials: the session resumes without the password being checked
     again.  Another user's credentials cannot take the session over.
     """
-    checks = PendingChecks()
-    harness = UdpHarness(users=USERS, runHash=checks)
-    first = harness.peer(40001)
-    udpHello(first, b"me", credentialOptions("alice", USERS["alice"]))
-    checks.runAll()
-    first.received()
+    harness, checks, _ = aliceOverUdp(b"me")
     moved = harness.peer(40002)
     [answer] = udpHello(moved, b"me", credentialOptions("alice", USERS["alice"]))
     assert answer.endswith(b" session=resumed user=alice\r\n")
@@ -684,6 +721,36 @@ def test_udpResumeWithTheSameCredentials():
     [answer] = intruder.received()
     assert answer.startswith(b"ERR 2 NOT_AUTHORIZED this client id names another user's session")
     assert len(harness.fields("connect")) == 1
+
+
+@pytest.mark.parametrize(
+    "request_", [b"SUB 3 #", b"PUB 3 alice/x 6\r\nforged", b"ACK 1", b"PING", b"BYE"]
+)
+def test_udpClientIdIsNotACredential(request_):
+    """
+    Issue 24's hijack on a broker with passwords: a sender that knows
+    alice's client id gets a token for it at its own address and signs
+    requests with it, without a password.  They are refused, and alice's
+    session stays hers, where it is.
+    """
+    harness, checks, alice = aliceOverUdp(b"alice-phone")
+    alice.request(b"SUB 1 alice/#")
+    assert alice.received() == [b"SUBACK 1\r\n"]
+    mallory = harness.peer(40666, host="127.0.0.66")
+    [answer] = udpHello(mallory, b"alice-phone")
+    assert answer.startswith(b"ERR 2 NOT_AUTHORIZED ")
+    line, _, payload = request_.partition(b"\r\n")
+    mallory.request(line, payload or None)
+    [refusal] = mallory.received()
+    assert refusal.split(b" ", 3)[2] == b"BAD_TOKEN"
+    assert checks.waiting == []
+    alice.publish(b"4", b"alice/x", b"still mine")
+    assert alice.received() == [
+        b"MSG alice/x 10 sub=1 seq=1 id=1\r\nstill mine\r\n",
+        b"PUBACK 4\r\n",
+    ]
+    assert mallory.received() == []
+    assert harness.fields("disconnect") == []
 
 
 def test_udpAclAppliesToAnonymousSessions():

@@ -145,6 +145,97 @@ def test_copiesAreAckedButNotPublished(harness, second, reason):
     assert stats["bridged_duplicates" if reason == "duplicate" else "bridged_hop_limit"] == 1
 
 
+def test_aForgedOidCannotSuppressAnotherMessage(harness):
+    """
+    A client that publishes junk under the origin and ids of the hub's
+    messages to come, on a topic it may write, does not make the broker
+    discard the hub's real messages on other topics.
+    """
+    local = harness.connect()
+    local.send(b"SUB 1 # mode=fire\r\n")
+    mallory = harness.connect()
+    for number in range(3):
+        oid = b"h1.%d" % number
+        mallory.send(bridgedPub(b"%d" % number, b"users/mallory/x", b"junk", b"hub", oid, 0))
+    hub = harness.connect()
+    for number in range(3):
+        oid = b"h1.%d" % number
+        hub.send(bridgedPub(b"%d" % number, b"alerts", b"real %d" % number, b"hub", oid, 0))
+    assert hub.received() == b"PUBACK 0\r\nPUBACK 1\r\nPUBACK 2\r\n"
+    assert [payload for topic, payload in messages(local.received()) if topic == b"alerts"] == [
+        b"real 0",
+        b"real 1",
+        b"real 2",
+    ]
+    assert harness.broker.stats()["bridged_duplicates"] == 0
+
+
+USERS = {"hub-bridge": b"bridge secret", "mallory": b"mallory's"}
+ACL = """\
+user mallory
+topic readwrite users/mallory/#
+
+user hub-bridge
+topic readwrite #
+"""
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        bridgedPub(b"7", b"users/mallory/x", b"junk", b"hub", b"h1.1", 0),
+        b"SUB 7 users/mallory/# mode=all bridge=1\r\n",
+    ],
+)
+def test_bridgeFramesOnlyFromBridgeUsers(frame):
+    """
+    On a broker that takes passwords, a user that is no bridge may not send
+    bridge frames, even on the topics it may write: they are refused with
+    NOT_AUTHORIZED, counted and logged, and its connection stays open.  The
+    bridge's user may.
+    """
+    harness = BrokerHarness(users=USERS, acl=ACL, bridgeUsers={"hub-bridge"})
+    mallory = harness.connect()
+    mallory.login("mallory", USERS["mallory"])
+    mallory.send(frame)
+    assert mallory.received().startswith(
+        b"ERR 7 NOT_AUTHORIZED user mallory is not a bridge: "
+    )
+    [denied] = harness.fields("denied")
+    assert (denied["user"], denied["action"]) == ("mallory", "bridge")
+    stats = harness.broker.stats()
+    assert (stats["denied"], stats["published"], stats["subscriptions"]) == (1, 0, 0)
+    mallory.send(b"PING\r\n")
+    assert mallory.received() == b"PONG\r\n"
+    bridge = harness.connect()
+    bridge.login("hub-bridge", USERS["hub-bridge"])
+    bridge.send(frame)
+    assert bridge.received().split(b" ")[0] in (b"PUBACK", b"SUBACK")
+
+
+def test_forgedOidsFromANonBridgeDoNotSuppressTheHubsMessages():
+    """
+    Issue 24's attack on a secured leaf: mallory, who may write only
+    users/mallory/#, publishes junk under the oids of the hub's messages to
+    come.  Refused: the hub's real messages, coming over the bridge, reach
+    the leaf's subscribers.
+    """
+    harness = BrokerHarness(users=USERS, acl=ACL, bridgeUsers={"hub-bridge"})
+    mallory = harness.connect()
+    mallory.login("mallory", USERS["mallory"])
+    mallory.send(b"SUB 1 users/mallory/# mode=fire\r\n")
+    mallory.received()
+    mallory.send(bridgedPub(b"2", b"users/mallory/x", b"junk", b"hub", b"h1.1", 0))
+    assert mallory.received().startswith(b"ERR 2 NOT_AUTHORIZED ")
+    bridge = harness.connect()
+    bridge.login("hub-bridge", USERS["hub-bridge"])
+    bridge.send(b"SUB 1 # mode=fire\r\n")
+    bridge.received()
+    bridge.send(bridgedPub(b"2", b"users/mallory/x", b"real", b"hub", b"h1.1", 0))
+    assert messages(mallory.received()) == [(b"users/mallory/x", b"real")]
+    assert harness.broker.stats()["bridged_duplicates"] == 0
+
+
 def test_ownMessagesComingBackAreDiscarded(harness):
     bridge = harness.connect()
     name = harness.broker.name.encode()
@@ -212,23 +303,38 @@ def test_dropsOnTheWayToABridgeAreCountedAsBridged(harness):
 def test_seenMessagesAreForgottenAfterTheWindow():
     clock = Clock()
     seen = SeenMessages(clock)
-    message = Origin("leaf", "a1.5", 1)
-    assert seen.firstTime(message)
+    message = (Origin("leaf", "a1.5", 1), "news", b"hi")
+    assert seen.firstTime(*message)
     clock.advance(SEEN_WINDOW - 1)
-    assert not seen.firstTime(message)
+    assert not seen.firstTime(*message)
     clock.advance(1)
-    assert seen.firstTime(message)
+    assert seen.firstTime(*message)
     assert len(seen) == 1
 
 
 def test_seenMessagesAreBounded():
     seen = SeenMessages(Clock(), capacity=3)
     for number in range(5):
-        assert seen.firstTime(Origin("leaf", str(number), 1))
+        assert seen.firstTime(Origin("leaf", str(number), 1), "news", b"hi")
     assert len(seen) == 3
     # The oldest went first.
-    assert seen.firstTime(Origin("leaf", "0", 1))
-    assert not seen.firstTime(Origin("leaf", "4", 1))
+    assert seen.firstTime(Origin("leaf", "0", 1), "news", b"hi")
+    assert not seen.firstTime(Origin("leaf", "4", 1), "news", b"hi")
+
+
+@pytest.mark.parametrize(
+    "topic, payload",
+    [("news", b"other"), ("alerts", b"hi"), ("new", b"shi"), ("news\0", b"hi")],
+)
+def test_seenMessagesKnowAMessageByItsTopicAndPayloadToo(topic, payload):
+    """
+    The same origin and id on another topic, or with another payload, is
+    another message: a forged id cannot make the broker discard it.
+    """
+    seen = SeenMessages(Clock())
+    assert seen.firstTime(Origin("hub", "a1.5", 1), "news", b"hi")
+    assert seen.firstTime(Origin("hub", "a1.5", 1), topic, payload)
+    assert not seen.firstTime(Origin("hub", "a1.5", 2), "news", b"hi")
 
 
 # The link: this broker's bridge to a remote one, played by the test.
@@ -289,11 +395,11 @@ class LinkHarness:
     the link waits C{n} seconds after C{n} failures in a row.
     """
 
-    def __init__(self, direction="both", filters=("#",), config=None):
+    def __init__(self, direction="both", filters=("#",), config=None, credentials=None):
         self.local = BrokerHarness(config or BrokerConfig(messageEvents=True))
         self.endpoint = FakeEndpoint()
         self.link = BridgeLink(
-            BridgeSpec("hub", "tcp:10.0.0.1:1373", filters, direction),
+            BridgeSpec("hub", "tcp:10.0.0.1:1373", filters, direction, credentials),
             self.local.broker,
             self.local.clock,
             self.local.sweep,
@@ -520,6 +626,34 @@ def test_refusedSubscriptionsCloseTheConnectionAndBackOff():
     assert len(harness.endpoint.attempts) == 1
 
 
+def test_theLinkLogsInBeforeItSubscribes():
+    """
+    A bridge with credentials logs in on each connection, its client id the
+    broker's name, and subscribes once the login is answered.
+    """
+    harness = LinkHarness(credentials=("leaf-bridge", b"s3cret pw"))
+    remote = harness.endpoint.accept()
+    [hello] = frames(remote.received(), b"HELLO")
+    assert hello.line == b"HELLO 1 harness user=leaf-bridge password=czNjcmV0IHB3"
+    assert harness.link.state == "connecting"
+    remote.send(b"HELLO 1 version=0.1.0 ping=10 user=leaf-bridge\r\n")
+    [subscribe] = frames(remote.received(), b"SUB")
+    remote.send(b"SUBACK %s\r\n" % subscribe.arguments[0])
+    assert harness.link.state == "up"
+
+
+def test_aRefusedLoginIsSaidAndBacksOff():
+    harness = LinkHarness(credentials=("leaf-bridge", b"wrong"))
+    remote = harness.endpoint.accept()
+    remote.received()
+    remote.send(b"ERR 1 BAD_CREDENTIALS bad user name or password\r\n")
+    remote.lose()
+    assert harness.states()[-1] == ("bridge_down", "login_failed")
+    assert frames(remote.received(), b"SUB") == []
+    harness.local.clock.advance(2)
+    assert len(harness.endpoint.attempts) == 1
+
+
 def test_aRemoteThatStopsAnsweringPingsIsLeft():
     harness = LinkHarness()
     remote, _ = harness.connect()
@@ -622,12 +756,32 @@ def test_parseBridge():
         ("hub=tcp:h:1,topics=a/b#", "hub: bad topic filter 'a/b#'"),
         ("hub=tcp:h:1,topics=$SYS/#", "are each broker's own and are not bridged"),
         ("hub=tcp:h:1,colour=red", "hub: unknown option 'colour=red'"),
+        ("hub=tcp:h:1,user=leaf-1", "hub: user= and one of password-file= or password-env="),
+        ("hub=tcp:h:1,password-env=HUB_PW", "hub: user= and one of password-file= or"),
+        ("hub=tcp:h:1,user=le af,password-env=HUB_PW", "hub: bad user name 'le af'"),
+        ("hub=tcp:h:1,user=l,password-env=NONE", "the environment has no variable 'NONE'"),
+        ("hub=tcp:h:1,user=l,password-env=EMPTY", "the password in EMPTY is empty"),
+        ("hub=tcp:h:1,user=l,password-file=/no/pw", "cannot read the password from /no/pw"),
+        ("hub=tcp:h:1,user=l,password-env=HUB_PW,password-env=HUB_PW", "give one password-"),
     ],
 )
 def test_parseBridgeExplainsWhatIsWrong(text, reason):
     with pytest.raises(ValueError) as raised:
-        parseBridge(text, Clock())
+        parseBridge(text, Clock(), {"HUB_PW": "x", "EMPTY": ""})
     assert reason in str(raised.value)
+
+
+def test_parseBridgeCredentials(tmp_path):
+    """
+    The password of a bridge's login comes from the first line of a file,
+    or from an environment variable; it is never shown in the spec's repr.
+    """
+    (tmp_path / "pw").write_bytes(b"s3cret pw\r\nignored\n")
+    spec = parseBridge(f"hub=tcp:h:1,user=leaf-1,password-file={tmp_path / 'pw'}", Clock())
+    assert spec.credentials == ("leaf-1", b"s3cret pw")
+    assert "s3cret" not in repr(spec)
+    spec = parseBridge("hub=tcp:h:1,user=leaf-1,password-env=HUB_PW", Clock(), {"HUB_PW": "x"})
+    assert spec.credentials == ("leaf-1", b"x")
 
 
 def test_statsCommandShowsALinePerBridge():

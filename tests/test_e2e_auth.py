@@ -343,7 +343,7 @@ def test_noPasswordInAnyLogLine(tmp_path):
 
 
 WARNING = re.compile(
-    rb"\[dallal\.service\.DallalService#warn\] WARNING: listening on (\S+) \((tcp|udp)\) "
+    rb"\[dallal\.server\.service\.DallalService#warn\] WARNING: listening on (\S+) \((tcp|udp)\) "
     rb"beyond the loopback without --passwords: anyone who can reach it may publish and "
     rb"subscribe \(README\.md, Security\)\n"
 )

@@ -9,6 +9,8 @@ driven by the real C{dallal} command (PROTOCOL.md, "Bridges").
     and every message the subscriber missed is in some broker's log as
     dropped, or as published on the new hub before the far leaf had
     subscribed there again;
+  - a leaf bridged, with its bridge user's credentials, to a hub that takes
+    passwords; a leaf with a wrong password is refused;
   - a bad C{--bridge} stops twistd with a one-line reason.
 """
 
@@ -32,6 +34,7 @@ from helpers import (
     dallal,
     subscriber,
 )
+from test_e2e_auth import PASSWORDS, WAIT, as_, subscriberAs, writeSecurityFiles
 
 # Messages each broker publishes in the star and the triangle.
 MESSAGES = 5
@@ -255,6 +258,50 @@ def test_triangle(brokers):
     # depends on which copy was quicker.
     discarded = sum(stats[name]["bridged_duplicates"] for name in "abc")
     assert discarded == 2 * 3 * MESSAGES
+
+
+def test_bridgeLogsInToAHubThatTakesPasswords(brokers, tmp_path):
+    """
+    A hub with --passwords and --bridge-users alice; a leaf whose bridge
+    logs in as alice, with her password from a file, carries messages both
+    ways; a leaf with a wrong password in its file is refused, and says so.
+    """
+    passwords, acl = writeSecurityFiles(tmp_path)
+    (tmp_path / "alice.pw").write_text(PASSWORDS["alice"] + "\n")
+    (tmp_path / "wrong.pw").write_text("not her password\n")
+    hub, leaf, refused = freePorts(3)
+    remote = f"hub=tcp:127.0.0.1:{hub},topics=news/#,user=alice"
+    brokers.start(
+        ("hub", hub, ["--passwords", passwords, "--acl", acl, "--bridge-users", "alice"]),
+        ("leaf", leaf, ["--bridge", f"{remote},password-file={tmp_path / 'alice.pw'}"]),
+        ("refused", refused, ["--bridge", f"{remote},password-file={tmp_path / 'wrong.pw'}"]),
+    )
+    brokers.waitUp("leaf", "hub")
+    atHub = subscriberAs("bob", hub, "news/#")
+    atLeaf = subscriber(leaf, "news/#", mode="all")
+    try:
+        publishLines(leaf, [("news/leaf", "from-the-leaf")])
+        published = as_("alice", hub, "publish", "news/hub", "from-the-hub")
+        assert published.returncode == 0, published
+        for process in (atHub, atLeaf):
+            process.waitUntil(
+                lambda output: output.count(b": from-the-") == 2, WAIT, "both messages"
+            )
+    finally:
+        for process in (atHub, atLeaf):
+            process.terminate()
+    for process in (atHub, atLeaf):
+        assert sorted(receivedLines(process)) == [
+            "news/hub: from-the-hub",
+            "news/leaf: from-the-leaf",
+        ]
+    brokers.processes["refused"].waitFor(
+        rb"event=bridge_down bridge=hub reason=login_failed", WAIT
+    )
+    assert b"not her password" not in brokers.stop("refused").output
+    stats = json.loads(as_("alice", hub, "stats", "--json").stdout)
+    assert stats["logins_failed"] >= 1
+    assert stats["bridged_published"] == 1
 
 
 class Publisher:

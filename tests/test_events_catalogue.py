@@ -103,6 +103,7 @@ def exerciseEveryEvent():
         ),
         users={"alice": b"pw"},
         acl="user alice\ntopic readwrite #\ntopic deny private/#\n",
+        bridgeUsers={"alice"},
     )
     harness.broker.retained = RetainedStub()
 
@@ -122,8 +123,8 @@ def exerciseEveryEvent():
     for number in range(4):
         publisher.send(b"PUB p%d news 5\r\nhello\r\n" % (number,))
     publisher.send(b"PUB r1 full/disk 4 retain=1\r\nlost\r\n")
-    # Another broker's bridge sends the same message twice: once published,
-    # once discarded.
+    # Another broker's bridge (alice is a bridge user) sends the same
+    # message twice: once published, once discarded.
     for number in range(2):
         publisher.send(b"PUB b%d news 5 origin=elsewhere oid=x.1 hops=0\r\nhello\r\n" % number)
     latest.send(b"ACK 1\r\n")

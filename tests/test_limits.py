@@ -448,7 +448,7 @@ def test_udpClientsUpToTheLimit():
     assert harness.counter("connections") == 2
     assert harness.counter("refused_udp_clients") == 1
     # A session that moves is no new one.
-    assert b"session=resumed" in harness.peer(40004).hello("alice")
+    assert b"session=resumed" in harness.peer(40004).hello("alice", key=alice.key)
     bob.request(b"BYE")
     assert b"session=new" in carol.hello("carol")
 

@@ -23,6 +23,7 @@ from helpers import PING_INTERVAL, BrokerHarness, FakeDatagramTransport, message
 SECRET = b"a fixed secret for the tests...."
 BROKER = ("127.0.0.1", 1234)
 TOKEN = re.compile(rb"token=(\S+)")
+KEY = re.compile(rb" key=([A-Za-z0-9_-]{22})(?: |\r\n)")
 
 
 class UdpHarness(BrokerHarness):
@@ -61,6 +62,7 @@ class Peer:
         self.sentBytes = 0
         self.token = None
         self.clientId = None
+        self.key = None
         self._seen = 0
 
     def send(self, data):
@@ -75,18 +77,24 @@ class Peer:
         new, self._seen = mine[self._seen :], len(mine)
         return new
 
-    def hello(self, clientId="client-1"):
+    def hello(self, clientId="client-1", key=None):
         """
-        Both HELLOs: get a token, then start (or resume) the session.
+        Both HELLOs: get a token, then start (or resume) the session, and
+        keep the session's key the broker answers.
 
+        @param key: the session key to echo, to resume a session from here.
         @return: the broker's answer to the second.
         """
         self.send(b"HELLO 1 %s\r\n" % clientId.encode())
         [answer] = self.received()
         self.token = TOKEN.search(answer).group(1)
         self.clientId = clientId
-        self.send(b"HELLO 2 %s token=%s\r\n" % (clientId.encode(), self.token))
+        keyOption = b"" if key is None else b" key=" + key
+        self.send(b"HELLO 2 %s token=%s%s\r\n" % (clientId.encode(), self.token, keyOption))
         [answer] = self.received()
+        found = KEY.search(answer)
+        if found is not None:
+            self.key = found.group(1)
         return answer
 
     def request(self, line, payload=None):
@@ -131,8 +139,8 @@ def test_helloWithTheTokenStartsASession(harness):
     answer = alice.hello("me")
     assert answer == (
         b"HELLO 2 token=%s version=%s ping=10 max-payload=65000 max-topic=256 "
-        b"max-levels=32 max-subscriptions=1000 max-line=4096 session=new\r\n"
-        % (alice.token, __version__.encode())
+        b"max-levels=32 max-subscriptions=1000 max-line=4096 key=%s session=new\r\n"
+        % (alice.token, __version__.encode(), alice.key)
     )
     assert harness.fields("connect") == [
         {"session": 1, "client": "127.0.0.1:40001", "transport": "udp"}
@@ -592,7 +600,7 @@ def test_addressChangeKeepsTheSession(harness):
     new.clientId, new.token = old.clientId, old.token
     new.request(b"PING")
     assert new.received()[0].startswith(b"ERR - BAD_TOKEN ")
-    assert new.hello("roamer").endswith(b" session=resumed\r\n")
+    assert new.hello("roamer", key=old.key).endswith(b" session=resumed\r\n")
     publisher = harness.peer(40002)
     publisher.hello("publisher")
     publisher.publish(b"1", b"news", b"follows")
@@ -616,6 +624,109 @@ def test_helloFromElsewhereDoesNotMoveTheSession(harness):
     publisher.hello("publisher")
     publisher.publish(b"1", b"news", b"stays")
     assert messages(b"".join(home.received())) == [(b"news", b"stays")]
+
+
+# A client id is not a credential
+
+
+def hijacker(harness, victimId):
+    """
+    A sender at its own address that knows a victim's client id: it gets a
+    token for that id at its address, as anyone can, and tries to resume
+    the victim's session without its key.
+
+    @return: the L{Peer}, and the broker's answer to its second HELLO.
+    """
+    mallory = harness.peer(40666, host="127.0.0.66")
+    answer = mallory.hello(victimId)
+    return mallory, answer
+
+
+def victimWithAMessageInFlight(harness):
+    """
+    A victim subscribed in mode C{all} to C{news}, with one message sent
+    to it and not acked yet (delivery id 1).
+    """
+    victim = harness.peer(40001)
+    victim.hello("victim")
+    victim.request(b"SUB 1 news mode=all")
+    assert victim.received() == [b"SUBACK 1\r\n"]
+    publisher = harness.peer(40002)
+    publisher.hello("publisher")
+    publisher.publish(b"1", b"news", b"first")
+    assert messages(b"".join(victim.received())) == [(b"news", b"first")]
+    return victim, publisher
+
+
+@pytest.mark.parametrize(
+    "request_, payload",
+    [
+        (b"SUB 7 #", None),
+        (b"UNSUB 7 news", None),
+        (b"PUB 7 news 6", b"forged"),
+        (b"ACK 1", None),
+        (b"PING", None),
+        (b"LIST 7", None),
+        (b"BYE", None),
+    ],
+)
+def test_clientIdDoesNotLetAStrangerUseASession(harness, request_, payload):
+    """
+    The hijack of issue 24: a sender that knows a victim's client id says
+    HELLO with it from its own address and gets a token there.  The HELLO
+    that would resume the session is refused without the session's key,
+    and the requests it signs with that token are refused: the victim's
+    session stays where it is, with its subscriptions and its messages.
+    """
+    victim, publisher = victimWithAMessageInFlight(harness)
+    mallory, answer = hijacker(harness, "victim")
+    assert answer.startswith(b"ERR 2 NOT_AUTHORIZED this client id names a session ")
+    assert KEY.search(answer) is None
+    mallory.request(request_, payload)
+    [refusal] = mallory.received()
+    assert refusal.split(b" ", 3)[2] == b"BAD_TOKEN"
+    assert b"session is at another address" in refusal
+    # The message not acked by the victim is resent to the victim, and
+    # what is published next reaches it, at its address.
+    harness.clock.advance(1.0)
+    publisher.publish(b"2", b"news", b"second")
+    assert messages(b"".join(victim.received())) == [(b"news", b"first"), (b"news", b"second")]
+    assert mallory.received() == []
+    assert harness.counter("published") == 2
+    assert len(harness.fields("connect")) == 2
+    assert harness.fields("disconnect") == []
+    victim.request(b"LIST 8")
+    assert json.loads(victim.received()[0].split(b"\r\n")[1])["count"] == 1
+
+
+def test_sessionKeyMovesTheSession(harness):
+    """
+    The key the broker gave the victim resumes its session elsewhere; a
+    wrong one does not.
+    """
+    victim, publisher = victimWithAMessageInFlight(harness)
+    mallory = harness.peer(40666, host="127.0.0.66")
+    answer = mallory.hello("victim", key=b"A" * 22)
+    assert answer.startswith(b"ERR 2 NOT_AUTHORIZED ")
+    roamed = harness.peer(50001)
+    assert roamed.hello("victim", key=victim.key).endswith(b" session=resumed\r\n")
+    assert roamed.key == victim.key
+    harness.clock.advance(1.0)
+    assert messages(b"".join(roamed.received())) == [(b"news", b"first")]
+    assert victim.received() == []
+
+
+def test_helloResentFromTheSessionsAddressGetsItsKey(harness):
+    """
+    A client whose answer to its HELLO was lost says it again from the same
+    address: the answer goes there, with the session's key, as the first.
+    """
+    alice = harness.peer(40001)
+    alice.hello("me")
+    first = alice.key
+    alice.send(b"HELLO 2 me token=%s\r\n" % alice.token)
+    [answer] = alice.received()
+    assert answer.endswith(b" key=%s session=resumed\r\n" % first)
 
 
 # Size
@@ -782,6 +893,9 @@ def test_anyDatagramsFromStrangers(datagrams):
 # The client
 
 
+SESSION_KEY = b"Kx" * 11
+
+
 class FakeBroker:
     """
     The broker's side of a L{DallalDatagramClient} under test: what the
@@ -817,7 +931,10 @@ class FakeBroker:
         self.answer(b"HELLO 1 token=TOKEN\r\n")
         [hello] = self.sent()
         assert hello == b"HELLO 2 me token=TOKEN\r\n"
-        self.answer(b"HELLO 2 token=TOKEN ping=%d max-payload=1000 session=new\r\n" % ping)
+        self.answer(
+            b"HELLO 2 token=TOKEN ping=%d max-payload=1000 key=%s session=new\r\n"
+            % (ping, SESSION_KEY)
+        )
         assert started == [self.client]
 
 
@@ -891,7 +1008,8 @@ def test_clientPingsAtTheBrokersIntervalAndReportsMissingPongs():
 def test_clientSaysHelloAgainWhenItsTokenIsRefused():
     """
     A BAD_TOKEN (the client's address changed) makes the client say HELLO
-    again; its waiting request is sent again with the new token.
+    again, echoing its session's key; its waiting request is sent again
+    with the new token.
     """
     broker = FakeBroker()
     broker.handshake()
@@ -904,6 +1022,7 @@ def test_clientSaysHelloAgainWhenItsTokenIsRefused():
     broker.clock.advance(0.25)
     assert all(data.startswith(b"HELLO 4 ") for data in broker.sent())
     broker.answer(b"HELLO 4 token=NEW\r\n")
+    assert broker.sent() == [b"HELLO 5 me token=NEW key=%s\r\n" % SESSION_KEY]
     broker.answer(b"HELLO 5 token=NEW ping=10 max-payload=1000 session=resumed\r\n")
     broker.clock.advance(0)
     assert b"PUB 3 news 2 client=me token=NEW\r\nhi\r\n" in broker.sent()
@@ -1032,11 +1151,13 @@ def test_clientCloseSaysBye():
 class LossyNetwork:
     """
     Delivers datagrams between in-memory ports after a millisecond, and
-    drops every third datagram in each direction between two addresses.
+    drops every C{loseEvery}th datagram (every third by default; none if
+    C{0}) in each direction between two addresses.
     """
 
-    def __init__(self, clock):
+    def __init__(self, clock, loseEvery=3):
         self.clock = clock
+        self.loseEvery = loseEvery
         self.protocols = {}
         self.sent = {}
         self.dropped = 0
@@ -1053,7 +1174,7 @@ class LossyNetwork:
 
     def send(self, source, destination, data):
         count = self.sent[source, destination] = self.sent.get((source, destination), 0) + 1
-        if count % 3 == 0:
+        if self.loseEvery and count % self.loseEvery == 0:
             self.dropped += 1
             return
         receiver = self.protocols.get(destination)
@@ -1098,3 +1219,43 @@ def test_allModeThroughALossyNetworkDeliversEachMessageOnce():
     stats = harness.broker.stats()
     assert (stats["published"], stats["acked"], stats["inflight"]) == (30, 30, 0)
     assert stats["duplicates"] > 0
+
+
+def test_clientResumesItsSessionAfterANatRebindingAndNoOneElseCan():
+    """
+    The client's port changes (a NAT forgot it): its next request is
+    refused, it says HELLO again with its session key, and its messages
+    reach it at the new port.  Another client with the same client id, at
+    another address, cannot start or take the session.
+    """
+    harness = UdpHarness()
+    network = LossyNetwork(harness.clock, loseEvery=0)
+    network.attach(harness.udp, BROKER)
+    subscriber = DallalDatagramClient(harness.clock, BROKER, clientId="roamer")
+    publisher = DallalDatagramClient(harness.clock, BROKER, clientId="publisher")
+    network.attach(subscriber, ("127.0.0.1", 40001))
+    network.attach(publisher, ("127.0.0.1", 40002))
+    subscriber.handshake()
+    publisher.handshake()
+    network.run(1)
+    received = []
+    subscriber.subscribe(["news"], received.append, mode="all")
+    network.run(1)
+    del network.protocols[("127.0.0.1", 40001)]
+    subscriber.transport.address = ("127.0.0.1", 50001)
+    network.attach(subscriber, subscriber.transport.address)
+    publisher.publish("news", b"after the rebinding")
+    network.run(PING_INTERVAL + 2)
+    assert [message.payload for message in received] == [b"after the rebinding"]
+    assert subscriber.connected
+    impostor = DallalDatagramClient(harness.clock, BROKER, clientId="roamer")
+    network.attach(impostor, ("127.0.0.66", 40666))
+    failures = []
+    impostor.handshake().addErrback(failures.append)
+    network.run(1)
+    [failure] = failures
+    assert failure.value.code == "NOT_AUTHORIZED"
+    publisher.publish("news", b"still mine")
+    network.run(2)
+    assert [message.payload for message in received][-1] == b"still mine"
+    assert len(harness.fields("connect")) == 2

@@ -9,7 +9,7 @@ C{IReactorTime}, so tests drive it with C{task.Clock}.
 
 import secrets
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger, LogLevel
@@ -26,6 +26,7 @@ from dallal.errors import (
     BAD_TOPIC,
     FORBIDDEN,
     NO_ID,
+    NOT_AUTHORIZED,
     NOT_SUBSCRIBED,
     SHUTTING_DOWN,
     STORE_FAILED,
@@ -83,10 +84,10 @@ class BrokerConfig:
     maxUdpClients: int = DEFAULT_MAX_UDP_CLIENTS
     maxHellosPerSecond: int = DEFAULT_MAX_HELLOS_PER_SECOND
     messageEvents: bool = True
-    delivery: DeliveryConfig = DeliveryConfig()
+    delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
     maxListed: int = 1000
     # The broker's name among bridged brokers; generated if None.
-    name: str = None
+    name: str | None = None
 
 
 class Message:
@@ -160,10 +161,19 @@ class _Session:
     @ivar clientId: the client id it logged in with, or C{None}.
     @ivar permissions: what the ACL lets it read and write
         (L{dallal.security.acl.Permissions}), or C{None} when the broker has no ACL.
+    @ivar mayBridge: whether it may send bridge frames: not when it logged
+        in as a user that is no bridge (L{dallal.security.auth.BrokerRealm}).
     """
 
     __slots__ = (
-        "sid", "subscriber", "subscriptions", "outbox", "user", "clientId", "permissions"
+        "sid",
+        "subscriber",
+        "subscriptions",
+        "outbox",
+        "user",
+        "clientId",
+        "permissions",
+        "mayBridge",
     )
 
     def __init__(self, sid, subscriber, outbox):
@@ -174,6 +184,7 @@ class _Session:
         self.user = None
         self.clientId = None
         self.permissions = None
+        self.mayBridge = True
 
 
 class Broker:
@@ -193,7 +204,9 @@ class Broker:
 
     _log = Logger()
 
-    def __init__(self, clock, config=BrokerConfig(), events=None, retained=None):
+    def __init__(self, clock, config=None, events=None, retained=None):
+        if config is None:
+            config = BrokerConfig()
         self.clock = clock
         self.config = config
         self.events = events if events is not None else EventLog(
@@ -319,6 +332,7 @@ class Broker:
         session.user = user.name
         session.clientId = user.clientId
         session.permissions = user.permissions
+        session.mayBridge = user.mayBridge
         if user.permissions is not None:
             self._restricted = True
         if user.name is not None:
@@ -383,7 +397,7 @@ class Broker:
         Log an event of the ACL's about a session: its user is C{-} when
         anonymous.
 
-        @return: how the refusal told to the client names it.
+        @return: how a refusal told to the client names it.
         """
         user = session.user
         self.events.emit(
@@ -396,16 +410,44 @@ class Broker:
         )
         return "anonymous clients" if user is None else f"user {user}"
 
+    def _denied(self, session, action, topic):
+        """
+        Count and log a request its user may not make.
+
+        @return: how a refusal told to the client names it.
+        """
+        self.counters["denied"] += 1
+        return self._logAclEvent("denied", session, action=action, topic=topic)
+
     def _forbid(self, session, action, topic, requestId):
         """
         Count and log a request the ACL refuses, and refuse it.
         """
-        self.counters["denied"] += 1
-        who = self._logAclEvent("denied", session, action=action, topic=topic)
+        who = self._denied(session, action, topic)
         preposition = "on" if action == "publish" else "to"
         raise RequestError(
             FORBIDDEN, f"{who} may not {action} {preposition} {topic}", requestId
         )
+
+    def checkBridging(self, subscriber, topic, requestId):
+        """
+        Refuse a bridge frame (a C{PUB} with C{origin=}, a C{SUB} with
+        C{bridge=1}) from a client that is no bridge: it could otherwise
+        claim the origin of other brokers' messages (PROTOCOL.md, "Who may
+        bridge").
+
+        @raise RequestError: C{NOT_AUTHORIZED}, counted and logged as
+            C{denied}.
+        """
+        session = self._sessions[subscriber]
+        if not session.mayBridge:
+            self._denied(session, "bridge", topic)
+            raise RequestError(
+                NOT_AUTHORIZED,
+                f"user {session.user} is not a bridge: only the broker's --bridge-users "
+                "may send origin= or bridge=1",
+                requestId,
+            )
 
     def acknowledge(self, subscriber, deliveryId):
         """
@@ -847,7 +889,7 @@ class Broker:
             discarded = "loop"
         elif origin.hops > MAX_HOPS:
             discarded = "hop_limit"
-        elif not self.seen.firstTime(origin):
+        elif not self.seen.firstTime(origin, topic, payload):
             discarded = "duplicate"
         else:
             discarded = None

@@ -6,12 +6,14 @@ A message crossing a bridge carries its L{Origin}: the name of the broker a
 client published it on, its id there, and how many bridges it has crossed.
 A broker routes a bridged message only the first time it sees it: it drops
 its own messages coming back, copies that arrive by another path (the
-L{SeenMessages} table), and messages that crossed more than L{MAX_HOPS}
-bridges (a safety net should the table forget too soon).  On the wire the
-origin is three options of C{PUB} and C{MSG}: C{origin=<broker>
-oid=<message id> hops=<n>} (PROTOCOL.md, "Bridges").
+L{SeenMessages} table, by a digest of the origin, the id, the topic and
+the payload), and messages that crossed more than L{MAX_HOPS} bridges (a
+safety net should the table forget too soon).  On the wire the origin is
+three options of C{PUB} and C{MSG}: C{origin=<broker> oid=<message id>
+hops=<n>} (PROTOCOL.md, "Bridges").
 """
 
+import hashlib
 import os
 import re
 import secrets
@@ -140,8 +142,14 @@ def originFromOptions(options, requestId):
 
 class SeenMessages:
     """
-    The bridged messages a broker routed recently, by origin: a bounded,
-    time-limited set.
+    The bridged messages a broker routed recently: a bounded, time-limited
+    set.
+
+    A message is known by a digest of its origin, its id there, its topic
+    and its payload, not by its origin alone: a sender that forges the
+    origin of a real message to come can then only suppress that very
+    message (the same topic and payload), which it has just delivered
+    itself, never a different one.
 
     Entries leave after C{window} seconds, or earlier, oldest first, when
     there are C{capacity} of them.
@@ -151,16 +159,18 @@ class SeenMessages:
         self.clock = clock
         self.window = window
         self.capacity = capacity
-        # (broker, message id) -> when it was seen, oldest first.
+        # Digest of the message -> when it was seen, oldest first.
         self._seen = OrderedDict()
 
     def __len__(self):
         return len(self._seen)
 
-    def firstTime(self, origin):
+    def firstTime(self, origin, topic, payload):
         """
         Record a message, unless it was seen within the window.
 
+        @param topic: text.
+        @param payload: bytes.
         @return: C{True} if it was not.
         """
         now = self.clock.seconds()
@@ -171,8 +181,21 @@ class SeenMessages:
             if oldest > horizon and len(seen) < self.capacity:
                 break
             seen.popitem(last=False)
-        key = (origin.broker, origin.messageId)
+        key = _digest(origin, topic, payload)
         if key in seen:
             return False
         seen[key] = now
         return True
+
+
+def _digest(origin, topic, payload):
+    """
+    What identifies a bridged message in L{SeenMessages}: 16 bytes.  The
+    origin's names and the topic hold no NUL, so NULs separate them without
+    ambiguity, and the payload, last, may hold anything.
+    """
+    digest = hashlib.blake2b(digest_size=16)
+    fields = (origin.broker.encode("ascii"), origin.messageId.encode("ascii"), topic.encode())
+    digest.update(b"\0".join(fields) + b"\0")
+    digest.update(payload)
+    return digest.digest()

@@ -708,8 +708,11 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
     broker's address, as a connected socket would.
 
     @ivar clientId: who this client is to the broker: random unless given.
-        It is the session's only credential, and a client that restarts
-        must not reuse it while its old session may still be alive.
+        A client that restarts must not reuse it while its old session may
+        still be alive: the broker keeps the id for that session.
+    @ivar sessionKey: the session's secret, from the broker's answer to the
+        HELLO that started it: the HELLO that resumes the session from a new
+        address echoes it.
     @ivar pingInterval: seconds between pings, as the broker asked.
     @ivar maxPayload: the largest payload the broker accepts over UDP.
     """
@@ -733,6 +736,7 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
         self.clientId = clientId if clientId is not None else secrets.token_hex(16)
         self.onPongMissed = onPongMissed
         self.token = None
+        self.sessionKey = None
         self.pingInterval = None
         self.maxPayload = datagram.MAX_PAYLOAD
         # Request id -> the DelayedCall that sends it again.
@@ -773,7 +777,7 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
             if not token:
                 raise ClientProtocolError("the broker's answer to HELLO has no token")
             try:
-                answer = await self._hello({"token": token, **self._login})
+                answer = await self._hello({"token": token, **self._login, **self._resumeKey()})
             except ServerError as error:
                 if error.code != BAD_TOKEN:
                     raise
@@ -786,8 +790,16 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
             if answer.get("session") not in ("new", "resumed"):
                 raise ClientProtocolError(f"unexpected answer to HELLO: {answer}")
             self.token = token
+            self.sessionKey = answer.get("key", self.sessionKey)
             self.user = answer.get("user")
             return answer
+
+    def _resumeKey(self):
+        """
+        The option that proves this client holds its session, once it has
+        one.
+        """
+        return {} if self.sessionKey is None else {"key": self.sessionKey}
 
     def _hello(self, options):
         requestId = self._helloId = self._nextId()

@@ -435,10 +435,6 @@ def encodeMessageWithOptions(message, subscriptionId, seq, deliveryId, redeliver
     return (header, payload, CRLF)
 
 
-# Answers that carry a JSON document as their payload.
-DATA_REPLIES = (b"STATS", b"LIST", b"TOPICS")
-
-
 def encodeData(verb, requestId, payload):
     """
     The answer to C{STATS}, C{LIST} or C{TOPICS}: C{<verb> <id> <size>}

@@ -65,13 +65,17 @@ class IBrokerUser(Interface):
     permissions = Attribute(
         "Its dallal.security.acl.Permissions, or None when the broker has no ACL."
     )
+    mayBridge = Attribute(
+        "Whether it may send bridge frames (PUB with origin=, SUB with bridge=1)."
+    )
 
 
 @implementer(IBrokerUser)
 class BrokerUser:
-    def __init__(self, name, permissions, clientId=None):
+    def __init__(self, name, permissions, mayBridge=True, clientId=None):
         self.name = name
         self.permissions = permissions
+        self.mayBridge = mayBridge
         self.clientId = clientId
 
     def __repr__(self):
@@ -86,17 +90,23 @@ class BrokerRealm:
 
     The C{mind} of a login is the client's id, which the ACL's C{%c}
     patterns need.
+
+    @param bridgeUsers: the users that are other brokers' bridges: only
+        they may send bridge frames on a broker that takes passwords.  An
+        anonymous client (a broker without passwords) may send them.
     """
 
-    def __init__(self, acl=None):
+    def __init__(self, acl=None, bridgeUsers=frozenset()):
         self.acl = acl
+        self.bridgeUsers = frozenset(bridgeUsers)
 
     def requestAvatar(self, avatarId, mind, *interfaces):
         if IBrokerUser not in interfaces:
             raise NotImplementedError("a Dallal broker only has IBrokerUser avatars")
         name = None if avatarId is ANONYMOUS else avatarId
         permissions = None if self.acl is None else self.acl.permissionsFor(name, mind)
-        return IBrokerUser, BrokerUser(name, permissions, mind), lambda: None
+        mayBridge = name is None or name in self.bridgeUsers
+        return IBrokerUser, BrokerUser(name, permissions, mayBridge, mind), lambda: None
 
 
 class UnknownUser(UnauthorizedLogin):
@@ -202,21 +212,24 @@ class Gatekeeper:
         self.aclPath = aclPath
 
     @classmethod
-    def fromFiles(cls, clock, passwords=None, acl=None):
+    def fromFiles(cls, clock, passwords=None, acl=None, bridgeUsers=()):
         """
-        The gatekeeper of C{twistd dallal --passwords FILE --acl FILE}.
+        The gatekeeper of C{twistd dallal --passwords FILE --acl FILE
+        --bridge-users NAME,...}.
 
+        @param bridgeUsers: users of the password file that may send bridge
+            frames (L{BrokerRealm}).
         @return: a L{Gatekeeper}, or C{None} when neither file is given.
         @raise dallal.security.passwords.PasswordFileError: the password file is
-            wrong.
+            wrong, or lacks one of C{bridgeUsers}.
         @raise dallal.security.acl.AclError: the ACL file is wrong.
         """
         if passwords is None and acl is None:
             return None
         checker = None
         if passwords is not None:
-            checker = PasswordFileChecker(PasswordFile.load(passwords).users)
-        realm = BrokerRealm(loadAcl(acl) if acl is not None else None)
+            checker = PasswordFileChecker(_loadUsers(passwords, bridgeUsers))
+        realm = BrokerRealm(loadAcl(acl) if acl is not None else None, bridgeUsers)
         return cls(clock, realm, checker, passwordsPath=passwords, aclPath=acl)
 
     def reload(self):
@@ -231,7 +244,7 @@ class Gatekeeper:
         outcomes = []
         if self.passwordsPath is not None:
             try:
-                users = PasswordFile.load(self.passwordsPath).users
+                users = _loadUsers(self.passwordsPath, self.realm.bridgeUsers)
             except PasswordFileError as error:
                 outcomes.append(("passwords", error))
             else:
@@ -276,6 +289,19 @@ class Gatekeeper:
             raise LoginFailed(shown)
 
         return deferLater(self.clock, self.failureDelay, refuse)
+
+
+def _loadUsers(path, bridgeUsers):
+    """
+    The users of a password file, which must have every bridge user.
+
+    @raise PasswordFileError: the file is wrong, or lacks a bridge user.
+    """
+    users = PasswordFile.load(path).users
+    for name in bridgeUsers:
+        if name not in users:
+            raise PasswordFileError(f"{path} has no user {name!r}, named by --bridge-users")
+    return users
 
 
 def beyondLoopback(address):

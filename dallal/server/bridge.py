@@ -22,13 +22,20 @@ It moves the messages of its topic filters in one direction or both:
 Every bridged message carries its origin (L{dallal.broker.origin}), so that no
 message loops or arrives twice, whatever the shape of the bridges.
 
+A remote that takes passwords is logged in to first, on every connection,
+with the C{user=} of the C{--bridge} option and the password read from a
+file or an environment variable at start (never from the command line,
+where C{ps} would show it); the remote lets the bridge send bridge frames
+if that user is one of its C{--bridge-users}.
+
 The link's state is C{connecting} (an attempt is under way), C{up}
 (connected and subscribed) or C{down} (waiting to try again); it is logged
 (C{bridge_connecting}, C{bridge_up}, C{bridge_down}), and shown by C{STATS}
 and C{$SYS/broker/bridges/<name>/...}.
 """
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 from twisted.application.internet import ClientService, backoffPolicy
 from twisted.application.service import Service
@@ -53,6 +60,7 @@ from dallal.errors import NO_ID, SHUTTING_DOWN, RequestError
 from dallal.broker.interfaces import ISubscriber
 from dallal.server.keepalive import IPingable
 from dallal.broker.origin import checkName
+from dallal.names import checkUserName
 from dallal.server.addresses import formatAddress
 from dallal.topics import TopicError
 from dallal.topictree import MULTI_LEVEL, RESERVED_PREFIX, checkFilter
@@ -75,7 +83,12 @@ RETRY_MAX_DELAY = 15.0
 # How long the remote may take to acknowledge the link's subscriptions.
 SETUP_TIMEOUT = 10.0
 
-USAGE = "NAME=ENDPOINT[,topics=FILTER;FILTER...][,direction=in|out|both]"
+USAGE = (
+    "NAME=ENDPOINT[,topics=FILTER;FILTER...][,direction=in|out|both]"
+    "[,user=USER,password-file=PATH|password-env=VARIABLE]"
+)
+# What failed while a new connection was being set up -> how the log says it.
+_SET_UP_STEPS = {"login": "the login", "subscribe": "the subscriptions"}
 
 
 @dataclass(frozen=True)
@@ -87,12 +100,15 @@ class BridgeSpec:
     @ivar filters: the topic filters whose messages cross the bridge.
     @ivar direction: C{in} (from the remote to this broker), C{out} or
         C{both}.
+    @ivar credentials: C{(user, password)} to log in to the remote with, the
+        password as bytes; or C{None}.  Never shown in its C{repr}.
     """
 
     name: str
     endpoint: str
     filters: tuple = (MULTI_LEVEL,)
     direction: str = BOTH
+    credentials: tuple = field(default=None, repr=False)
 
     @property
     def inbound(self):
@@ -103,12 +119,14 @@ class BridgeSpec:
         return self.direction in (OUT, BOTH)
 
 
-def parseBridge(text, reactor):
+def parseBridge(text, reactor, environ=os.environ):
     """
     Read one C{--bridge} option: C{NAME=ENDPOINT[,topics=FILTER;FILTER]
-    [,direction=in|out|both]}.
+    [,direction=in|out|both][,user=USER,password-file=PATH|
+    password-env=VARIABLE]}.
 
     @param reactor: the reactor the endpoint will use, to check it.
+    @param environ: where C{password-env=} looks.
     @return: a L{BridgeSpec}.
     @raise ValueError: with a one-line reason a person can act on.
     """
@@ -127,6 +145,7 @@ def parseBridge(text, reactor):
             f"such as tcp:hub.example:1373 ({error})"
         )
     filters, direction = (MULTI_LEVEL,), BOTH
+    user, password = None, None
     for option in options:
         key, equals, value = option.partition("=")
         if key == "topics" and equals:
@@ -140,12 +159,48 @@ def parseBridge(text, reactor):
                     f"not {value!r}"
                 )
             direction = value
+        elif key == "user" and equals:
+            try:
+                checkUserName(value)
+            except ValueError as error:
+                raise ValueError(f"{name}: {error}")
+            user = value
+        elif key in ("password-file", "password-env") and equals:
+            if password is not None:
+                raise ValueError(f"{name}: give one password-file= or password-env=")
+            password = _readPassword(name, key, value, environ)
         else:
             raise ValueError(
                 f"{name}: unknown option {option!r}; expected {USAGE} "
                 "(an endpoint cannot contain a comma)"
             )
-    return BridgeSpec(name, endpoint, filters, direction)
+    if (user is None) != (password is None):
+        raise ValueError(
+            f"{name}: user= and one of password-file= or password-env= go together"
+        )
+    credentials = None if user is None else (user, password)
+    return BridgeSpec(name, endpoint, filters, direction, credentials)
+
+
+def _readPassword(name, key, value, environ):
+    """
+    The password of a bridge's login, from a file (its first line) or an
+    environment variable, as bytes.
+    """
+    if key == "password-env":
+        password = environ.get(value)
+        if password is None:
+            raise ValueError(f"{name}: the environment has no variable {value!r}")
+        password = os.fsencode(password)
+    else:
+        try:
+            with open(value, "rb") as file:
+                password = file.readline().rstrip(b"\r\n")
+        except OSError as error:
+            raise ValueError(f"{name}: cannot read the password from {value}: {error.strerror}")
+    if not password:
+        raise ValueError(f"{name}: the password in {value} is empty")
+    return password
 
 
 def _checkBridgedFilter(name, topicFilter):
@@ -249,6 +304,8 @@ class BridgeLink(Service):
         # each connection.
         self._failedSetups = 0
         self._downReason = None
+        # What a new connection's set-up is doing: a key of _SET_UP_STEPS.
+        self._setUpStep = None
         # Delivery id -> message, for what went out and the remote has not
         # acked; and the ids published on the current connection.
         self._unacked = {}
@@ -345,7 +402,13 @@ class BridgeLink(Service):
         )
 
     async def _setUp(self, protocol):
+        if self.spec.credentials is not None:
+            self._setUpStep = "login"
+            await protocol.login(self.spec.credentials, self.broker.name).addTimeout(
+                SETUP_TIMEOUT, self.clock
+            )
         if self.spec.inbound:
+            self._setUpStep = "subscribe"
             await protocol.subscribe(
                 list(self.spec.filters), self._received, mode=ALL, options={"bridge": "1"}
             ).addTimeout(SETUP_TIMEOUT, self.clock)
@@ -354,12 +417,13 @@ class BridgeLink(Service):
 
     def _setUpFailed(self, failure, protocol):
         if not protocol.connected:
-            # Lost while subscribing: _lost says so.
+            # Lost while logging in or subscribing: _lost says so.
             return
-        self._downReason = "subscribe_failed"
+        self._downReason = f"{self._setUpStep}_failed"
         self._log.warn(
-            "bridge {name}: the remote did not take the subscriptions: {why}",
+            "bridge {name}: the remote did not take {step}: {why}",
             name=self.name,
+            step=_SET_UP_STEPS[self._setUpStep],
             why=failure.getErrorMessage(),
         )
         protocol.transport.abortConnection()

@@ -113,7 +113,7 @@ class RequestHandler:
         is acked even when this broker discards it as a copy: the bridge
         has nothing more to do with it.
         """
-        self._checkBridgeable(request.id)
+        self._checkBridgeable(request)
         options = request.options
         if options.get("retain") == "1" or options.get("to-matching") == "1":
             raise RequestError(
@@ -124,11 +124,12 @@ class RequestHandler:
         self.broker.publishBridged(self, request.topic, payload, options, request.id)
         self.sendFrame(wire.encodePubAck(request.id))
 
-    def _checkBridgeable(self, requestId):
+    def _checkBridgeable(self, request):
         if not self.carriesBridges:
             raise RequestError(
-                BAD_ARGUMENTS, "bridges connect over TCP, not this transport", requestId
+                BAD_ARGUMENTS, "bridges connect over TCP, not this transport", request.id
             )
+        self.broker.checkBridging(self, request.topic, request.id)
 
     def answerWhenStored(self, requestId, stored):
         """
@@ -150,7 +151,7 @@ class RequestHandler:
         bridge = options.get("bridge") == "1"
         try:
             if bridge:
-                self._checkBridgeable(request.id)
+                self._checkBridgeable(request)
             subscription = self.broker.subscribe(
                 self, request.topic, request.id, options.get("mode", LATEST), bridge
             )

@@ -183,7 +183,7 @@ class DallalService(MultiService):
     def __init__(
         self,
         reactor,
-        config=BrokerConfig(),
+        config=None,
         pingInterval=DEFAULT_INTERVAL,
         dataDir=None,
         sysInterval=DEFAULT_SYS_INTERVAL,
@@ -210,6 +210,8 @@ class DallalService(MultiService):
             the name kept in C{dataDir} cannot be read or written.
         """
         MultiService.__init__(self)
+        if config is None:
+            config = BrokerConfig()
         self.reactor = reactor
         self.shutdownGrace = shutdownGrace
         retained = RetainedStore.open(dataDir, reactor) if dataDir is not None else None

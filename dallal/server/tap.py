@@ -336,6 +336,14 @@ class Options(usage.Options):
             "(user NAME, then topic [read|write|readwrite|deny] FILTER lines; "
             "pattern lines with %u and %c).",
         ],
+        [
+            "bridge-users",
+            None,
+            None,
+            "Users of the --passwords file that are other brokers' bridges, "
+            "separated by commas: only they may send bridge frames (PUB with "
+            "origin=, SUB with bridge=1).",
+        ],
     ]
 
     optFlags = [
@@ -394,7 +402,7 @@ class Options(usage.Options):
 
     def opt_bridge(self, value):
         """
-        Connect to another Dallal broker as a client and carry messages between them: NAME=ENDPOINT[,topics=FILTER;FILTER...][,direction=in|out|both], such as hub=tcp:hub.example:1373,topics=news/#;alerts/+,direction=both (the default: every topic, both ways). Repeatable.
+        Connect to another Dallal broker as a client and carry messages between them: NAME=ENDPOINT[,topics=FILTER;FILTER...][,direction=in|out|both][,user=USER,password-file=PATH|password-env=VARIABLE], such as hub=tcp:hub.example:1373,topics=news/#;alerts/+,direction=both (the default: every topic, both ways); user= logs in to a remote that takes passwords. Repeatable.
         """
         self["bridge"].append(value)
 
@@ -413,6 +421,19 @@ class Options(usage.Options):
             except ValueError as error:
                 raise usage.UsageError(f"--name: {error}")
         self["bridge"] = self._bridges(self["bridge"])
+        self["bridge-users"] = self._bridgeUsers(self["bridge-users"])
+
+    def _bridgeUsers(self, value):
+        if value is None:
+            return ()
+        if self["passwords"] is None:
+            raise usage.UsageError(
+                "--bridge-users names users of the --passwords file: give it too"
+            )
+        names = tuple(name for name in value.split(",") if name)
+        if not names:
+            raise usage.UsageError("--bridge-users: no user name given")
+        return names
 
     def _bridges(self, values):
         # twistd has installed its reactor by now: the endpoints are checked
@@ -515,7 +536,9 @@ def makeService(options, reactor=None, rlimit=resource):
     allowed, descriptors = fitToDescriptors(requested, rlimit)
     config = replace(config, maxConnections=allowed)
     try:
-        gatekeeper = Gatekeeper.fromFiles(reactor, options["passwords"], options["acl"])
+        gatekeeper = Gatekeeper.fromFiles(
+            reactor, options["passwords"], options["acl"], options["bridge-users"]
+        )
         service = DallalService(
             reactor,
             config,

@@ -21,17 +21,25 @@ requests are carried out by the same L{RequestHandler} as over TCP, on the
 same broker core.  A client pings the broker; one that falls silent is
 expired by the broker's ping sweep.  PROTOCOL.md ("UDP") is the reference.
 
+A client id names a session; it proves nothing.  The answer that starts a
+session gives its client the session's key, and a session moves to another
+address only for a C{HELLO} that echoes that key (or, on a broker that takes
+passwords, logs in again as the session's user).  Every other request is
+carried out only from the session's own address: a token for the client id
+at another address (which anyone can ask for) names the session but does
+not reach it.
+
 On a broker that takes passwords, the C{HELLO} that echoes the token also
 carries the client's credentials: its session starts only once they are
-checked (L{dallal.security.auth.Gatekeeper}), and a client resuming its session from
-a new address logs in again.
+checked (L{dallal.security.auth.Gatekeeper}).
 """
 
 import base64
 import hashlib
 import hmac
 import os
-from collections import Counter, OrderedDict
+import secrets
+from collections import Counter, OrderedDict, namedtuple
 from math import ceil
 
 from twisted.internet.error import MessageLengthError
@@ -61,7 +69,6 @@ from dallal.limits import HELLO_RATE, LINE, UDP_CLIENTS, LogWindow, RateTable
 from dallal.server.requests import RequestHandler, helloLimits
 from dallal.server.addresses import formatDatagramAddress
 
-DEFAULT_UDP_PORT = 1234
 DEFAULT_ACK_TIMEOUT = 1.0
 
 # An address that has not proved it receives is sent at most this many
@@ -78,6 +85,8 @@ REMEMBERED_ANSWERS = 1024
 AWAITING_STORE = object()
 # 96 bits of HMAC-SHA256: a forger gets one guess per datagram.
 TOKEN_BYTES = 12
+# Random bytes of a session's key (22 URL-safe base64 characters).
+SESSION_KEY_BYTES = 16
 # Refusals of datagrams that named no session logged per second, at most.
 STRANGER_ERRORS_LOGGED_PER_SECOND = 10
 
@@ -169,6 +178,9 @@ class UdpSession(RequestHandler):
 
     @ivar address: the C{(host, port)} it was last heard from with a valid
         token, where everything for it is sent.
+    @ivar key: the session's secret, told only to the address that started
+        or resumed it: a C{HELLO} that echoes it resumes the session at
+        another address.
     """
 
     transportName = "udp"
@@ -177,6 +189,7 @@ class UdpSession(RequestHandler):
         self.protocol = protocol
         self.broker = protocol.broker
         self.clientId = clientId
+        self.key = secrets.token_urlsafe(SESSION_KEY_BYTES)
         self.address = None
         self.peer = None
         # Who logged in (on a broker that takes passwords), and an HMAC of
@@ -195,6 +208,16 @@ class UdpSession(RequestHandler):
     def moveTo(self, address):
         self.address = address
         self.peer = formatDatagramAddress(address)
+
+    def mayMoveTo(self, address, key):
+        """
+        Whether a C{HELLO} from C{address} that echoed C{key} (text, or
+        C{None}) may resume this session there: it is where the session
+        is already, or the key is the session's.
+        """
+        return address == self.address or (
+            key is not None and hmac.compare_digest(key.encode("utf-8"), self.key.encode("ascii"))
+        )
 
     def requestReceived(self, request, rest):
         """
@@ -529,6 +552,20 @@ class BrokerDatagramProtocol(DatagramProtocol):
                 address,
             )
             return
+        if address != session.address:
+            # A token for this client id at another address is anyone's for
+            # the asking: it names the session, it does not prove holding it.
+            self._refuse(
+                RequestError(
+                    BAD_TOKEN,
+                    "this client's session is at another address: resume it from here "
+                    "with HELLO <id> <client-id> token=<token> key=<its session key>",
+                    requestId,
+                ),
+                address,
+                proven=True,
+            )
+            return
         self._settle(session, address)
         if type(request) is wire.Bye:
             # Answered as over TCP; a client need not wait for it.
@@ -565,9 +602,27 @@ class BrokerDatagramProtocol(DatagramProtocol):
             self._refuse(error, address, proven=True)
             return
         gatekeeper = self.gatekeeper
-        if gatekeeper is None:
+        loginRequired = gatekeeper is not None and gatekeeper.loginRequired
+        session = self._sessions.get(hello.clientId)
+        if session is not None and session.mayMoveTo(address, hello.options.get("key")):
+            # The session's own address, or its key: it resumes as it is.
             self._startSession(hello, address)
-        elif not gatekeeper.loginRequired:
+        elif session is not None and not (loginRequired and credentials is not None):
+            # Only its key, or a login as its user, moves a session: its
+            # client id is no secret.
+            self._refuse(
+                RequestError(
+                    NOT_AUTHORIZED,
+                    "this client id names a session at another address: resume it with "
+                    "key=<its session key>, or choose another client id",
+                    hello.id,
+                ),
+                address,
+                proven=True,
+            )
+        elif gatekeeper is None:
+            self._startSession(hello, address)
+        elif not loginRequired:
             # No passwords: credentials are not checked, the client is
             # anonymous.
             self._startSession(hello, address, gatekeeper.anonymous(hello.clientId))
@@ -633,6 +688,7 @@ class BrokerDatagramProtocol(DatagramProtocol):
             "version": __version__,
             "ping": f"{self.sweep.interval:g}",
             **helloLimits(self.broker.config, self.maxPayload),
+            "key": session.key,
             "session": "resumed" if resumed else "new",
         }
         if session.userName is not None:
@@ -701,6 +757,9 @@ class BrokerDatagramProtocol(DatagramProtocol):
         if self.transport is None:
             return
         if refused:
-            client = self._sessions.get(hello.clientId) or _Stranger(address)
+            client = self._sessions.get(hello.clientId)
+            if client is None or client.address != address:
+                # The log names a session only for an attempt from its address.
+                client = _Stranger(address)
             self.broker.loginFailed(client, failure.value.shownUser)
         self._refuse(RequestError(BAD_CREDENTIALS, reason, hello.id), address, proven=True)
