@@ -12,7 +12,7 @@ from twisted.logger import globalLogPublisher
 
 from dallal.broker.core import Broker
 from dallal.security.acl import parseAcl
-from dallal.security.auth import BrokerUser
+from dallal.security.auth import BrokerUser, Gatekeeper
 from dallal.security.passwords import PasswordHash
 from dallal.server.service import RELOADABLE_FIELDS, DallalService
 from dallal.server.tap import RELOADABLE_OPTIONS, Options, makeService
@@ -129,6 +129,16 @@ def test_aWrongPasswordFileKeepsTheOldOne(tmp_path):
     harness.service.reload()
     assert harness.fields("reload_failed") == [{"file": "passwords"}]
     assert b"HELLO h " in harness.connect().login("alice", b"pw")
+
+
+def test_aPasswordFileWithoutABridgeUserKeepsTheOldOne(tmp_path):
+    path = tmp_path / "passwords.txt"
+    path.write_text(passwordLine("hub", b"pw") + passwordLine("alice", b"pw"))
+    gatekeeper = Gatekeeper.fromFiles(Clock(), str(path), bridgeUsers=["hub"])
+    path.write_text(passwordLine("alice", b"pw") + passwordLine("bob", b"pw"))
+    [(name, error)] = gatekeeper.reload()
+    assert (name, str(error)) == ("passwords", f"{path} has no user 'hub', named by --bridge-users")
+    assert set(gatekeeper.checker.users) == {"hub", "alice"}
 
 
 def test_sighupIsHandledWhileTheServiceRuns():
