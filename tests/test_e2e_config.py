@@ -15,8 +15,10 @@ from dallal.client import ServerError, connect
 from dallal.security.passwords import PasswordHash
 from helpers import (
     COMMAND_TIMEOUT,
+    DALLAL,
     TWISTD,
     BrokerProcess,
+    OutputCollector,
     dallal,
     environmentWithout,
 )
@@ -93,12 +95,25 @@ async def test_sighupReloadsPasswordsAndAclWhileClientsStayConnected(tmp_path):
     passwords.write_text(passwordLines(alice="pw-alice"))
     acl.write_text("user alice\ntopic readwrite news/#\ntopic readwrite alerts/#\n")
     broker = BrokerProcess.plugin(tmp_path, "--passwords", passwords, "--acl", acl)
+    command = None
     try:
         alice = await connect(
             reactor, f"tcp:127.0.0.1:{broker.port}", ("alice", "pw-alice")
         ).addTimeout(WAIT, reactor)
         handle, received = receiver()
-        await alice.subscribe(["news/#", "alerts/#"], handle).addTimeout(WAIT, reactor)
+        ended = []
+        await alice.subscribe(
+            ["news/#", "alerts/#"], handle, onEnded=lambda *what: ended.append(what)
+        ).addTimeout(WAIT, reactor)
+        # And alice on the command line, in another session.
+        environment = environmentWithout("DALLAL_PASSWORD")
+        environment["DALLAL_PASSWORD"] = "pw-alice"
+        command = OutputCollector(
+            [DALLAL, "--user", "alice", "127.0.0.1", broker.port, "subscribe", "news/#", "alerts/#"],
+            None,
+            env=environment,
+        )
+        command.waitFor(rb"subscribing on news/# alerts/#\n")
 
         # carol is added; alice may no longer touch news.
         passwords.write_text(passwordLines(alice="pw-alice", carol="pw-carol"))
@@ -112,9 +127,14 @@ async def test_sighupReloadsPasswordsAndAclWhileClientsStayConnected(tmp_path):
         # alice's connection is the same one, and still receives.
         message = await received.addTimeout(WAIT, reactor)
         assert (message.topic, message.payload) == ("alerts/fire", b"hot")
-        [ended] = alice.serverErrors
-        assert ended.code == "FORBIDDEN"
-        assert "may no longer read news/#" in ended.reason
+        [(topic, error)] = ended
+        assert (topic, error.code) == ("news/#", "FORBIDDEN")
+        assert error.reason == "user alice may no longer read news/#: the subscription has ended"
+        command.waitFor(
+            rb"dallal: user alice may no longer read news/#: the subscription has ended\n"
+        )
+        command.waitFor(rb"alerts/fire: hot\n")
+        assert command.process.poll() is None
         broker.waitFor(rb"event=subscription_revoked session=1 client=\S+ user=alice topic=news/# ")
         try:
             await alice.publish("news/x", b"no").addTimeout(WAIT, reactor)
@@ -132,4 +152,6 @@ async def test_sighupReloadsPasswordsAndAclWhileClientsStayConnected(tmp_path):
         carol = await publishAs(broker.port, "carol", "pw-carol", "alerts/fire", "again")
         assert carol.stdout == PUBLISHED, carol
     finally:
+        if command is not None:
+            command.kill()
         broker.stop()
