@@ -131,9 +131,18 @@ def test_aBadValueIsOneLineNamingTheKey(tmp_path, text, expected):
     assert refusal(tmp_path, text + "\n").startswith(expected)
 
 
-def test_aBadCommandLineValueIsTheCommandLines(tmp_path):
-    with pytest.raises(usage.UsageError, match="^--slow-consumer must be one of"):
-        parsed(tmp_path, "max-queued = 5\n", "--slow-consumer", "wait")
+@pytest.mark.parametrize(
+    "text, argv, expected",
+    [
+        ("max-queued = 5", ["--slow-consumer", "wait"], "^--slow-consumer must be one of"),
+        # An option whose name starts with a key of the file's.
+        ("max-queued = 5", ["--max-queued-bytes", "x"], "^--max-queued-bytes must be"),
+        ('slow-consumer = "drop-oldest"', ["--slow-consumer", "wait"], "^--slow-consumer"),
+    ],
+)
+def test_aBadCommandLineValueIsTheCommandLines(tmp_path, text, argv, expected):
+    with pytest.raises(usage.UsageError, match=expected):
+        parsed(tmp_path, text + "\n", *argv)
 
 
 def test_twistdStopsWithTheLine(tmp_path):

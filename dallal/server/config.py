@@ -16,6 +16,7 @@ file's value of that key unused (a repeated one replaces the file's list).
 
 import difflib
 import getopt
+import re
 import tomllib
 
 from twisted.python import usage
@@ -157,13 +158,20 @@ def _dispatch(options, path, name, text):
         raise ConfigError(inFile(path, name, str(error)))
 
 
+def aboutOption(message, name):
+    """
+    Whether an error message is about the option C{--name} (and not about
+    a longer one that starts alike, C{--max-queued-bytes} for C{max-queued}).
+    """
+    return re.match(rf"--{re.escape(name)}(?![\w-])", message) is not None
+
+
 def inFile(path, name, message):
     """
     An error about an option, said of the key of the configuration file
     that gave its value: C{--max-queued must be ...} becomes
     C{dallal.toml: max-queued must be ...}.
     """
-    for prefix in (f"--{name}", name):
-        if message.startswith(prefix):
-            return f"{path}: {name}{message[len(prefix):]}"
+    if aboutOption(message, name):
+        return f"{path}: {name}{message[len(name) + 2:]}"
     return f"{path}: {name}: {message}"

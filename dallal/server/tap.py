@@ -15,6 +15,7 @@ from dallal.security.auth import Gatekeeper
 from dallal.server.bridge import parseBridge
 from dallal.server.config import (
     ConfigError,
+    aboutOption,
     applyConfig,
     commandLineNames,
     inFile,
@@ -390,7 +391,7 @@ class Options(usage.Options):
         except usage.UsageError as error:
             # postOptions' checks of values that came from the file.
             for name in fromFile:
-                if str(error).startswith(f"--{name}"):
+                if aboutOption(str(error), name):
                     raise ConfigError(inFile(path, name, str(error)))
             raise
 
