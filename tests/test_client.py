@@ -271,6 +271,28 @@ def test_unsubscribeForgetsTheHandlerOnceAcknowledged(connection):
     assert [message.payload for message in received] == [b"1"]
 
 
+def test_theBrokerEndingASubscriptionCallsItsOnEnded(connection):
+    """
+    An C{ERR} with a subscription's id is the broker ending it (its ACL
+    read again): C{onEnded} gets the topic and the error, and the
+    subscription is forgotten; the other subscription stays.
+    """
+    client, transport = connection
+    ended = []
+    client.subscribe("a", lambda message: None, onEnded=lambda *what: ended.append(what))
+    a = sentIds(transport, b"SUB")[-1]
+    client.dataReceived(b"SUBACK %s\r\n" % a)
+    subscribed(client, transport, "b", lambda message: None)
+    client.dataReceived(
+        b"ERR %s FORBIDDEN user x may no longer read a: the subscription has ended\r\n" % a
+    )
+    [(topic, error)] = ended
+    assert (topic, error.code) == ("a", "FORBIDDEN")
+    assert error.reason == "user x may no longer read a: the subscription has ended"
+    assert [state.topic for state in client._subscriptions.values()] == ["b"]
+    assert client.serverErrors == [error]
+
+
 def test_unexpectedFrameClosesConnection(connection):
     """
     A frame the client cannot understand means it no longer knows where it

@@ -108,6 +108,8 @@ class RecordingSubscriber:
 
     @ivar sent: the L{Sent} messages not yet taken by L{take}.
     @ivar disconnected: the reasons the core asked it to disconnect for.
+    @ivar revoked: C{(subscription id, reason)} of each subscription the
+        core ended.
     """
 
     transportName = "tcp"
@@ -117,12 +119,16 @@ class RecordingSubscriber:
         self.sid = None
         self.sent = []
         self.disconnected = []
+        self.revoked = []
 
     def sendMessage(self, message, subscriptionId, seq, deliveryId, redelivered):
         self.sent.append(Sent(message.payload, subscriptionId, seq, deliveryId, redelivered))
 
     def disconnect(self, reason):
         self.disconnected.append(reason)
+
+    def subscriptionRevoked(self, subscriptionId, reason):
+        self.revoked.append((subscriptionId, reason))
 
     def take(self):
         """

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from twisted.internet.defer import fail, succeed
 
+from dallal.security.acl import parseAcl
 from dallal.server import udp
 from dallal.broker.delivery import DeliveryConfig
 from dallal.modes import ALL, FIRE, LATEST
@@ -28,7 +29,16 @@ _FIELD = re.compile(r"`([a-z_]+)`")
 
 # Events the service emits, not the broker core: `listening` when a port is
 # bound, `limit_lowered` at start (tests/test_limits.py checks its fields).
-SERVICE_EVENTS = {"listening", "limit_lowered"}
+# Reloads on SIGHUP: the files read again, and the options that changed
+# (tests/test_reload.py checks theirs).
+SERVICE_EVENTS = {
+    "listening",
+    "limit_lowered",
+    "reloaded",
+    "reload_failed",
+    "option_changed",
+    "restart_needed",
+}
 
 
 def catalogue():
@@ -54,7 +64,7 @@ def emittedInSource():
     C{EventLog.emit}.
     """
     names = set()
-    for path in (ROOT / "dallal").glob("*.py"):
+    for path in (ROOT / "dallal").rglob("*.py"):
         names.update(re.findall(r'\.emit\(\s*"([a-z_]+)"', path.read_text()))
     return names
 
@@ -126,6 +136,8 @@ def exerciseEveryEvent():
     for port in range(40001, 40001 + udp.STRANGER_ERRORS_LOGGED_PER_SECOND + 1):
         datagrams.datagramReceived(b"BOGUS\r\n", ("127.0.0.1", port))
     latest.send(b"SUB 5 one/too/many\r\n")
+    # The ACL read again takes alice's news away: her subscriptions to it end.
+    harness.broker.revisePermissions(parseAcl("user alice\ntopic readwrite kept/#\n").permissionsFor)
     harness.clock.advance(1.0)
     harness.clock.advance(1.0)
     # Nobody answers pings: the first sweep spares the clients that spoke

@@ -158,6 +158,7 @@ class _Session:
 
     @ivar subscriptions: topic filter -> L{Subscription}.
     @ivar user: the name it logged in with, or C{None} (anonymous).
+    @ivar clientId: the client id it logged in with, or C{None}.
     @ivar permissions: what the ACL lets it read and write
         (L{dallal.security.acl.Permissions}), or C{None} when the broker has no ACL.
     @ivar mayBridge: whether it may send bridge frames: not when it logged
@@ -170,6 +171,7 @@ class _Session:
         "subscriptions",
         "outbox",
         "user",
+        "clientId",
         "permissions",
         "mayBridge",
     )
@@ -180,6 +182,7 @@ class _Session:
         self.subscriptions = {}
         self.outbox = outbox
         self.user = None
+        self.clientId = None
         self.permissions = None
         self.mayBridge = True
 
@@ -327,6 +330,7 @@ class Broker:
         """
         session = self._sessions[subscriber]
         session.user = user.name
+        session.clientId = user.clientId
         session.permissions = user.permissions
         session.mayBridge = user.mayBridge
         if user.permissions is not None:
@@ -336,6 +340,32 @@ class Broker:
             self.events.emit(
                 "login", session=session.sid, client=subscriber.peer, user=user.name
             )
+
+    def revisePermissions(self, permissionsFor):
+        """
+        The ACL has changed (SIGHUP): give every session under it its new
+        permissions, and end each subscription whose filter can no longer
+        match a topic the session may read, telling its client.
+
+        @param permissionsFor: returns the
+            L{dallal.security.acl.Permissions} of a user name (C{None} for
+            an anonymous client) and a client id.
+        """
+        for session in list(self._sessions.values()):
+            if session.permissions is None:
+                continue
+            session.permissions = permissionsFor(session.user, session.clientId)
+            for topicFilter, subscription in list(session.subscriptions.items()):
+                if not session.permissions.mayMatch(topicFilter, READ):
+                    self._revoke(session, topicFilter, subscription)
+
+    def _revoke(self, session, topicFilter, subscription):
+        self._endSubscription(session, topicFilter, subscription)
+        who = self._logAclEvent("subscription_revoked", session, topic=topicFilter)
+        session.subscriber.subscriptionRevoked(
+            subscription.id,
+            f"{who} may no longer read {topicFilter}: the subscription has ended",
+        )
 
     def loginFailed(self, subscriber, shownUser):
         """
@@ -362,29 +392,38 @@ class Broker:
         session = self._sessions.get(subscriber)
         return session.sid if session else 0
 
-    def _denied(self, session, action, topic):
+    def _logAclEvent(self, name, session, **fields):
         """
-        Count and log a request its user may not make.
+        Log an event of the ACL's about a session: its user is C{-} when
+        anonymous.
+
+        @return: how a refusal told to the client names it.
         """
-        self.counters["denied"] += 1
         user = session.user
         self.events.emit(
-            "denied",
+            name,
             LogLevel.warn,
             session=session.sid,
             client=session.subscriber.peer,
             user="-" if user is None else user,
-            action=action,
-            topic=topic,
+            **fields,
         )
+        return "anonymous clients" if user is None else f"user {user}"
+
+    def _denied(self, session, action, topic):
+        """
+        Count and log a request its user may not make.
+
+        @return: how a refusal told to the client names it.
+        """
+        self.counters["denied"] += 1
+        return self._logAclEvent("denied", session, action=action, topic=topic)
 
     def _forbid(self, session, action, topic, requestId):
         """
         Count and log a request the ACL refuses, and refuse it.
         """
-        self._denied(session, action, topic)
-        user = session.user
-        who = "anonymous clients" if user is None else f"user {user}"
+        who = self._denied(session, action, topic)
         preposition = "on" if action == "publish" else "to"
         raise RequestError(
             FORBIDDEN, f"{who} may not {action} {preposition} {topic}", requestId
@@ -660,20 +699,24 @@ class Broker:
         @raise RequestError: the client has no subscription with that filter.
         """
         session = self._sessions[subscriber]
-        subscription = session.subscriptions.pop(topicFilter, None)
+        subscription = session.subscriptions.get(topicFilter)
         if subscription is None:
             raise RequestError(
                 NOT_SUBSCRIBED, f"not subscribed to {topicFilter!r}", requestId
             )
-        self._forgetFilter(topicFilter, subscriber)
-        session.outbox.unsubscribe(subscription)
-        self.counters["subscriptions"] -= 1
+        self._endSubscription(session, topicFilter, subscription)
         self.events.emit(
             "unsubscribe",
             session=session.sid,
             client=subscriber.peer,
             topic=topicFilter,
         )
+
+    def _endSubscription(self, session, topicFilter, subscription):
+        del session.subscriptions[topicFilter]
+        self._forgetFilter(topicFilter, session.subscriber)
+        session.outbox.unsubscribe(subscription)
+        self.counters["subscriptions"] -= 1
 
     def _forgetFilter(self, topicFilter, subscriber):
         self._tree.remove(topicFilter, subscriber)

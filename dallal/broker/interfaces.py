@@ -30,6 +30,15 @@ class ISubscriber(Interface):
         @param redelivered: whether this is a resend.
         """
 
+    def subscriptionRevoked(subscriptionId, reason):
+        """
+        The broker has ended one of this client's subscriptions (the ACL
+        no longer lets it read what the filter matches): tell the client.
+
+        @param subscriptionId: the client's id of the subscription.
+        @param reason: why, for people.
+        """
+
     def disconnect(reason):
         """
         Close the session; C{reason} is C{slow_consumer} (it fell too far

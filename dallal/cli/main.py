@@ -534,6 +534,10 @@ def reportGap(topic, missed):
     )
 
 
+def reportEnded(topic, error):
+    print(f"dallal: {error.reason}", file=sys.stderr, flush=True)
+
+
 async def subscribeCommand(reactor, args):
     # Ctrl-C and SIGTERM stop the reactor, which closes the connection: that
     # is the user's way out, not a failure to report.
@@ -544,7 +548,9 @@ async def subscribeCommand(reactor, args):
     try:
         client = await _connect(reactor, args, deadline)
         await deadline.wait(
-            client.subscribe(args.topics, printer, mode=args.mode, onGap=reportGap)
+            client.subscribe(
+                args.topics, printer, mode=args.mode, onGap=reportGap, onEnded=reportEnded
+            )
         )
     except Exception as error:
         _fail(SUBSCRIBE_FAILED, error, args)

@@ -113,8 +113,8 @@ class ReceivedMessage:
 
 class _SubscriptionState:
     """
-    What the client tracks per subscription: who handles its messages and
-    gaps, and where it is in the sequence.
+    What the client tracks per subscription: who handles its messages,
+    gaps and end, and where it is in the sequence.
 
     @ivar missing: the sequence numbers skipped and not seen since, oldest
         first, each with when its gap is to be reported (C{None} once it
@@ -122,16 +122,17 @@ class _SubscriptionState:
         ones; it is then handed over, not taken for a duplicate.
     """
 
-    __slots__ = ("topic", "onMessage", "onGap", "lastSeq", "missing")
+    __slots__ = ("topic", "onMessage", "onGap", "onEnded", "lastSeq", "missing")
 
     # Holes remembered per subscription: in latest mode most are replaced
     # messages that will never come.
     MAX_MISSING = 1024
 
-    def __init__(self, topic, onMessage, onGap):
+    def __init__(self, topic, onMessage, onGap, onEnded):
         self.topic = topic
         self.onMessage = onMessage
         self.onGap = onGap
+        self.onEnded = onEnded
         self.lastSeq = 0
         self.missing = OrderedDict()
 
@@ -344,7 +345,7 @@ class _ClientSession:
         options = {} if limit is None else {"limit": str(limit)}
         return self._request(wire.encodeDataRequest(b"TOPICS", requestId, options), requestId)
 
-    def subscribe(self, topics, onMessage, mode=None, onGap=None, options=None):
+    def subscribe(self, topics, onMessage, mode=None, onGap=None, options=None, onEnded=None):
         """
         Subscribe to each of C{topics}; C{onMessage(message)} is then called
         with a L{ReceivedMessage} for every message delivered for these
@@ -366,6 +367,9 @@ class _ClientSession:
             in C{fire} mode over UDP).
         @param options: more C{key=value} options of each C{SUB}, as text
             (a bridge's C{bridge=1}, PROTOCOL.md).
+        @param onEnded: called as C{onEnded(topic, error)} with a
+            L{ServerError} when the broker ends a subscription (its ACL,
+            read again, no longer lets this client read what it matches).
         @return: a Deferred that fires when every SubAck has arrived, or
             fails with the first refusal.
         """
@@ -375,7 +379,9 @@ class _ClientSession:
         acks = []
         for topic in topics:
             requestId = self._nextId()
-            self._subscriptions[requestId] = self._subscriptionState(topic, onMessage, onGap)
+            self._subscriptions[requestId] = self._subscriptionState(
+                topic, onMessage, onGap, onEnded
+            )
             acks.append(
                 self._request(wire.encodeSubscribe(requestId, topic, mode, options), requestId)
             )
@@ -383,7 +389,7 @@ class _ClientSession:
             lambda _: None, lambda failure: failure.value.subFailure
         )
 
-    def _subscriptionState(self, topic, onMessage, onGap):
+    def _subscriptionState(self, topic, onMessage, onGap, onEnded):
         """
         The state of a new subscription to C{topic}, or of the one this
         client has, with new handlers: the broker keeps its sequence.
@@ -393,8 +399,9 @@ class _ClientSession:
                 del self._subscriptions[subscriptionId]
                 state.onMessage = onMessage
                 state.onGap = onGap
+                state.onEnded = onEnded
                 return state
-        return _SubscriptionState(topic, onMessage, onGap)
+        return _SubscriptionState(topic, onMessage, onGap, onEnded)
 
     def _forgetSubscription(self, topic):
         for subscriptionId, state in list(self._subscriptions.items()):
@@ -551,9 +558,13 @@ class _ClientSession:
         deferred = self._takePending(error.id)
         if deferred is not None:
             deferred.errback(failure)
-        else:
-            self.serverErrors.append(failure)
-            self._log.warn("broker error: {error}", error=failure)
+            return
+        self.serverErrors.append(failure)
+        self._log.warn("broker error: {error}", error=failure)
+        # The id of a subscription: the broker has ended it.
+        ended = self._subscriptions.pop(error.id, None)
+        if ended is not None and ended.onEnded is not None:
+            ended.onEnded(ended.topic, failure)
 
     def _handlePing(self, ping):
         self._sendFrame(wire.PONG_FRAME)

@@ -33,7 +33,7 @@ from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from zope.interface import Attribute, Interface, implementer
 
-from dallal.security.acl import loadAcl
+from dallal.security.acl import AclError, loadAcl
 from dallal.security.passwords import (
     DEFAULT_N,
     DEFAULT_P,
@@ -61,6 +61,7 @@ class IBrokerUser(Interface):
     """
 
     name = Attribute("The user name, or None for an anonymous client.")
+    clientId = Attribute("The client id it logged in with, or None (the ACL's %c).")
     permissions = Attribute(
         "Its dallal.security.acl.Permissions, or None when the broker has no ACL."
     )
@@ -71,10 +72,11 @@ class IBrokerUser(Interface):
 
 @implementer(IBrokerUser)
 class BrokerUser:
-    def __init__(self, name, permissions, mayBridge=True):
+    def __init__(self, name, permissions, mayBridge=True, clientId=None):
         self.name = name
         self.permissions = permissions
         self.mayBridge = mayBridge
+        self.clientId = clientId
 
     def __repr__(self):
         return f"BrokerUser({self.name!r})"
@@ -104,7 +106,7 @@ class BrokerRealm:
         name = None if avatarId is ANONYMOUS else avatarId
         permissions = None if self.acl is None else self.acl.permissionsFor(name, mind)
         mayBridge = name is None or name in self.bridgeUsers
-        return IBrokerUser, BrokerUser(name, permissions, mayBridge), lambda: None
+        return IBrokerUser, BrokerUser(name, permissions, mayBridge, mind), lambda: None
 
 
 class UnknownUser(UnauthorizedLogin):
@@ -126,9 +128,16 @@ class PasswordFileChecker:
     credentialInterfaces = (IUsernamePassword,)
 
     def __init__(self, users, runHash=deferToThread, concurrent=MAX_CONCURRENT_CHECKS):
-        self.users = users
         self._runHash = runHash
         self._slots = DeferredSemaphore(concurrent)
+        self.replaceUsers(users)
+
+    def replaceUsers(self, users):
+        """
+        Check the logins from now on against C{users} (a password file
+        read again); those under way finish against the old ones.
+        """
+        self.users = users
         typical = next(iter(users.values()), None)
         if typical is None:
             typical = PasswordHash(DEFAULT_N, DEFAULT_R, DEFAULT_P, b"", bytes(DIGEST_BYTES))
@@ -179,16 +188,28 @@ class Gatekeeper:
         takes no passwords (every client is anonymous).
     @param clock: the C{IReactorTime} that delays failed logins and times
         the connections that have yet to log in.
+    @param passwordsPath: the password file the checker's users came
+        from, read again by L{reload}; likewise C{aclPath}, the realm's ACL.
     """
 
     def __init__(
-        self, clock, realm, checker=None, failureDelay=FAILURE_DELAY, loginTimeout=LOGIN_TIMEOUT
+        self,
+        clock,
+        realm,
+        checker=None,
+        failureDelay=FAILURE_DELAY,
+        loginTimeout=LOGIN_TIMEOUT,
+        passwordsPath=None,
+        aclPath=None,
     ):
         self.clock = clock
         self.realm = realm
+        self.checker = checker
         self.portal = Portal(realm, [checker]) if checker is not None else None
         self.failureDelay = failureDelay
         self.loginTimeout = loginTimeout
+        self.passwordsPath = passwordsPath
+        self.aclPath = aclPath
 
     @classmethod
     def fromFiles(cls, clock, passwords=None, acl=None, bridgeUsers=()):
@@ -207,15 +228,36 @@ class Gatekeeper:
             return None
         checker = None
         if passwords is not None:
-            users = PasswordFile.load(passwords).users
-            for name in bridgeUsers:
-                if name not in users:
-                    raise PasswordFileError(
-                        f"{passwords} has no user {name!r}, named by --bridge-users"
-                    )
-            checker = PasswordFileChecker(users)
+            checker = PasswordFileChecker(_loadUsers(passwords, bridgeUsers))
         realm = BrokerRealm(loadAcl(acl) if acl is not None else None, bridgeUsers)
-        return cls(clock, realm, checker)
+        return cls(clock, realm, checker, passwordsPath=passwords, aclPath=acl)
+
+    def reload(self):
+        """
+        Read the password and ACL files again (SIGHUP).  A file that cannot
+        be read, or is wrong, leaves the one in force as it was.
+
+        @return: C{(file, error)} for each file: C{file} is C{"passwords"}
+            or C{"acl"}, C{error} the L{PasswordFileError} or L{AclError} it
+            failed with, or C{None} if it is now in force.
+        """
+        outcomes = []
+        if self.passwordsPath is not None:
+            try:
+                users = _loadUsers(self.passwordsPath, self.realm.bridgeUsers)
+            except PasswordFileError as error:
+                outcomes.append(("passwords", error))
+            else:
+                self.checker.replaceUsers(users)
+                outcomes.append(("passwords", None))
+        if self.aclPath is not None:
+            try:
+                self.realm.acl = loadAcl(self.aclPath)
+            except AclError as error:
+                outcomes.append(("acl", error))
+            else:
+                outcomes.append(("acl", None))
+        return outcomes
 
     @property
     def loginRequired(self):
@@ -247,6 +289,19 @@ class Gatekeeper:
             raise LoginFailed(shown)
 
         return deferLater(self.clock, self.failureDelay, refuse)
+
+
+def _loadUsers(path, bridgeUsers):
+    """
+    The users of a password file, which must have every bridge user.
+
+    @raise PasswordFileError: the file is wrong, or lacks a bridge user.
+    """
+    users = PasswordFile.load(path).users
+    for name in bridgeUsers:
+        if name not in users:
+            raise PasswordFileError(f"{path} has no user {name!r}, named by --bridge-users")
+    return users
 
 
 def beyondLoopback(address):

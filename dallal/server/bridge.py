@@ -539,6 +539,11 @@ class BridgeLink(Service):
             )
             self.broker.reject(self, deliveryId, BRIDGE_REFUSED)
 
+    def subscriptionRevoked(self, subscriptionId, reason):
+        # The bridge's own session never logs in, so no ACL applies to it and
+        # the broker never ends its subscriptions.
+        pass
+
     def disconnect(self, reason):
         # Only the broker's shutdown asks (the link's queue drops its
         # oldest rather than disconnect a slow consumer); stopService closes

@@ -12,7 +12,7 @@ import json
 
 from dallal.protocol import wire
 from dallal.modes import LATEST
-from dallal.errors import BAD_ARGUMENTS, RequestError
+from dallal.errors import BAD_ARGUMENTS, FORBIDDEN, RequestError
 
 
 def helloLimits(config, maxPayload):
@@ -72,6 +72,13 @@ class RequestHandler:
         """
         self.sendFrame(wire.encodeError(error.requestId, error.code, error.reason))
         self.broker.protocolError(self, error.code, fatal)
+
+    def subscriptionRevoked(self, subscriptionId, reason):
+        """
+        Tell the client the broker ended a subscription, with an C{ERR}
+        bearing the subscription's id.
+        """
+        self.sendFrame(wire.encodeError(subscriptionId, FORBIDDEN, reason))
 
     def publish(self, request, payload):
         options = request.options

@@ -8,11 +8,12 @@ one resolver).
 """
 
 import dataclasses
+import signal
 
 from twisted.application.service import MultiService, Service
 from twisted.internet.defer import gatherResults, maybeDeferred
 from twisted.internet.endpoints import serverFromString
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 
 from dallal.security.auth import beyondLoopback
 from dallal.server.bridge import BridgeLink
@@ -37,6 +38,20 @@ DEFAULT_SHUTDOWN_GRACE = 2.0
 # whose SYN was dropped wait a second before they try again
 # (docs/CONNECTIONS.md).  Linux caps it at net.core.somaxconn.
 DEFAULT_BACKLOG = 1024
+# The fields of a BrokerConfig that a running broker takes again on SIGHUP
+# (README.md, "Configuration"): limits checked on each request, settings of
+# the sessions that start next, and the per-message events.  The others
+# were told to clients or sized resources at start.
+RELOADABLE_FIELDS = (
+    "maxPayload",
+    "maxTopicLength",
+    "maxTopicLevels",
+    "maxSubscriptions",
+    "maxUdpClients",
+    "delivery",
+    "messageEvents",
+)
+
 # The server endpoint types that take a backlog= option.
 _QUEUED_ENDPOINTS = ("tcp", "tcp6", "ssl")
 
@@ -175,6 +190,7 @@ class DallalService(MultiService):
         gatekeeper=None,
         shutdownGrace=DEFAULT_SHUTDOWN_GRACE,
         events=None,
+        reloadOnHangup=False,
     ):
         """
         @param dataDir: the directory of the retained message store, or
@@ -187,6 +203,8 @@ class DallalService(MultiService):
             in flight to be acked, in seconds.
         @param events: the L{dallal.broker.events.EventLog} to log to, if not the
             global log.
+        @param reloadOnHangup: whether SIGHUP makes the running service
+            L{reload} (not on Windows, which has no SIGHUP).
         @raise dallal.broker.retained.StoreError: the store cannot be opened.
         @raise dallal.broker.origin.BrokerNameError: C{config} names no broker, and
             the name kept in C{dataDir} cannot be read or written.
@@ -206,6 +224,11 @@ class DallalService(MultiService):
         self.sysPublisher = (
             SysPublisher(self.broker, reactor, sysInterval) if sysInterval else None
         )
+        self.reloadOnHangup = reloadOnHangup and hasattr(signal, "SIGHUP")
+        self._previousHangupHandler = None
+        # Re-reads a configuration file on reload, given the service
+        # (twistd dallal --config sets it).
+        self.rereadConfig = None
 
     def listenTCP(self, description):
         """
@@ -260,7 +283,66 @@ class DallalService(MultiService):
         self.sweep.start()
         if self.sysPublisher is not None:
             self.sysPublisher.start()
+        if self.reloadOnHangup:
+            previous = signal.signal(signal.SIGHUP, self._hangup)
+            # None: a handler not set from Python, which cannot be put back.
+            self._previousHangupHandler = signal.SIG_DFL if previous is None else previous
         self._warnIfOpenToAll()
+
+    def _hangup(self, signalNumber, frame):
+        # A signal handler runs between two bytecodes of whatever the
+        # reactor was doing: the reload waits for its next turn.
+        self.reactor.callFromThread(self.reload)
+
+    def reload(self):
+        """
+        What SIGHUP does: read again the configuration file (through
+        C{rereadConfig}, if set), the password file and the ACL file, and
+        hold every session to the new ACL.  Connections stay; a file that
+        cannot be read, or is wrong, leaves what it had set as it was.
+        """
+        if self.rereadConfig is not None:
+            self.rereadConfig(self)
+        if self.gatekeeper is None:
+            return
+        for name, error in self.gatekeeper.reload():
+            self.fileReloaded(name, error)
+        acl = self.gatekeeper.realm.acl
+        if acl is not None:
+            self.broker.revisePermissions(acl.permissionsFor)
+
+    def fileReloaded(self, name, error=None):
+        """
+        Log that a file was read again: C{reloaded}, or C{reload_failed}
+        and a line saying why.
+
+        @param name: C{passwords}, C{acl} or C{config}.
+        @param error: why it could not be used, or C{None}.
+        """
+        if error is None:
+            self.broker.events.emit("reloaded", file=name)
+            return
+        self.broker.events.emit("reload_failed", LogLevel.warn, file=name)
+        self._log.warn(
+            "cannot reload the {name} file, what it set stays as it was: {error}",
+            name=name,
+            error=error,
+        )
+
+    def reconfigure(self, config, shutdownGrace):
+        """
+        Take the settings of C{config} that can change while the broker
+        runs (L{RELOADABLE_FIELDS}), and a new shutdown grace; the other
+        fields of C{config} are not used.
+        """
+        self.broker.config = dataclasses.replace(
+            self.broker.config, **{name: getattr(config, name) for name in RELOADABLE_FIELDS}
+        )
+        self.broker.events.messageEvents = config.messageEvents
+        self.shutdownGrace = shutdownGrace
+        for child in self:
+            if isinstance(child, DatagramListenerService):
+                child.protocol.followConfig()
 
     def _warnIfOpenToAll(self):
         """
@@ -290,6 +372,9 @@ class DallalService(MultiService):
 
         @return: a Deferred that fires once all that is done.
         """
+        if self._previousHangupHandler is not None:
+            signal.signal(signal.SIGHUP, self._previousHangupHandler)
+            self._previousHangupHandler = None
         Service.stopService(self)
         self.sweep.stop()
         if self.sysPublisher is not None:

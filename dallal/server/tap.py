@@ -4,6 +4,7 @@ C{twistd dallal}: command-line options and the service they build.
 
 import math
 import resource
+import sys
 from dataclasses import replace
 
 from twisted.logger import LogLevel
@@ -12,6 +13,15 @@ from twisted.python import usage
 from dallal.security.acl import AclError
 from dallal.security.auth import Gatekeeper
 from dallal.server.bridge import parseBridge
+from dallal.server.config import (
+    ConfigError,
+    aboutOption,
+    applyConfig,
+    commandLineNames,
+    inFile,
+    readConfig,
+    settingNames,
+)
 from dallal.broker.core import BrokerConfig
 from dallal.broker.origin import BrokerNameError, checkName
 from dallal.security.passwords import PasswordFileError
@@ -26,18 +36,48 @@ from dallal.server.udp import DEFAULT_ACK_TIMEOUT as DEFAULT_UDP_ACK_TIMEOUT
 
 DEFAULT_TCP_PORT = 1373
 
+# The options a running broker takes again from its configuration file on
+# SIGHUP (README.md, "Configuration"): those of the service's
+# RELOADABLE_FIELDS, and the shutdown grace.
+RELOADABLE_OPTIONS = frozenset(
+    {
+        "max-payload",
+        "max-topic-length",
+        "max-topic-levels",
+        "max-subscriptions",
+        "max-udp-clients",
+        "max-inflight",
+        "max-queued",
+        "max-queued-bytes",
+        "slow-consumer",
+        "ack-timeout",
+        "max-attempts",
+        "message-events",
+        "shutdown-grace",
+    }
+)
 
-def _positive(kind, zeroTurnsOff=False):
+
+def _positive(option, kind, zeroTurnsOff=False):
     """
-    A converter of positive numbers of C{kind} for an option; with
-    C{zeroTurnsOff}, 0 too, meaning the feature is off.
+    A converter of positive numbers of C{kind} for one option; with
+    C{zeroTurnsOff}, 0 too, meaning the feature is off.  Anything else stops
+    twistd with one line naming the option.
     """
+    least = "positive or 0" if zeroTurnsOff else "positive"
 
     def convert(text):
-        value = kind(text)
-        if not math.isfinite(value) or value < 0 or (value == 0 and not zeroTurnsOff):
-            least = "positive or 0" if zeroTurnsOff else "positive"
-            raise ValueError(f"must be {least}, got {text}")
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if (
+            value is None
+            or not math.isfinite(value)
+            or value < 0
+            or (value == 0 and not zeroTurnsOff)
+        ):
+            raise usage.UsageError(f"--{option} must be a number, {least}, not {text!r}")
         return value
 
     convert.coerceDoc = "0 turns it off." if zeroTurnsOff else "Must be positive."
@@ -86,6 +126,14 @@ class Options(usage.Options):
 
     optParameters = [
         [
+            "config",
+            None,
+            None,
+            "Read options from this TOML file, one key per option (README.md, "
+            "Configuration); the command line overrides it.  On SIGHUP the "
+            "broker reads it again for the options that can change while it runs.",
+        ],
+        [
             "data-dir",
             None,
             "dallal-data",
@@ -112,7 +160,7 @@ class Options(usage.Options):
             "Seconds to wait for a UDP client's ack before sending a message "
             "again (UDP loses datagrams: resend sooner than over TCP, for as "
             "long).",
-            _positive(float),
+            _positive("udp-ack-timeout", float),
         ],
         [
             "ping-interval",
@@ -121,7 +169,7 @@ class Options(usage.Options):
             "Seconds between the server's pings to TCP clients, and between "
             "UDP clients' pings to it; a client that misses 3 in a row is "
             "dropped.",
-            _positive(float),
+            _positive("ping-interval", float),
         ],
         [
             "name",
@@ -137,7 +185,7 @@ class Options(usage.Options):
             DEFAULT_SYS_INTERVAL,
             "Seconds between updates of the broker's statistics on its "
             "$SYS/broker/... topics.",
-            _positive(float, zeroTurnsOff=True),
+            _positive("sys-interval", float, zeroTurnsOff=True),
         ],
         [
             "shutdown-grace",
@@ -146,7 +194,7 @@ class Options(usage.Options):
             "Seconds a stopping broker waits for the messages in flight to be "
             "acked (it takes no new connections, publishes or subscriptions "
             "meanwhile); 0 closes every connection at once.",
-            _positive(float, zeroTurnsOff=True),
+            _positive("shutdown-grace", float, zeroTurnsOff=True),
         ],
     ]
 
@@ -261,7 +309,7 @@ class Options(usage.Options):
             None,
             _delivery.ackTimeout,
             "Seconds to wait for an ack before sending a message again.",
-            _positive(float),
+            _positive("ack-timeout", float),
         ],
         [
             "max-attempts",
@@ -315,6 +363,38 @@ class Options(usage.Options):
         self["tcp"] = []
         self["bridge"] = []
 
+    def parseOptions(self, options=None):
+        """
+        Parse the command line, and the configuration file that
+        C{--config} names under it.  A wrong file stops twistd with one line
+        naming the file and the key.
+        """
+        try:
+            self.parseWithConfig(sys.argv[1:] if options is None else options)
+        except ConfigError as error:
+            raise SystemExit(f"dallal: cannot start: {error}")
+
+    def parseWithConfig(self, argv):
+        """
+        Parse C{argv}, the command line of C{twistd dallal}, over the
+        values of the configuration file it names, if any.
+
+        @raise ConfigError: the file cannot be read, or a key or value of it
+            is wrong.
+        @raise usage.UsageError: the command line is wrong.
+        """
+        self.argv = list(argv)
+        given, path = commandLineNames(self, self.argv)
+        fromFile = set() if path is None else applyConfig(self, path, readConfig(path), given)
+        try:
+            usage.Options.parseOptions(self, self.argv)
+        except usage.UsageError as error:
+            # postOptions' checks of values that came from the file.
+            for name in fromFile:
+                if aboutOption(str(error), name):
+                    raise ConfigError(inFile(path, name, str(error)))
+            raise
+
     def opt_tcp(self, value):
         """
         Where to serve TCP clients: a port number (on --interface) or a Twisted endpoint description such as tcp:1373:interface=0.0.0.0 or ssl:8883:privateKey=key.pem:certKey=cert.pem. Repeat it to listen on several. [default: 1373]
@@ -330,7 +410,8 @@ class Options(usage.Options):
     def postOptions(self):
         if self["slow-consumer"] not in SLOW_CONSUMER_POLICIES:
             raise usage.UsageError(
-                f"--slow-consumer must be one of {', '.join(SLOW_CONSUMER_POLICIES)}"
+                f"--slow-consumer must be one of {', '.join(SLOW_CONSUMER_POLICIES)}, "
+                f"not {self['slow-consumer']!r}"
             )
         if not self["tcp"]:
             self["tcp"] = [str(DEFAULT_TCP_PORT)]
@@ -413,6 +494,35 @@ def brokerConfig(options):
     )
 
 
+def rereadConfig(options, service):
+    """
+    Parse the command line again over the configuration file as it is now
+    (SIGHUP), and give the running service the options that changed and
+    can change while it runs; log each change, and each change that needs
+    a restart.  A file that cannot be read, or is wrong, changes nothing.
+
+    @param options: the L{Options} the service was made with; those that
+        change are changed in it too.
+    """
+    fresh = Options()
+    try:
+        fresh.parseWithConfig(options.argv)
+    except (ConfigError, usage.UsageError) as error:
+        service.fileReloaded("config", error)
+        return
+    events = service.broker.events
+    for name in sorted(settingNames(options)):
+        if fresh[name] == options[name]:
+            continue
+        if name in RELOADABLE_OPTIONS:
+            options[name] = fresh[name]
+            events.emit("option_changed", option=name, value=fresh[name])
+        else:
+            events.emit("restart_needed", LogLevel.warn, option=name)
+    service.reconfigure(brokerConfig(options), options["shutdown-grace"])
+    service.fileReloaded("config")
+
+
 def makeService(options, reactor=None, rlimit=resource):
     """
     Build the broker service from parsed L{Options}.
@@ -438,6 +548,7 @@ def makeService(options, reactor=None, rlimit=resource):
             sysInterval=options["sys-interval"],
             gatekeeper=gatekeeper,
             shutdownGrace=options["shutdown-grace"],
+            reloadOnHangup=True,
         )
     except (StoreError, PasswordFileError, AclError, BrokerNameError) as error:
         # twistd would show a traceback; the operator needs the reason.
@@ -451,6 +562,8 @@ def makeService(options, reactor=None, rlimit=resource):
             requested=requested,
             descriptors=descriptors,
         )
+    if options["config"] is not None:
+        service.rereadConfig = lambda service: rereadConfig(options, service)
     for description in options["tcp"]:
         service.listenTCP(description)
     if options["udp"] is not None:

@@ -370,8 +370,8 @@ class BrokerDatagramProtocol(DatagramProtocol):
         self.gatekeeper = gatekeeper
         # (client id, address) of the logins being checked.
         self._loggingIn = set()
-        self.delivery = datagramDelivery(broker.config.delivery, ackTimeout)
-        self.maxPayload = min(broker.config.maxPayload, datagram.MAX_PAYLOAD)
+        self.ackTimeout = ackTimeout
+        self.followConfig()
         self._secret = os.urandom(32) if secret is None else secret
         self._sessions = {}
         # How many sessions are at each address: those addresses have
@@ -388,6 +388,16 @@ class BrokerDatagramProtocol(DatagramProtocol):
         self._strangerErrors.reportSuppressed()
 
     # Tokens
+
+    def followConfig(self):
+        """
+        Take the broker's delivery settings and payload limit as they are
+        now (at start, and when SIGHUP changes them): for the sessions that
+        start next, and the payloads that come next.
+        """
+        config = self.broker.config
+        self.delivery = datagramDelivery(config.delivery, self.ackTimeout)
+        self.maxPayload = min(config.maxPayload, datagram.MAX_PAYLOAD)
 
     def token(self, clientId, address):
         """
