@@ -8,9 +8,11 @@ one resolver).
 """
 
 import dataclasses
+import os
 
 from twisted.application.service import MultiService, Service
 from twisted.internet.defer import gatherResults, maybeDeferred
+from twisted.internet.error import CannotListenError
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
@@ -53,6 +55,30 @@ def withBacklog(description, backlog=DEFAULT_BACKLOG):
     return description
 
 
+class ListenFailed(Exception):
+    """
+    A listener could not listen; its message says where and why, in one
+    line (C{cannot listen on 127.0.0.1:1373: address already in use}).
+    """
+
+
+def _describeListenError(error, transportName):
+    """
+    The sentence of a L{ListenFailed}, from the reactor's
+    C{CannotListenError}.
+    """
+    host = error.interface or "0.0.0.0"
+    if ":" in host:
+        host = f"[{host}]"
+    where = f"{host}:{error.port}"
+    if transportName != "tcp":
+        where += f" ({transportName.upper()})"
+    reason = error.socketError
+    errno = getattr(reason, "errno", None)
+    reason = os.strerror(errno) if errno else str(reason)
+    return f"cannot listen on {where}: {reason[:1].lower()}{reason[1:]}"
+
+
 class _Listener(Service):
     """
     Listens on one port while running, and logs where.
@@ -75,12 +101,15 @@ class _Listener(Service):
     def privilegedStartService(self):
         Service.privilegedStartService(self)
         self._listenCalled = True
-        self._listen()
+        try:
+            self._listen()
+        except CannotListenError as error:
+            raise ListenFailed(_describeListenError(error, self.transportName)) from error
 
     def _listen(self):
         """
-        Start listening, and call L{_listening} with the port; raise if the
-        port cannot be bound.
+        Start listening, and call L{_listening} with the port; raise
+        C{CannotListenError} if the port cannot be bound.
         """
         raise NotImplementedError
 
@@ -251,6 +280,20 @@ class DallalService(MultiService):
         link = BridgeLink(spec, self.broker, self.reactor, self.sweep, endpoint)
         link.setServiceParent(self)
         return link
+
+    def privilegedStartService(self):
+        """
+        Listen on every port, as twistd does before it runs the reactor.  A
+        port that cannot be bound stops the program: one line in the log
+        says why (and no traceback), as the operator needs.
+
+        @raise SystemExit: a listener could not listen.
+        """
+        try:
+            MultiService.privilegedStartService(self)
+        except ListenFailed as error:
+            self._log.error("{reason}", reason=str(error))
+            raise SystemExit(1)
 
     def startService(self):
         MultiService.startService(self)
