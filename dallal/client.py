@@ -87,6 +87,13 @@ class SessionLost(ConnectionLost):
         return " ".join(map(str, self.args))
 
 
+class ClosedUnanswered(ConnectionDone):
+    """
+    The broker closed the connection before it sent a single frame: what a
+    TLS listener does to a client that speaks plain TCP to it.
+    """
+
+
 @dataclass(frozen=True, slots=True)
 class ReceivedMessage:
     """
@@ -559,6 +566,7 @@ class DallalClientProtocol(FrameReceiver, _ClientSession):
         self._receiving = None
         # The error the broker closes the connection for, once it sent one.
         self._closedFor = None
+        self._heardFrom = False
 
     def connectionMade(self):
         self.connected = True
@@ -567,6 +575,8 @@ class DallalClientProtocol(FrameReceiver, _ClientSession):
         if self._closedFor is not None:
             # What waits for an answer fails with why, not just "closed".
             reason = Failure(self._closedFor)
+        elif not self._heardFrom and type(reason.value) is ConnectionDone:
+            reason = Failure(ClosedUnanswered())
         self._lost(reason)
 
     def _sendFrame(self, frame):
@@ -636,6 +646,7 @@ class DallalClientProtocol(FrameReceiver, _ClientSession):
         return closed
 
     def lineReceived(self, line):
+        self._heardFrom = True
         try:
             reply = wire.parseReply(line)
         except RequestError as error:
