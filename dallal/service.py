@@ -9,6 +9,7 @@ one resolver).
 
 import dataclasses
 import os
+import sys
 
 from twisted.application.service import MultiService, Service
 from twisted.internet.defer import gatherResults, maybeDeferred
@@ -77,6 +78,22 @@ def _describeListenError(error, transportName):
     errno = getattr(reason, "errno", None)
     reason = os.strerror(errno) if errno else str(reason)
     return f"cannot listen on {where}: {reason[:1].lower()}{reason[1:]}"
+
+
+def _endWithoutTraceback(kind):
+    """
+    Have an uncaught exception of C{kind} end the program with its message
+    alone on standard error, and the others as usual.
+    """
+    report = sys.excepthook
+
+    def reportBriefly(type, value, traceback):
+        if issubclass(type, kind):
+            sys.stderr.write(f"{value}\n")
+        else:
+            report(type, value, traceback)
+
+    sys.excepthook = reportBriefly
 
 
 class _Listener(Service):
@@ -283,17 +300,19 @@ class DallalService(MultiService):
 
     def privilegedStartService(self):
         """
-        Listen on every port, as twistd does before it runs the reactor.  A
-        port that cannot be bound stops the program: one line in the log
-        says why (and no traceback), as the operator needs.
+        Listen on every port, as twistd does before it runs the reactor.
 
-        @raise SystemExit: a listener could not listen.
+        @raise ListenFailed: a listener could not listen.  If nothing
+            catches it, the program ends with its one line on standard
+            error (twistd's log), not a traceback.
         """
         try:
             MultiService.privilegedStartService(self)
-        except ListenFailed as error:
-            self._log.error("{reason}", reason=str(error))
-            raise SystemExit(1)
+        except ListenFailed:
+            # An exception still, not SystemExit: twistd then removes its
+            # pid file, and a daemon tells the parent waiting for it why.
+            _endWithoutTraceback(ListenFailed)
+            raise
 
     def startService(self):
         MultiService.startService(self)

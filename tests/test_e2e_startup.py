@@ -79,6 +79,24 @@ def test_portInUseWithLogFile(tmp_path, busyPort):
     assert len(failureLines(log, sentence.encode())) == 1, log.decode()
 
 
+def test_portInUseByADaemon(tmp_path, busyPort):
+    """
+    Without C{-n}, twistd's waiting parent says why, and the pid file is
+    gone.
+    """
+    result = subprocess.run(
+        [TWISTD, "--pidfile=twistd.pid", "--logfile=broker.log", "dallal", "--tcp", str(busyPort)],
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=COMMAND_TIMEOUT,
+    )
+    sentence = f"cannot listen on 127.0.0.1:{busyPort}: address already in use"
+    assert result.returncode == 1
+    assert sentence.encode() in result.stderr, result.stderr
+    assert not (tmp_path / "twistd.pid").exists()
+
+
 def test_portInUseByTheReadmeTac(tmp_path, busyPort):
     (tmp_path / "dallal.tac").write_text(readmeTac().replace("tcp:0:", f"tcp:{busyPort}:"))
     result = twistd(tmp_path, "-y", "dallal.tac")
