@@ -10,7 +10,15 @@ import re
 import socket
 import subprocess
 
-from helpers import COMMAND_TIMEOUT, DALLAL, BrokerProcess, OutputCollector, dallal, subscriber
+from helpers import (
+    COMMAND_TIMEOUT,
+    DALLAL,
+    TWISTD,
+    BrokerProcess,
+    OutputCollector,
+    dallal,
+    subscriber,
+)
 
 PUBLISHED = b"your message published successfully\n"
 PUBLISH_FAILED = b"your message publishing failed\n"
@@ -220,8 +228,10 @@ def test_subscriberReconnects(tmp_path):
             rb"dallal: the broker at 127\.0\.0\.1:%d closed the connection "
             rb"\(connecting again in \d+\.\d s\)\n" % port
         )
+        # The same port again.
         broker = BrokerProcess(
-            [*broker.argv[:-1], f"tcp:{port}:interface=127.0.0.1"], tmp_path
+            [TWISTD, "-n", "--pidfile=", "dallal", "--tcp", f"tcp:{port}:interface=127.0.0.1"],
+            tmp_path,
         )
         listening.waitFor(
             rb"dallal: connected to 127\.0\.0\.1:%d again, subscribed on news\n" % port
