@@ -3,11 +3,14 @@ End to end: what C{twistd -n dallal} (and the README's C{.tac}) tells the
 operator when it cannot start, on the terminal and in its log.
 """
 
+import io
 import socket
 import subprocess
 
 import pytest
+from twisted.logger import Logger, LogPublisher
 
+from dallal.tap import reportStartFailures
 from helpers import COMMAND_TIMEOUT, TWISTD
 from test_tac import readmeTac
 
@@ -117,3 +120,30 @@ def test_logFileInAMissingFolder(tmp_path):
         1,
     )
     assert list(tmp_path.iterdir()) == []
+
+
+class _NotYetRunning:
+    """
+    A reactor that has not run yet: what it is to call once it runs.
+    """
+
+    def __init__(self):
+        self.whenRunning = []
+
+    def callWhenRunning(self, function, *arguments):
+        self.whenRunning.append((function, arguments))
+
+    def run(self):
+        for function, arguments in self.whenRunning:
+            function(*arguments)
+
+
+def test_startFailuresGoToTheTerminalUntilTheReactorRuns():
+    reactor, terminal, publisher = _NotYetRunning(), io.StringIO(), LogPublisher()
+    log = Logger(observer=publisher)
+    reportStartFailures(reactor, terminal, publisher)
+    log.info("starting")
+    log.error("cannot listen on {where}", where="127.0.0.1:1373")
+    reactor.run()
+    log.error("after the start")
+    assert terminal.getvalue() == "cannot listen on 127.0.0.1:1373\n"
