@@ -68,15 +68,19 @@ def _describeListenError(error, transportName):
     The sentence of a L{ListenFailed}, from the reactor's
     C{CannotListenError}.
     """
-    host = error.interface or "0.0.0.0"
-    if ":" in host:
-        host = f"[{host}]"
-    where = f"{host}:{error.port}"
+    if isinstance(error.port, (str, bytes)):
+        # A UNIX socket's path.
+        where = os.fsdecode(error.port)
+    else:
+        host = error.interface or "0.0.0.0"
+        if ":" in host:
+            host = f"[{host}]"
+        where = f"{host}:{error.port}"
     if transportName != "tcp":
         where += f" ({transportName.upper()})"
     reason = error.socketError
-    errno = getattr(reason, "errno", None)
-    reason = os.strerror(errno) if errno else str(reason)
+    number = getattr(reason, "errno", None)
+    reason = os.strerror(number) if number else str(reason)
     return f"cannot listen on {where}: {reason[:1].lower()}{reason[1:]}"
 
 

@@ -47,6 +47,9 @@ class _BusyReactor(MemoryReactorClock):
     def listenUDP(self, port, protocol, interface="", maxPacketSize=8192):
         raise CannotListenError(interface, port, OSError(errno.EACCES, "denied"))
 
+    def listenUNIX(self, address, factory, backlog=50, mode=0o666, wantPID=0):
+        raise CannotListenError(None, address, OSError(errno.ENOENT, "no such file"))
+
 
 @pytest.mark.parametrize(
     "listen, sentence",
@@ -58,6 +61,10 @@ class _BusyReactor(MemoryReactorClock):
         (
             lambda service: service.listenTCP("tcp6:1373:interface=\\:\\:1"),
             "cannot listen on [::1]:1373: address already in use",
+        ),
+        (
+            lambda service: service.listenTCP("unix:/run/dallal/broker.sock:lockfile=0"),
+            "cannot listen on /run/dallal/broker.sock: no such file or directory",
         ),
         (
             lambda service: service.listenUDP(1234, ""),
