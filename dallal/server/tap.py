@@ -3,11 +3,18 @@ C{twistd dallal}: command-line options and the service they build.
 """
 
 import math
+import os
 import resource
 import sys
 from dataclasses import replace
 
-from twisted.logger import LogLevel
+from twisted.logger import (
+    FilteringLogObserver,
+    LogLevel,
+    LogLevelFilterPredicate,
+    formatEvent,
+    globalLogPublisher,
+)
 from twisted.python import usage
 
 from dallal.security.acl import AclError
@@ -408,6 +415,7 @@ class Options(usage.Options):
         self["bridge"].append(value)
 
     def postOptions(self):
+        self._checkLogFolder()
         if self["slow-consumer"] not in SLOW_CONSUMER_POLICIES:
             raise usage.UsageError(
                 f"--slow-consumer must be one of {', '.join(SLOW_CONSUMER_POLICIES)}, "
@@ -435,6 +443,21 @@ class Options(usage.Options):
         if not names:
             raise usage.UsageError("--bridge-users: no user name given")
         return names
+
+    def _checkLogFolder(self):
+        """
+        Stop at once, with one line, when twistd's C{--logfile} is in a
+        folder that does not exist: twistd would only find out after the
+        data directory and the pid file are made, with a traceback.
+        """
+        logFile = _twistdOption(self, "logfile")
+        if not logFile or logFile == "-":
+            return
+        folder = os.path.dirname(os.path.abspath(logFile))
+        if not os.path.isdir(folder):
+            raise SystemExit(
+                f"dallal: cannot start: --logfile {logFile}: there is no folder {folder}"
+            )
 
     def _bridges(self, values):
         # twistd has installed its reactor by now: the endpoints are checked
@@ -465,6 +488,43 @@ class Options(usage.Options):
                 "description such as tcp:1373:interface=0.0.0.0"
             )
         return value
+
+
+def _twistdOption(options, name):
+    """
+    The value of one of twistd's own options, or C{None} when C{options}
+    was not parsed by twistd (tests, other programs).
+    """
+    parent = getattr(options, "parent", None)
+    return None if parent is None else parent.get(name)
+
+
+def _logsToTerminal(options):
+    """
+    Whether twistd writes its log where the operator started it: with
+    C{-n} and no C{--logfile}, C{--syslog} or C{--logger}.
+    """
+    if not _twistdOption(options, "nodaemon"):
+        return False
+    return _twistdOption(options, "logfile") in (None, "-") and not (
+        _twistdOption(options, "syslog") or _twistdOption(options, "logger")
+    )
+
+
+def reportStartFailures(reactor, terminal, publisher=globalLogPublisher):
+    """
+    Until the reactor runs, also write every error logged to C{terminal}
+    (the standard error twistd is started with): a broker that cannot
+    start says why where it was started, not only in its log file.
+    """
+
+    def write(event):
+        terminal.write(formatEvent(event) + "\n")
+        terminal.flush()
+
+    observer = FilteringLogObserver(write, [LogLevelFilterPredicate(LogLevel.error)])
+    publisher.addObserver(observer)
+    reactor.callWhenRunning(publisher.removeObserver, observer)
 
 
 def brokerConfig(options):
@@ -532,6 +592,8 @@ def makeService(options, reactor=None, rlimit=resource):
     """
     if reactor is None:
         from twisted.internet import reactor
+    if getattr(options, "parent", None) is not None and not _logsToTerminal(options):
+        reportStartFailures(reactor, sys.stderr)
     config = brokerConfig(options)
     requested = config.maxConnections
     allowed, descriptors = fitToDescriptors(requested, rlimit)
