@@ -77,6 +77,16 @@ class ClientProtocolError(Exception):
     """
 
 
+def _topicsReached(options):
+    """
+    The number of topics a PUBACK to a C{to-matching} publish says it reached.
+    """
+    reached = wire.wholeNumber(options.get("topics", ""), 18)
+    if reached is None:
+        raise ClientProtocolError(f"unexpected answer to a to-matching publish: {options}")
+    return reached
+
+
 class SessionLost(ConnectionLost):
     """
     The broker no longer knows this UDP client: its session expired, or the
@@ -299,9 +309,7 @@ class _ClientSession:
         frame = wire.encodePublishOptions(
             requestId, topicFilter, payload, {"to-matching": "1"}
         )
-        return self._request(frame, requestId).addCallback(
-            lambda options: int(options["topics"])
-        )
+        return self._request(frame, requestId).addCallback(_topicsReached)
 
     def unsubscribe(self, topicFilter):
         """

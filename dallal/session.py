@@ -191,13 +191,13 @@ class RequestHandler:
 
     def _handleTopics(self, request):
         maxListed = self.broker.config.maxListed
-        limit = request.options.get("limit", str(maxListed))
-        if not limit.isdigit():
+        limit = wire.wholeNumber(request.options.get("limit", str(maxListed)), 18)
+        if limit is None:
             self.refuse(
                 RequestError(BAD_ARGUMENTS, "limit must be a whole number", request.id)
             )
             return
-        rows, total = self.broker.topics(min(int(limit), maxListed))
+        rows, total = self.broker.topics(min(limit, maxListed))
         self._sendData(
             b"TOPICS",
             request.id,

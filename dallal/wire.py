@@ -121,12 +121,29 @@ def _options(tokens, requestId):
     return options
 
 
+def wholeNumber(text, maxDigits):
+    """
+    The whole number C{text} writes with 1 to C{maxDigits} ASCII digits.
+
+    Numbers on the wire are ASCII digits only: C{str.isdigit} also takes
+    superscripts (C{"²"}, which C{int} then refuses) and other scripts'
+    digits, and C{int} also takes signs, spaces and underscores.
+
+    @param text: C{str} or C{bytes}.
+    @return: the number, or C{None} if C{text} is anything else.
+    """
+    if 0 < len(text) <= maxDigits and text.isascii() and text.isdigit():
+        return int(text)
+    return None
+
+
 def _size(token, requestId):
-    if not token.isdigit() or len(token) > 12:
+    size = wholeNumber(token, 12)
+    if size is None:
         raise RequestError(
             BAD_ARGUMENTS, f"payload size must be a byte count, got {token!r}", requestId
         )
-    return int(token)
+    return size
 
 
 def _parsePub(tokens):
@@ -291,8 +308,8 @@ def credentialsOf(hello):
             BAD_ARGUMENTS, "a login needs both user=<name> and password=<base64>", hello.id
         )
     try:
-        return user, base64.b64decode(password, validate=True)
-    except binascii.Error:
+        return user, base64.b64decode(password.encode("ascii"), validate=True)
+    except (UnicodeEncodeError, binascii.Error):
         raise RequestError(
             BAD_ARGUMENTS, "password= must be the password's bytes in base64", hello.id
         )

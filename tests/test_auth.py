@@ -430,6 +430,10 @@ def test_connectionLostWhileThePasswordIsChecked():
         (b"user=alice", b"a login needs both user=<name> and password=<base64>"),
         (b"password=eA==", b"a login needs both user=<name> and password=<base64>"),
         (b"user=alice password=not*base64", b"password= must be the password's bytes in base64"),
+        (
+            "user=alice password=\u00e9A==".encode(),
+            b"password= must be the password's bytes in base64",
+        ),
     ],
 )
 def test_malformedCredentials(secured, options, reason):

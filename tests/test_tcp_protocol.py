@@ -557,6 +557,11 @@ def test_sessionSplitAnywhere():
         b"PUB 6 a/# 2 to-matching=1 retain=1\r\nhi\r\n",
         b"TOPICS 6 limit=-1\r\n",
         b"TOPICS 6 limit=many\r\n",
+        # Digits to str.isdigit, not to int(), or not ASCII.
+        "TOPICS 6 limit=\u00b2\r\n".encode(),
+        "TOPICS 6 limit=\u0661\r\n".encode(),
+        b"TOPICS 6 limit=+5\r\n",
+        b"TOPICS 6 limit=1_0\r\n",
     ],
 )
 def test_conflictingOrMalformedOptionsAreRefused(request_):
