@@ -41,6 +41,7 @@ from dallal.limits import (
     DEFAULT_MAX_CONNECTIONS_PER_IP,
     DEFAULT_MAX_HELLOS_PER_SECOND,
     DEFAULT_MAX_LINE,
+    DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MAX_SUBSCRIPTIONS,
     DEFAULT_MAX_TOPIC_LEVELS,
     DEFAULT_MAX_UDP_CLIENTS,
@@ -85,6 +86,7 @@ class BrokerConfig:
     maxConnectionsPerIp: int = DEFAULT_MAX_CONNECTIONS_PER_IP
     maxUdpClients: int = DEFAULT_MAX_UDP_CLIENTS
     maxHellosPerSecond: int = DEFAULT_MAX_HELLOS_PER_SECOND
+    maxOutputBytes: int = DEFAULT_MAX_OUTPUT_BYTES
     messageEvents: bool = True
     delivery: DeliveryConfig = DeliveryConfig()
     maxListed: int = 1000

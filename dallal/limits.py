@@ -41,6 +41,10 @@ MIN_CONTROL_LINE = 512
 MAX_CONTROL_LINE = 65536
 DEFAULT_MAX_UDP_CLIENTS = 10_000
 DEFAULT_MAX_HELLOS_PER_SECOND = 100
+# Bytes written to a TCP connection whose transport is already full: the
+# answers to the requests of one read (a LIST or TOPICS is at most a few
+# hundred KiB) and pings fit many times over.
+DEFAULT_MAX_OUTPUT_BYTES = 1024 * 1024
 
 # Seconds between two limit_reached events of one limit.
 LOG_INTERVAL = 1.0
@@ -87,6 +91,9 @@ HELLO_RATE = Limit("hello_rate", None)
 # its slow-consumer policy's, seen as a gap in seq or a closed connection.
 QUEUED_MESSAGES = Limit("queued_messages", None)
 QUEUED_BYTES = Limit("queued_bytes", None)
+# A TCP client that does not read its answers: it cannot read an ERR
+# either, so the refusal is the closed connection (reason output_limit).
+OUTPUT_BYTES = Limit("output_bytes", None)
 
 LIMITS = (
     CONNECTIONS,
@@ -100,6 +107,7 @@ LIMITS = (
     HELLO_RATE,
     QUEUED_MESSAGES,
     QUEUED_BYTES,
+    OUTPUT_BYTES,
 )
 
 

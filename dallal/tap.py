@@ -223,6 +223,15 @@ class Options(usage.Options):
             "LINE_TOO_LONG and closes the connection.",
             _whole("max-line", MIN_CONTROL_LINE, MAX_CONTROL_LINE),
         ],
+        [
+            "max-output-bytes",
+            None,
+            _config.maxOutputBytes,
+            "Bytes written to a TCP client whose socket buffer is already full "
+            "(answers it does not read); over it the connection is closed. The "
+            "broker stops reading its requests meanwhile.",
+            _whole("max-output-bytes"),
+        ],
     ]
     del _config
 
@@ -379,6 +388,7 @@ def brokerConfig(options):
         maxTopicLevels=options["max-topic-levels"],
         maxPayload=options["max-payload"],
         maxControlLine=options["max-line"],
+        maxOutputBytes=options["max-output-bytes"],
         messageEvents=bool(options["message-events"]),
         name=options["name"],
         delivery=DeliveryConfig(

@@ -30,11 +30,22 @@ from dallal.errors import (
 from dallal.framing import FrameReceiver
 from dallal.interfaces import ISubscriber
 from dallal.keepalive import IPingable
-from dallal.limits import LINE, ConnectionTable
+from dallal.limits import LINE, OUTPUT_BYTES, ConnectionTable
 from dallal.session import RequestHandler, helloLimits
 
 # Seconds a refused connection is given to read its ERR and close.
 REFUSAL_GRACE = 2.0
+
+# Bytes a connection may collect in one read's batch before they are written
+# at once: Twisted's transport buffers as much (its bufferSize) before it
+# says it is full, which stops the broker reading the connection's requests
+# until its client has read the answers.
+OUTPUT_SOFT_MARK = 65536
+
+# Why a connection's reading is held: its password is being checked, or
+# its transport is full.
+_CHECKING_PASSWORD = "password"
+_OUTPUT_FULL = "output"
 
 
 def formatAddress(address):
@@ -66,10 +77,9 @@ class WriteBatch:
     read costs a few percent of that.  Frames keep their order: everything a
     connection writes goes through its own list while a batch is open.
 
-    The delivery valve learns that a connection's buffer is full only when
-    its batch is written, so a slow subscriber can be handed one read's
-    worth of messages beyond the transport's limit (a read is at most
-    64 KiB of PUBs) before the broker queues for it instead.
+    A connection whose share grows past L{OUTPUT_SOFT_MARK} writes it at
+    once (L{BrokerProtocol.sendFrame}), so that its transport can say it is
+    full before the read is over.
     """
 
     def __init__(self):
@@ -115,13 +125,13 @@ class _DeliveryValve:
 
     def pauseProducing(self):
         if self.protocol._attached:
-            self.protocol.broker.pauseDelivery(self.protocol)
+            self.protocol.outputFull()
 
     def resumeProducing(self):
         protocol = self.protocol
         if protocol._attached:
             # What waited in the outbox goes out in one write.
-            protocol.batch.run(protocol.broker.resumeDelivery, protocol)
+            protocol.batch.run(protocol.outputDrained)
 
     def stopProducing(self):
         # The connection is closing; connectionLost detaches the session.
@@ -171,8 +181,16 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         # passwords; then from a successful login on.
         self._loggedIn = gatekeeper is None or not gatekeeper.loginRequired
         self._userName = None
-        # Frames written while a batch is open, in order.
+        # Frames written while a batch is open, in order, and their size.
         self._output = []
+        self._batched = 0
+        # Whether the transport's buffer is full, and the bytes written to
+        # it since then (L{BrokerConfig.maxOutputBytes} bounds them).
+        self._full = False
+        self._overflow = 0
+        # Why reading from the client is held (_CHECKING_PASSWORD,
+        # _OUTPUT_FULL): it resumes when nothing holds it.
+        self._readingHeld = set()
         self._loginDeadline = None
 
     def connectionMade(self):
@@ -194,6 +212,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
 
     def connectionLost(self, reason):
         self._output = []
+        self._batched = 0
         # However the connection ended, it frees its place (the broker's
         # shutdown detaches the session first).
         connections, self._connections = self._connections, None
@@ -212,22 +231,79 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
             self._write(chunks)
 
     def _write(self, chunks):
+        size = 0
+        for chunk in chunks:
+            size += len(chunk)
         if self.batch.open:
             if not self._output:
                 self.batch.holdFor(self)
             self._output.extend(chunks)
-        elif len(chunks) == 1:
+            self._batched += size
+            if self._batched > OUTPUT_SOFT_MARK:
+                self.flushOutput()
+            return
+        full = self._full
+        if len(chunks) == 1:
             self.transport.write(chunks[0])
         else:
             self.transport.writeSequence(chunks)
+        if full:
+            self._writtenWhileFull(size)
 
     def flushOutput(self):
         """
         Write what this connection collected during a L{WriteBatch}.
         """
         output, self._output = self._output, []
+        size, self._batched = self._batched, 0
         if output and not self.transport.disconnecting:
+            full = self._full
             self.transport.write(b"".join(output))
+            if full:
+                self._writtenWhileFull(size)
+
+    # Output: the transport buffers up to its bufferSize (64 KiB), then says
+    # it is full.  From then on, the broker holds this client's messages in
+    # its bounded outbox, stops reading its requests, and counts what it
+    # still writes (the answers to requests read before, pings) against
+    # maxOutputBytes: a client that does not read its answers makes the
+    # broker hold no more than that for it.
+
+    def outputFull(self):
+        """
+        The transport's buffer is full: hold messages, stop reading.
+        """
+        self._full = True
+        self.broker.pauseDelivery(self)
+        self._holdReading(_OUTPUT_FULL)
+
+    def outputDrained(self):
+        """
+        The transport has written everything it held.
+        """
+        self._full = False
+        self._overflow = 0
+        self.broker.resumeDelivery(self)
+        if not self._full:
+            self._releaseReading(_OUTPUT_FULL)
+
+    def _writtenWhileFull(self, size):
+        self._overflow += size
+        maximum = self.broker.config.maxOutputBytes
+        if self._overflow > maximum and not self.transport.disconnecting:
+            self.broker.refusedByLimit(self, OUTPUT_BYTES, maximum)
+            self.disconnect("output_limit")
+
+    def _holdReading(self, why):
+        if not self._readingHeld:
+            self.pauseProducing()
+        self._readingHeld.add(why)
+
+    def _releaseReading(self, why):
+        if why in self._readingHeld:
+            self._readingHeld.discard(why)
+            if not self._readingHeld and not self.transport.disconnecting:
+                self.resumeProducing()
 
     def refuse(self, error, fatal=False):
         RequestHandler.refuse(self, error, fatal)
@@ -256,8 +332,10 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
     # Incoming frames
 
     def dataReceived(self, data):
-        # Any bytes prove the client alive: the sweep need not ping it.
-        self.sweep.heardFrom(self)
+        # Any bytes prove the client alive: the sweep need not ping it.  (A
+        # resumed reading hands over what was read before, as b"".)
+        if data:
+            self.sweep.heardFrom(self)
         return self.batch.run(FrameReceiver.dataReceived, self, data)
 
     def lineReceived(self, line):
@@ -336,8 +414,10 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         else:
             # Read nothing more until the password is checked: requests
             # pipelined after the HELLO are then served, or not, as the
-            # login decides.
-            self.pauseProducing()
+            # login decides.  Its pongs are not read meanwhile, so the
+            # sweep leaves it alone until then.
+            self._holdReading(_CHECKING_PASSWORD)
+            self.sweep.remove(self)
             user, password = credentials
             gatekeeper.login(user, password, hello.clientId).addCallbacks(
                 self._loginSucceeded,
@@ -354,7 +434,8 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         self._userName = user.name
         self.broker.login(self, user)
         self._answerHello(hello)
-        self.resumeProducing()
+        self.sweep.add(self)
+        self._releaseReading(_CHECKING_PASSWORD)
 
     def _loginFailed(self, failure, hello):
         """
@@ -376,7 +457,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
 
     def _loginTimedOut(self):
         self._loginDeadline = None
-        if self.paused or not self._attached:
+        if _CHECKING_PASSWORD in self._readingHeld or not self._attached:
             # Its password is being checked: the check decides.
             return
         self.refuse(

@@ -545,6 +545,7 @@ LIMIT_OPTIONS = {
     "max-topic-levels": "maxTopicLevels",
     "max-payload": "maxPayload",
     "max-line": "maxControlLine",
+    "max-output-bytes": "maxOutputBytes",
 }
 
 
