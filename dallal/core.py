@@ -41,13 +41,17 @@ from dallal.limits import (
     DEFAULT_MAX_CONNECTIONS_PER_IP,
     DEFAULT_MAX_HELLOS_PER_SECOND,
     DEFAULT_MAX_LINE,
+    DEFAULT_MAX_CONSECUTIVE_ERRORS,
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MAX_SUBSCRIPTIONS,
     DEFAULT_MAX_TOPIC_LEVELS,
     DEFAULT_MAX_UDP_CLIENTS,
+    ERRORS_LOGGED_PER_CLIENT,
     PAYLOAD,
     SUBSCRIPTIONS,
+    ErrorLog,
     LimitLog,
+    LogWindow,
 )
 from dallal.origin import MAX_HOPS, Origin, SeenMessages, generatedName, originFromOptions
 from dallal.retained import StoreError
@@ -87,6 +91,7 @@ class BrokerConfig:
     maxUdpClients: int = DEFAULT_MAX_UDP_CLIENTS
     maxHellosPerSecond: int = DEFAULT_MAX_HELLOS_PER_SECOND
     maxOutputBytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    maxConsecutiveErrors: int = DEFAULT_MAX_CONSECUTIVE_ERRORS
     messageEvents: bool = True
     delivery: DeliveryConfig = DeliveryConfig()
     maxListed: int = 1000
@@ -164,9 +169,12 @@ class _Session:
     @ivar user: the name it logged in with, or C{None} (anonymous).
     @ivar permissions: what the ACL lets it read and write
         (L{dallal.acl.Permissions}), or C{None} when the broker has no ACL.
+    @ivar errorWindow: the L{LogWindow} of its C{protocol_error} events.
     """
 
-    __slots__ = ("sid", "subscriber", "subscriptions", "outbox", "user", "permissions")
+    __slots__ = (
+        "sid", "subscriber", "subscriptions", "outbox", "user", "permissions", "errorWindow"
+    )  # fmt: skip
 
     def __init__(self, sid, subscriber, outbox):
         self.sid = sid
@@ -175,6 +183,7 @@ class _Session:
         self.outbox = outbox
         self.user = None
         self.permissions = None
+        self.errorWindow = LogWindow(ERRORS_LOGGED_PER_CLIENT)
 
 
 class Broker:
@@ -254,6 +263,7 @@ class Broker:
             bridged_refused=0,
         )
         self.limits = LimitLog(clock, self.counters, self.events)
+        self.errorLog = ErrorLog(clock, self.events)
         self.ledger = Ledger(self.counters, self.events, self.limits)
 
     # Sessions
@@ -442,6 +452,7 @@ class Broker:
         for session in list(self._sessions.values()):
             self.detach(session.subscriber, "shutdown")
             session.subscriber.disconnect("shutdown")
+        self.errorLog.reportSuppressed()
         self.logStats()
 
     def stats(self):
@@ -954,18 +965,23 @@ class Broker:
 
     def protocolError(self, subscriber, code, fatal, logged=True):
         """
-        Record that a client sent something the broker refused.
+        Record that a client sent something the broker refused, and log it
+        unless too many were logged this second (L{ErrorLog}).
 
-        @param logged: whether to log it (a refusal that is only counted is
-            reported by its caller, see L{dallal.udp.StrangerErrorLog}).
+        @param logged: whether it may be logged (a datagram that named no
+            session may not, beyond L{dallal.udp.StrangerErrorLog}'s rate).
         """
         self.counters["errors"] += 1
-        if not logged:
+        session = self._sessions.get(subscriber)
+        # A fatal error closes the client: it has no more to log.
+        window = session.errorWindow if session is not None and not fatal else None
+        if not (logged and self.errorLog.allow(window)):
+            self.errorLog.suppressed(code)
             return
         self.events.emit(
             "protocol_error",
             LogLevel.warn,
-            session=self._sessionNumber(subscriber),
+            session=session.sid if session else 0,
             client=subscriber.peer,
             code=code,
             fatal=fatal,

@@ -36,10 +36,19 @@ BAD_CREDENTIALS = "BAD_CREDENTIALS"
 FORBIDDEN = "FORBIDDEN"
 # Over TCP: the connection did not log in in time.
 LOGIN_TIMEOUT = "LOGIN_TIMEOUT"
+# Over TCP: as many requests in a row were refused as the broker allows.
+TOO_MANY_ERRORS = "TOO_MANY_ERRORS"
 
 # The errors after which the broker closes a TCP connection.
 CLOSING = frozenset(
-    (LINE_TOO_LONG, BAD_FRAMING, TOO_MANY_CLIENTS, BAD_CREDENTIALS, LOGIN_TIMEOUT)
+    (
+        LINE_TOO_LONG,
+        BAD_FRAMING,
+        TOO_MANY_CLIENTS,
+        BAD_CREDENTIALS,
+        LOGIN_TIMEOUT,
+        TOO_MANY_ERRORS,
+    )
 )
 
 NO_ID = "-"

@@ -23,6 +23,7 @@ from dallal.errors import (
     NO_ID,
     PAYLOAD_TOO_LARGE,
     TOO_MANY_CLIENTS,
+    TOO_MANY_ERRORS,
     TOO_MANY_SUBSCRIPTIONS,
     RequestError,
 )
@@ -45,6 +46,14 @@ DEFAULT_MAX_HELLOS_PER_SECOND = 100
 # answers to the requests of one read (a LIST or TOPICS is at most a few
 # hundred KiB) and pings fit many times over.
 DEFAULT_MAX_OUTPUT_BYTES = 1024 * 1024
+# Requests refused in a row on one TCP connection: a client that means well
+# reads its errors long before, and a stream of garbage costs an ERR and a
+# count each.
+DEFAULT_MAX_CONSECUTIVE_ERRORS = 10
+# protocol_error events logged a second, per client and in all; the others
+# are counted, and reported by code once a second.
+ERRORS_LOGGED_PER_CLIENT = 10
+ERRORS_LOGGED = 100
 
 # Seconds between two limit_reached events of one limit.
 LOG_INTERVAL = 1.0
@@ -94,6 +103,7 @@ QUEUED_BYTES = Limit("queued_bytes", None)
 # A TCP client that does not read its answers: it cannot read an ERR
 # either, so the refusal is the closed connection (reason output_limit).
 OUTPUT_BYTES = Limit("output_bytes", None)
+CONSECUTIVE_ERRORS = Limit("consecutive_errors", TOO_MANY_ERRORS)
 
 LIMITS = (
     CONNECTIONS,
@@ -108,6 +118,7 @@ LIMITS = (
     QUEUED_MESSAGES,
     QUEUED_BYTES,
     OUTPUT_BYTES,
+    CONSECUTIVE_ERRORS,
 )
 
 
@@ -138,6 +149,53 @@ class LogWindow:
             return False
         self._spent += 1
         return True
+
+
+class ErrorLog:
+    """
+    Which refused requests (C{protocol_error} events) are logged: at most
+    C{perSecond} a second in all, and at most what each client's own
+    L{LogWindow} allows.  Errors can come at any rate, from garbage on many
+    connections or forged datagrams; the log must not.  The others are
+    counted by code and reported in one C{protocol_errors_suppressed} event
+    a second after the first of them.
+    """
+
+    def __init__(self, clock, events, perSecond=ERRORS_LOGGED):
+        self.clock = clock
+        self.events = events
+        self._window = LogWindow(perSecond)
+        self._suppressed = Counter()
+        self._report = None
+
+    def allow(self, clientWindow=None):
+        """
+        Whether one more error may be logged now.
+
+        @param clientWindow: the client's L{LogWindow}, if it has one.
+        """
+        now = self.clock.seconds()
+        return (clientWindow is None or clientWindow.allow(now)) and self._window.allow(now)
+
+    def suppressed(self, code):
+        """
+        An error of C{code} was counted but not logged.
+        """
+        self._suppressed[code] += 1
+        if self._report is None:
+            self._report = self.clock.callLater(LOG_INTERVAL, self.reportSuppressed)
+
+    def reportSuppressed(self):
+        """
+        Log how many errors were counted but not logged since the last
+        report, by code.
+        """
+        if self._report is not None and self._report.active():
+            self._report.cancel()
+        self._report = None
+        for code, count in sorted(self._suppressed.items()):
+            self.events.emit("protocol_errors_suppressed", LogLevel.warn, code=code, count=count)
+        self._suppressed.clear()
 
 
 class LimitLog:

@@ -232,6 +232,14 @@ class Options(usage.Options):
             "broker stops reading its requests meanwhile.",
             _whole("max-output-bytes"),
         ],
+        [
+            "max-consecutive-errors",
+            None,
+            _config.maxConsecutiveErrors,
+            "Requests refused in a row on one TCP connection; the last is "
+            "answered ERR - TOO_MANY_ERRORS and the connection closed.",
+            _whole("max-consecutive-errors"),
+        ],
     ]
     del _config
 
@@ -389,6 +397,7 @@ def brokerConfig(options):
         maxPayload=options["max-payload"],
         maxControlLine=options["max-line"],
         maxOutputBytes=options["max-output-bytes"],
+        maxConsecutiveErrors=options["max-consecutive-errors"],
         messageEvents=bool(options["message-events"]),
         name=options["name"],
         delivery=DeliveryConfig(

@@ -30,7 +30,7 @@ from dallal.errors import (
 from dallal.framing import FrameReceiver
 from dallal.interfaces import ISubscriber
 from dallal.keepalive import IPingable
-from dallal.limits import LINE, OUTPUT_BYTES, ConnectionTable
+from dallal.limits import CONSECUTIVE_ERRORS, LINE, OUTPUT_BYTES, ConnectionTable
 from dallal.session import RequestHandler, helloLimits
 
 # Seconds a refused connection is given to read its ERR and close.
@@ -191,6 +191,8 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         # Why reading from the client is held (_CHECKING_PASSWORD,
         # _OUTPUT_FULL): it resumes when nothing holds it.
         self._readingHeld = set()
+        # Requests refused since the last one carried out.
+        self._errorStreak = 0
         self._loginDeadline = None
 
     def connectionMade(self):
@@ -310,6 +312,27 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         if fatal:
             self._closeReason = "protocol_error"
             self._close()
+            return
+        self._errorStreak += 1
+        maximum = self.broker.config.maxConsecutiveErrors
+        if self._errorStreak >= maximum and not self.transport.disconnecting:
+            self.refuse(
+                self.broker.refusedByLimit(
+                    self,
+                    CONSECUTIVE_ERRORS,
+                    maximum,
+                    f"the last {maximum} requests were all refused: closing the connection",
+                ),
+                fatal=True,
+            )
+
+    def _carriedOut(self, streak):
+        """
+        A request was handled: if nothing of it was refused (the streak is
+        still C{streak}), the client's run of errors is over.
+        """
+        if self._errorStreak == streak:
+            self._errorStreak = 0
 
     def pongReceived(self):
         self.sweep.pongReceived(self)
@@ -354,14 +377,18 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         if not self._loggedIn and kind not in _BEFORE_LOGIN:
             self._refuseBeforeLogin(request)
             return
+        streak = self._errorStreak
         if kind is wire.Publish:
+            # Carried out, or not, once its payload is read.
             self._publishReceived(request)
-        elif kind is wire.Hello:
+            return
+        if kind is wire.Hello:
             self._helloReceived(request)
         elif kind is wire.Bye:
             self._byeReceived()
         else:
             self.handleRequest(request)
+        self._carriedOut(streak)
 
     def _refuseBeforeLogin(self, request):
         self.refuse(
@@ -509,7 +536,9 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         request, self._publishing = self._publishing, None
         if not self._attached:
             return
+        streak = self._errorStreak
         self.publish(request, payload)
+        self._carriedOut(streak)
 
     def payloadTerminatorMissing(self):
         self.refuse(

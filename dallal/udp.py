@@ -36,7 +36,7 @@ from math import ceil
 
 from twisted.internet.error import MessageLengthError
 from twisted.internet.protocol import DatagramProtocol
-from twisted.logger import Logger, LogLevel
+from twisted.logger import Logger
 from zope.interface import implementer
 
 from dallal import __version__, datagram, wire
@@ -127,41 +127,18 @@ class _Stranger:
 class StrangerErrorLog:
     """
     Counts and logs the refusals of datagrams that named no session.  Their
-    source address may be forged and they can come at any rate, so at most
-    C{perSecond} of them are logged each second: a flood of datagrams must
-    not become a flood of log lines.  The others are counted all the same,
-    and reported together in one C{protocol_errors_suppressed} event a second
-    after the first of them.
+    source address may be forged, so they have a window of their own, of
+    C{perSecond} events a second, within the broker's for all errors
+    (L{dallal.limits.ErrorLog}, which reports those it did not log).
     """
 
     def __init__(self, broker, perSecond=STRANGER_ERRORS_LOGGED_PER_SECOND):
         self._broker = broker
         self._window = LogWindow(perSecond, seconds=1)
-        self._suppressed = Counter()
-        self._report = None
 
     def refused(self, address, code):
         logged = self._window.allow(self._broker.clock.seconds())
         self._broker.protocolError(_Stranger(address), code, False, logged=logged)
-        if logged:
-            return
-        self._suppressed[code] += 1
-        if self._report is None:
-            self._report = self._broker.clock.callLater(1, self.reportSuppressed)
-
-    def reportSuppressed(self):
-        """
-        Log how many refusals were counted but not logged since the last
-        report, by code.
-        """
-        if self._report is not None and self._report.active():
-            self._report.cancel()
-        self._report = None
-        for code, count in sorted(self._suppressed.items()):
-            self._broker.events.emit(
-                "protocol_errors_suppressed", LogLevel.warn, code=code, count=count
-            )
-        self._suppressed.clear()
 
 
 @implementer(ISubscriber, IPingable)
@@ -364,7 +341,7 @@ class BrokerDatagramProtocol(DatagramProtocol):
 
     def stopProtocol(self):
         # The broker's final counters follow: report what they include.
-        self._strangerErrors.reportSuppressed()
+        self.broker.errorLog.reportSuppressed()
 
     # Tokens
 

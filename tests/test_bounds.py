@@ -3,6 +3,7 @@ What one client may make the broker hold or do, over TCP: the output it
 does not read (C{--max-output-bytes}).
 """
 
+import pytest
 from twisted.internet.testing import StringTransport
 
 from dallal.core import BrokerConfig
@@ -103,3 +104,66 @@ def test_outputWhileFullUpToTheBound():
     assert (limit["limit"], limit["max"]) == ("output_bytes", 6)
     [disconnect] = harness.fields("disconnect")
     assert disconnect["reason"] == "output_limit"
+
+
+# A stream of errors
+
+
+def test_connectionClosedAfterConsecutiveErrors():
+    """
+    Nine refused requests in a row are answered one by one; the tenth is
+    answered, then the connection is closed with TOO_MANY_ERRORS, counted
+    and logged.
+    """
+    harness = BrokerHarness()
+    client = harness.connect()
+    client.send(b"NOPE\r\n" * 9)
+    assert client.received().count(b"ERR - BAD_COMMAND ") == 9
+    assert not client.closing
+    client.send(b"PUB 1 +bad 2\r\nhi\r\nPING\r\n")
+    assert client.received() == (
+        b"ERR 1 BAD_TOPIC '+' and '#' are reserved for subscription wildcards\r\n"
+        b"ERR - TOO_MANY_ERRORS the last 10 requests were all refused: closing the connection\r\n"
+    )
+    assert client.closing
+    client.lose()
+    assert harness.broker.stats()["refused_consecutive_errors"] == 1
+    [limit] = harness.fields("limit_reached")
+    assert (limit["limit"], limit["max"]) == ("consecutive_errors", 10)
+    assert harness.fields("protocol_error")[-1]["code"] == "TOO_MANY_ERRORS"
+    [disconnect] = harness.fields("disconnect")
+    assert disconnect["reason"] == "protocol_error"
+
+
+@pytest.mark.parametrize(
+    "carriedOut", [b"PING\r\n", b"PUB 1 news 2\r\nhi\r\n", b"SUB 2 news\r\n"]
+)
+def test_aRequestCarriedOutEndsTheRun(carriedOut):
+    harness = BrokerHarness()
+    client = harness.connect()
+    client.send(b"NOPE\r\n" * 9 + carriedOut + b"NOPE\r\n" * 9)
+    assert client.received().count(b"ERR - BAD_COMMAND ") == 18
+    assert not client.closing
+
+
+def test_errorsLoggedPerClientAndInAll():
+    """
+    At most 10 protocol_error events a second per client and 100 in all;
+    the others are counted and reported by code a second later.
+    """
+    harness = BrokerHarness(BrokerConfig(maxConsecutiveErrors=1000, messageEvents=True))
+    clients = [harness.connect() for _ in range(11)]
+    clients[0].send(b"NOPE\r\n" * 30)
+    assert len(harness.fields("protocol_error")) == 10
+    for client in clients[1:]:
+        client.send(b"SUB 1 +bad#\r\n" * 10)
+    assert len(harness.fields("protocol_error")) == 100
+    assert harness.broker.stats()["errors"] == 130
+    harness.clock.advance(1)
+    assert harness.fields("protocol_errors_suppressed") == [
+        {"code": "BAD_COMMAND", "count": 20},
+        {"code": "BAD_TOPIC", "count": 10},
+    ]
+    # A new second, a new allowance.
+    clients[0].send(b"NOPE\r\n")
+    assert len(harness.fields("protocol_error")) == 101

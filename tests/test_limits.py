@@ -546,6 +546,7 @@ LIMIT_OPTIONS = {
     "max-payload": "maxPayload",
     "max-line": "maxControlLine",
     "max-output-bytes": "maxOutputBytes",
+    "max-consecutive-errors": "maxConsecutiveErrors",
 }
 
 
