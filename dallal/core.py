@@ -43,6 +43,8 @@ from dallal.limits import (
     DEFAULT_MAX_LINE,
     DEFAULT_MAX_CONSECUTIVE_ERRORS,
     DEFAULT_MAX_OUTPUT_BYTES,
+    DEFAULT_MAX_PENDING_LOGINS,
+    DEFAULT_MAX_PENDING_LOGINS_PER_IP,
     DEFAULT_MAX_SUBSCRIPTIONS,
     DEFAULT_MAX_TOPIC_LEVELS,
     DEFAULT_MAX_UDP_CLIENTS,
@@ -92,6 +94,9 @@ class BrokerConfig:
     maxHellosPerSecond: int = DEFAULT_MAX_HELLOS_PER_SECOND
     maxOutputBytes: int = DEFAULT_MAX_OUTPUT_BYTES
     maxConsecutiveErrors: int = DEFAULT_MAX_CONSECUTIVE_ERRORS
+    # Enforced by the gatekeeper (dallal.auth.CheckQueue).
+    maxPendingLogins: int = DEFAULT_MAX_PENDING_LOGINS
+    maxPendingLoginsPerIp: int = DEFAULT_MAX_PENDING_LOGINS_PER_IP
     messageEvents: bool = True
     delivery: DeliveryConfig = DeliveryConfig()
     maxListed: int = 1000

@@ -51,6 +51,10 @@ CLOSING = frozenset(
     )
 )
 
+# The errors that say what the broker cannot do now, not what the client
+# did wrong: they do not count in a client's run of errors.
+BROKER_STATE = frozenset((SHUTTING_DOWN, STORE_FAILED))
+
 NO_ID = "-"
 
 

@@ -46,6 +46,10 @@ DEFAULT_MAX_HELLOS_PER_SECOND = 100
 # answers to the requests of one read (a LIST or TOPICS is at most a few
 # hundred KiB) and pings fit many times over.
 DEFAULT_MAX_OUTPUT_BYTES = 1024 * 1024
+# Logins waiting for their password check (dallal.auth.CheckQueue), in all
+# and from one address: each waits for at most a check per other address.
+DEFAULT_MAX_PENDING_LOGINS = 256
+DEFAULT_MAX_PENDING_LOGINS_PER_IP = 16
 # Requests refused in a row on one TCP connection: a client that means well
 # reads its errors long before, and a stream of garbage costs an ERR and a
 # count each.
@@ -104,6 +108,8 @@ QUEUED_BYTES = Limit("queued_bytes", None)
 # either, so the refusal is the closed connection (reason output_limit).
 OUTPUT_BYTES = Limit("output_bytes", None)
 CONSECUTIVE_ERRORS = Limit("consecutive_errors", TOO_MANY_ERRORS)
+PENDING_LOGINS = Limit("pending_logins", TOO_MANY_CLIENTS)
+PENDING_LOGINS_PER_IP = Limit("pending_logins_per_ip", TOO_MANY_CLIENTS)
 
 LIMITS = (
     CONNECTIONS,
@@ -119,6 +125,8 @@ LIMITS = (
     QUEUED_BYTES,
     OUTPUT_BYTES,
     CONSECUTIVE_ERRORS,
+    PENDING_LOGINS,
+    PENDING_LOGINS_PER_IP,
 )
 
 

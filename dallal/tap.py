@@ -240,6 +240,23 @@ class Options(usage.Options):
             "answered ERR - TOO_MANY_ERRORS and the connection closed.",
             _whole("max-consecutive-errors"),
         ],
+        [
+            "max-pending-logins",
+            None,
+            _config.maxPendingLogins,
+            "Logins waiting for their password check at once (with --passwords); "
+            "one more is answered ERR TOO_MANY_CLIENTS.",
+            _whole("max-pending-logins"),
+        ],
+        [
+            "max-pending-logins-per-ip",
+            None,
+            _config.maxPendingLoginsPerIp,
+            "Logins waiting for their password check at once from one IP address; "
+            "addresses take turns, so a crowd from one delays another's login by "
+            "a few checks at most.",
+            _whole("max-pending-logins-per-ip"),
+        ],
     ]
     del _config
 
@@ -398,6 +415,8 @@ def brokerConfig(options):
         maxControlLine=options["max-line"],
         maxOutputBytes=options["max-output-bytes"],
         maxConsecutiveErrors=options["max-consecutive-errors"],
+        maxPendingLogins=options["max-pending-logins"],
+        maxPendingLoginsPerIp=options["max-pending-logins-per-ip"],
         messageEvents=bool(options["message-events"]),
         name=options["name"],
         delivery=DeliveryConfig(
@@ -425,7 +444,13 @@ def makeService(options, reactor=None, rlimit=resource):
     allowed, descriptors = fitToDescriptors(requested, rlimit)
     config = replace(config, maxConnections=allowed)
     try:
-        gatekeeper = Gatekeeper.fromFiles(reactor, options["passwords"], options["acl"])
+        gatekeeper = Gatekeeper.fromFiles(
+            reactor,
+            options["passwords"],
+            options["acl"],
+            maxPendingChecks=config.maxPendingLogins,
+            maxPendingChecksPerIp=config.maxPendingLoginsPerIp,
+        )
         service = DallalService(
             reactor,
             config,

@@ -11,16 +11,18 @@ C{PING}, C{PONG} and C{BYE} until its C{HELLO} logs it in
 (L{dallal.auth.Gatekeeper}).
 """
 
+from twisted.internet.defer import CancelledError
 from twisted.internet.interfaces import IPushProducer, ISSLTransport
 from twisted.internet.protocol import Protocol, ServerFactory
 from twisted.logger import Logger
 from zope.interface import implementer
 
 from dallal import __version__, wire
-from dallal.auth import LoginFailed
+from dallal.auth import LoginFailed, TooManyChecks
 from dallal.errors import (
     BAD_ARGUMENTS,
     BAD_CREDENTIALS,
+    BROKER_STATE,
     BAD_FRAMING,
     LOGIN_TIMEOUT,
     NO_ID,
@@ -194,6 +196,8 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         # Requests refused since the last one carried out.
         self._errorStreak = 0
         self._loginDeadline = None
+        # The login whose password is being checked (a Deferred).
+        self._checking = None
 
     def connectionMade(self):
         if self._connections is not None:
@@ -221,6 +225,9 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         if connections is not None:
             connections.closed(self._host)
         self._stopLoginDeadline()
+        if self._checking is not None:
+            # Nobody is left to log in: a check still waiting is dropped.
+            self._checking.cancel()
         if self._attached:
             self._attached = False
             self.sweep.remove(self)
@@ -312,6 +319,8 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         if fatal:
             self._closeReason = "protocol_error"
             self._close()
+            return
+        if error.code in BROKER_STATE:
             return
         self._errorStreak += 1
         maximum = self.broker.config.maxConsecutiveErrors
@@ -446,7 +455,10 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
             self._holdReading(_CHECKING_PASSWORD)
             self.sweep.remove(self)
             user, password = credentials
-            gatekeeper.login(user, password, hello.clientId).addCallbacks(
+            checking = self._checking = gatekeeper.login(
+                user, password, hello.clientId, self._host
+            )
+            checking.addCallbacks(
                 self._loginSucceeded,
                 self._loginFailed,
                 callbackArgs=(hello,),
@@ -454,6 +466,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
             )
 
     def _loginSucceeded(self, user, hello):
+        self._checking = None
         if not self._attached:
             return
         self._stopLoginDeadline()
@@ -469,6 +482,20 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         Refuse the login and close the connection, as Mosquitto does: a
         client has one try per connection.
         """
+        self._checking = None
+        if failure.check(CancelledError):
+            # The connection was lost while its check waited.
+            return
+        if failure.check(TooManyChecks):
+            error = failure.value
+            self._stopLoginDeadline()
+            self.refuse(
+                self.broker.refusedByLimit(
+                    self, error.limit, error.maximum, error.reason, hello.id
+                ),
+                fatal=True,
+            )
+            return
         refused = failure.check(LoginFailed)
         if not refused:
             self._log.failure("checking a password failed", failure)

@@ -40,7 +40,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from dallal import __version__, datagram, wire
-from dallal.auth import LoginFailed
+from dallal.auth import LoginFailed, TooManyChecks
 from dallal.errors import (
     BAD_CREDENTIALS,
     BAD_TOKEN,
@@ -76,10 +76,6 @@ AWAITING_STORE = object()
 TOKEN_BYTES = 12
 # Refusals of datagrams that named no session logged per second, at most.
 STRANGER_ERRORS_LOGGED_PER_SECOND = 10
-
-# Logins being checked at once; a HELLO beyond that is not answered, and
-# its client's resend tries again.
-MAX_PENDING_LOGINS = 256
 
 _HostPort = namedtuple("_HostPort", "host port")
 
@@ -628,12 +624,12 @@ class BrokerDatagramProtocol(DatagramProtocol):
                 self._startSession(hello, address)
                 return
         attempt = (hello.clientId, address)
-        if attempt in self._loggingIn or len(self._loggingIn) >= MAX_PENDING_LOGINS:
-            # A resend while its password is checked (the first gets the
-            # answer), or too many checks already: the client resends.
+        if attempt in self._loggingIn:
+            # A resend while its password is checked: the first gets the
+            # answer.
             return
         self._loggingIn.add(attempt)
-        self.gatekeeper.login(user, password, hello.clientId).addCallbacks(
+        self.gatekeeper.login(user, password, hello.clientId, address[0]).addCallbacks(
             self._loginSucceeded,
             self._loginFailed,
             callbackArgs=(hello, address, fingerprint),
@@ -661,6 +657,16 @@ class BrokerDatagramProtocol(DatagramProtocol):
 
     def _loginFailed(self, failure, hello, address):
         self._loggingIn.discard((hello.clientId, address))
+        if failure.check(TooManyChecks):
+            error = failure.value
+            self._refuse(
+                self.broker.refusedByLimit(
+                    _Stranger(address), error.limit, error.maximum, error.reason, hello.id
+                ),
+                address,
+                proven=True,
+            )
+            return
         refused = failure.check(LoginFailed)
         if refused:
             reason = "bad user name or password"

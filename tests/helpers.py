@@ -61,7 +61,7 @@ def runInline(function, *arguments):
     return maybeDeferred(function, *arguments)
 
 
-def makeGatekeeper(clock, users=None, acl=None, runHash=runInline):
+def makeGatekeeper(clock, users=None, acl=None, runHash=runInline, config=BrokerConfig()):
     """
     A L{Gatekeeper} on C{clock}, checking passwords with cheap scrypt,
     inline unless told otherwise.
@@ -69,6 +69,7 @@ def makeGatekeeper(clock, users=None, acl=None, runHash=runInline):
     @param users: user name -> password (bytes), or C{None} for a broker
         without passwords.
     @param acl: the text of an ACL file, or C{None}.
+    @param config: the broker's, whose limits on pending logins it keeps.
     """
     checker = None
     if users is not None:
@@ -76,7 +77,13 @@ def makeGatekeeper(clock, users=None, acl=None, runHash=runInline):
             {name: PasswordHash.make(password, **CHEAP_SCRYPT) for name, password in users.items()},
             runHash=runHash,
         )
-    return Gatekeeper(clock, BrokerRealm(parseAcl(acl) if acl is not None else None), checker)
+    return Gatekeeper(
+        clock,
+        BrokerRealm(parseAcl(acl) if acl is not None else None),
+        checker,
+        maxPendingChecks=config.maxPendingLogins,
+        maxPendingChecksPerIp=config.maxPendingLoginsPerIp,
+    )
 
 
 # The name of a BrokerHarness's broker, unless its config gives one.
@@ -120,7 +127,7 @@ class BrokerHarness:
             config = dataclasses.replace(config, name=HARNESS_NAME)
         self.gatekeeper = None
         if users is not None or acl is not None:
-            self.gatekeeper = makeGatekeeper(self.clock, users, acl, runHash)
+            self.gatekeeper = makeGatekeeper(self.clock, users, acl, runHash, config)
         grace = {} if shutdownGrace is None else {"shutdownGrace": shutdownGrace}
         # No $SYS statistics: the tests that want them start their own.
         self.service = DallalService(

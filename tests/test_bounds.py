@@ -1,14 +1,19 @@
 """
-What one client may make the broker hold or do, over TCP: the output it
-does not read (C{--max-output-bytes}).
+What one client may make the broker hold or do: the output it does not
+read (C{--max-output-bytes}), a stream of errors
+(C{--max-consecutive-errors}), the password checks it makes wait
+(C{--max-pending-logins}, C{--max-pending-logins-per-ip}).
 """
 
 import pytest
 from twisted.internet.testing import StringTransport
 
+from dallal.auth import MAX_CONCURRENT_CHECKS, CheckQueue
 from dallal.core import BrokerConfig
 from dallal.tcp import OUTPUT_SOFT_MARK
 from helpers import PING_INTERVAL, BrokerHarness
+from test_auth import USERS, PendingChecks, credentialOptions, udpHello
+from test_udp import UdpHarness
 
 
 class FillingTransport(StringTransport):
@@ -167,3 +172,133 @@ def test_errorsLoggedPerClientAndInAll():
     # A new second, a new allowance.
     clients[0].send(b"NOPE\r\n")
     assert len(harness.fields("protocol_error")) == 101
+
+
+# Password checks
+
+
+def test_sourcesTakeTurns():
+    """
+    A check from a second source runs right after the one running, however
+    many the first source has waiting.
+    """
+    checks = PendingChecks()
+    queue = CheckQueue(1, 100, 100)
+    order = []
+    for number in range(5):
+        queue.run("10.0.0.1", checks, order.append, f"flood {number}")
+    queue.run("10.0.0.2", checks, order.append, "real")
+    while checks.waiting:
+        checks.runAll()
+    assert order == ["flood 0", "real", "flood 1", "flood 2", "flood 3", "flood 4"]
+    assert len(queue) == 0
+
+
+def test_checksWaitingUpToTheBoundPerAddress():
+    """
+    --max-pending-logins-per-ip logins of one address wait for their check;
+    one more is refused at once with TOO_MANY_CLIENTS, counted and logged,
+    while another address is still served.
+    """
+    checks = PendingChecks()
+    harness = BrokerHarness(
+        BrokerConfig(maxPendingLoginsPerIp=3, messageEvents=True), users=USERS, runHash=checks
+    )
+    waiting = [harness.connect() for _ in range(3)]
+    for client in waiting:
+        assert client.login("alice", b"guess") == b""
+    refused = harness.connect()
+    assert refused.login("alice", b"guess") == (
+        b"ERR h TOO_MANY_CLIENTS the broker is checking its maximum of 3 logins from "
+        b"127.0.0.1: try again later\r\n"
+    )
+    assert refused.closing
+    assert harness.broker.stats()["refused_pending_logins_per_ip"] == 1
+    [limit] = harness.fields("limit_reached")
+    assert (limit["limit"], limit["max"]) == ("pending_logins_per_ip", 3)
+    other = harness.connect(host="10.0.0.2")
+    assert other.login("alice", USERS["alice"]) == b""
+    while checks.waiting:
+        checks.runAll()
+    assert other.received().endswith(b" user=alice\r\n")
+
+
+def test_checksWaitingUpToTheBoundInAll():
+    checks = PendingChecks()
+    harness = BrokerHarness(
+        BrokerConfig(maxPendingLogins=2, messageEvents=True), users=USERS, runHash=checks
+    )
+    for host in ("10.0.0.1", "10.0.0.2"):
+        assert harness.connect(host=host).login("alice", b"guess") == b""
+    refused = harness.connect(host="10.0.0.3")
+    assert refused.login("alice", USERS["alice"]).startswith(
+        b"ERR h TOO_MANY_CLIENTS the broker is checking its maximum of 2 logins: "
+    )
+    assert harness.broker.stats()["refused_pending_logins"] == 1
+
+
+def test_aCheckWaitingForAClientThatLeftIsDropped():
+    checks = PendingChecks()
+    harness = BrokerHarness(
+        BrokerConfig(maxPendingLoginsPerIp=MAX_CONCURRENT_CHECKS + 1, messageEvents=True),
+        users=USERS,
+        runHash=checks,
+    )
+    clients = [harness.connect() for _ in range(MAX_CONCURRENT_CHECKS + 1)]
+    for client in clients:
+        client.login("alice", b"guess")
+    assert len(checks.waiting) == MAX_CONCURRENT_CHECKS
+    clients[-1].lose()
+    assert len(harness.gatekeeper.checks) == MAX_CONCURRENT_CHECKS
+    checks.runAll()
+    assert checks.waiting == []
+    # Its place is free again.
+    assert harness.connect().login("alice", b"guess") == b""
+
+
+def test_aClientWaitingForItsCheckIsNotDroppedForMissedPings():
+    checks = PendingChecks()
+    harness = BrokerHarness(users=USERS, runHash=checks)
+    client = harness.connect()
+    client.login("alice", USERS["alice"])
+    harness.clock.advance(PING_INTERVAL * 10)
+    assert not client.closing
+    checks.runAll()
+    assert client.received().endswith(b" user=alice\r\n")
+    # Pinged again once logged in.
+    harness.clock.advance(PING_INTERVAL)
+    assert client.received() == b"PING\r\n"
+
+
+def test_udpLoginOverTheBound():
+    checks = PendingChecks()
+    harness = UdpHarness(
+        BrokerConfig(maxPendingLoginsPerIp=1, messageEvents=True), users=USERS, runHash=checks
+    )
+    assert udpHello(harness.peer(40001), b"me", credentialOptions("alice", b"guess")) == []
+    [answer] = udpHello(harness.peer(40002), b"you", credentialOptions("bob", USERS["bob"]))
+    assert answer.startswith(b"ERR 2 TOO_MANY_CLIENTS the broker is checking its maximum of 1 ")
+    assert harness.broker.stats()["refused_pending_logins_per_ip"] == 1
+
+
+def test_aCheckCancelledBeforeItsTurnLeavesNothing():
+    checks = PendingChecks()
+    queue = CheckQueue(1, 100, 100)
+    queue.run("10.0.0.1", checks, lambda: None)
+    queue.run("10.0.0.2", checks, lambda: None).cancel()
+    assert len(queue) == 1
+    checks.runAll()
+    assert (len(queue), checks.waiting) == (0, [])
+
+
+def test_refusalsForTheBrokersStateAreNoClientErrors():
+    """
+    A publisher pipelining while the broker stops is refused with
+    SHUTTING_DOWN every time, and is not closed for it.
+    """
+    harness = BrokerHarness()
+    client = harness.connect()
+    harness.broker.drain(1.0)
+    client.send(b"PUB 1 news 2\r\nhi\r\n" * 20)
+    assert client.received().count(b" SHUTTING_DOWN ") == 20
+    assert not client.closing

@@ -547,6 +547,8 @@ LIMIT_OPTIONS = {
     "max-line": "maxControlLine",
     "max-output-bytes": "maxOutputBytes",
     "max-consecutive-errors": "maxConsecutiveErrors",
+    "max-pending-logins": "maxPendingLogins",
+    "max-pending-logins-per-ip": "maxPendingLoginsPerIp",
 }
 
 
