@@ -42,6 +42,7 @@ from dallal.limits import (
     DEFAULT_MAX_HELLOS_PER_SECOND,
     DEFAULT_MAX_LINE,
     DEFAULT_MAX_CONSECUTIVE_ERRORS,
+    DEFAULT_MAX_FRAME_SECONDS,
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MAX_PENDING_LOGINS,
     DEFAULT_MAX_PENDING_LOGINS_PER_IP,
@@ -94,6 +95,7 @@ class BrokerConfig:
     maxHellosPerSecond: int = DEFAULT_MAX_HELLOS_PER_SECOND
     maxOutputBytes: int = DEFAULT_MAX_OUTPUT_BYTES
     maxConsecutiveErrors: int = DEFAULT_MAX_CONSECUTIVE_ERRORS
+    maxFrameSeconds: int = DEFAULT_MAX_FRAME_SECONDS
     # Enforced by the gatekeeper (dallal.auth.CheckQueue).
     maxPendingLogins: int = DEFAULT_MAX_PENDING_LOGINS
     maxPendingLoginsPerIp: int = DEFAULT_MAX_PENDING_LOGINS_PER_IP

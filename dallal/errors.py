@@ -38,6 +38,8 @@ FORBIDDEN = "FORBIDDEN"
 LOGIN_TIMEOUT = "LOGIN_TIMEOUT"
 # Over TCP: as many requests in a row were refused as the broker allows.
 TOO_MANY_ERRORS = "TOO_MANY_ERRORS"
+# Over TCP: a frame begun was not complete in time.
+FRAME_TIMEOUT = "FRAME_TIMEOUT"
 
 # The errors after which the broker closes a TCP connection.
 CLOSING = frozenset(
@@ -48,6 +50,7 @@ CLOSING = frozenset(
         BAD_CREDENTIALS,
         LOGIN_TIMEOUT,
         TOO_MANY_ERRORS,
+        FRAME_TIMEOUT,
     )
 )
 

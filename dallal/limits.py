@@ -19,6 +19,7 @@ from twisted.logger import LogLevel
 
 from dallal.errors import (
     BAD_TOPIC,
+    FRAME_TIMEOUT,
     LINE_TOO_LONG,
     NO_ID,
     PAYLOAD_TOO_LARGE,
@@ -54,6 +55,10 @@ DEFAULT_MAX_PENDING_LOGINS_PER_IP = 16
 # reads its errors long before, and a stream of garbage costs an ERR and a
 # count each.
 DEFAULT_MAX_CONSECUTIVE_ERRORS = 10
+# Seconds a TCP client has to complete a frame it began (a line, or a 1 MiB
+# payload at some 150 kbit/s): a client that sends a byte now and then
+# cannot hold a partial frame for ever.
+DEFAULT_MAX_FRAME_SECONDS = 60
 # protocol_error events logged a second, per client and in all; the others
 # are counted, and reported by code once a second.
 ERRORS_LOGGED_PER_CLIENT = 10
@@ -108,6 +113,7 @@ QUEUED_BYTES = Limit("queued_bytes", None)
 # either, so the refusal is the closed connection (reason output_limit).
 OUTPUT_BYTES = Limit("output_bytes", None)
 CONSECUTIVE_ERRORS = Limit("consecutive_errors", TOO_MANY_ERRORS)
+FRAME_SECONDS = Limit("frame_seconds", FRAME_TIMEOUT)
 PENDING_LOGINS = Limit("pending_logins", TOO_MANY_CLIENTS)
 PENDING_LOGINS_PER_IP = Limit("pending_logins_per_ip", TOO_MANY_CLIENTS)
 
@@ -125,6 +131,7 @@ LIMITS = (
     QUEUED_BYTES,
     OUTPUT_BYTES,
     CONSECUTIVE_ERRORS,
+    FRAME_SECONDS,
     PENDING_LOGINS,
     PENDING_LOGINS_PER_IP,
 )

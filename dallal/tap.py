@@ -241,6 +241,15 @@ class Options(usage.Options):
             _whole("max-consecutive-errors"),
         ],
         [
+            "max-frame-seconds",
+            None,
+            _config.maxFrameSeconds,
+            "Seconds a TCP client has to complete a frame (a control line, a "
+            "payload) once it has sent part of it; then it is answered ERR - "
+            "FRAME_TIMEOUT and closed.",
+            _whole("max-frame-seconds"),
+        ],
+        [
             "max-pending-logins",
             None,
             _config.maxPendingLogins,
@@ -415,6 +424,7 @@ def brokerConfig(options):
         maxControlLine=options["max-line"],
         maxOutputBytes=options["max-output-bytes"],
         maxConsecutiveErrors=options["max-consecutive-errors"],
+        maxFrameSeconds=options["max-frame-seconds"],
         maxPendingLogins=options["max-pending-logins"],
         maxPendingLoginsPerIp=options["max-pending-logins-per-ip"],
         messageEvents=bool(options["message-events"]),

@@ -32,7 +32,13 @@ from dallal.errors import (
 from dallal.framing import FrameReceiver
 from dallal.interfaces import ISubscriber
 from dallal.keepalive import IPingable
-from dallal.limits import CONSECUTIVE_ERRORS, LINE, OUTPUT_BYTES, ConnectionTable
+from dallal.limits import (
+    CONSECUTIVE_ERRORS,
+    FRAME_SECONDS,
+    LINE,
+    OUTPUT_BYTES,
+    ConnectionTable,
+)
 from dallal.session import RequestHandler, helloLimits
 
 # Seconds a refused connection is given to read its ERR and close.
@@ -198,6 +204,10 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         self._loginDeadline = None
         # The login whose password is being checked (a Deferred).
         self._checking = None
+        # When the partial frame received must be complete by (a delayed
+        # call), and how many frames were complete when it was set.
+        self._frameDeadline = None
+        self._framesBeforeDeadline = 0
 
     def connectionMade(self):
         if self._connections is not None:
@@ -225,6 +235,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         if connections is not None:
             connections.closed(self._host)
         self._stopLoginDeadline()
+        self._stopFrameDeadline()
         if self._checking is not None:
             # Nobody is left to log in: a check still waiting is dropped.
             self._checking.cancel()
@@ -306,6 +317,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
     def _holdReading(self, why):
         if not self._readingHeld:
             self.pauseProducing()
+            self._stopFrameDeadline()
         self._readingHeld.add(why)
 
     def _releaseReading(self, why):
@@ -368,7 +380,47 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         # resumed reading hands over what was read before, as b"".)
         if data:
             self.sweep.heardFrom(self)
-        return self.batch.run(FrameReceiver.dataReceived, self, data)
+        why = self.batch.run(FrameReceiver.dataReceived, self, data)
+        self._watchPartialFrame()
+        return why
+
+    def _watchPartialFrame(self):
+        """
+        Give a frame begun C{maxFrameSeconds} to be complete.  The time
+        runs from the end of the last complete frame, and only while the
+        broker reads from the client: a read held (for a password check, or
+        a full transport) is the broker's doing.
+        """
+        if self.paused or self.transport.disconnecting or not self.partialFrame():
+            self._stopFrameDeadline()
+        elif self._frameDeadline is None:
+            self._framesBeforeDeadline = self.framesReceived
+            self._frameDeadline = self.broker.clock.callLater(
+                self.broker.config.maxFrameSeconds, self._frameTimedOut
+            )
+        elif self.framesReceived != self._framesBeforeDeadline:
+            self._framesBeforeDeadline = self.framesReceived
+            self._frameDeadline.reset(self.broker.config.maxFrameSeconds)
+
+    def _stopFrameDeadline(self):
+        if self._frameDeadline is not None:
+            if self._frameDeadline.active():
+                self._frameDeadline.cancel()
+            self._frameDeadline = None
+
+    def _frameTimedOut(self):
+        self._frameDeadline = None
+        maximum = self.broker.config.maxFrameSeconds
+        self.refuse(
+            self.broker.refusedByLimit(
+                self,
+                FRAME_SECONDS,
+                maximum,
+                f"a frame begun was not complete within {maximum} seconds",
+                self._publishing.id if self._publishing else NO_ID,
+            ),
+            fatal=True,
+        )
 
     def lineReceived(self, line):
         if not self._attached:

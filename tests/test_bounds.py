@@ -5,6 +5,8 @@ read (C{--max-output-bytes}), a stream of errors
 (C{--max-pending-logins}, C{--max-pending-logins-per-ip}).
 """
 
+import tracemalloc
+
 import pytest
 from twisted.internet.testing import StringTransport
 
@@ -302,3 +304,87 @@ def test_refusalsForTheBrokersStateAreNoClientErrors():
     client.send(b"PUB 1 news 2\r\nhi\r\n" * 20)
     assert client.received().count(b" SHUTTING_DOWN ") == 20
     assert not client.closing
+
+
+# Slow senders
+
+
+@pytest.mark.parametrize(
+    "complete, begun",
+    [
+        (b"PING\r\n", b"SUB 1 ne"),
+        (b"PUB 1 news 5\r\n", b"hel"),
+        (b"PUB 1 news 5\r\n", b"hello"),
+        (b"PUB 1 +bad 5\r\n", b"he"),
+    ],
+    ids=["line", "payload", "terminator", "discarded payload"],
+)
+def test_aFrameBegunMustBeCompleteInTime(complete, begun):
+    """
+    A frame begun, a byte at a time, must be complete --max-frame-seconds
+    after the frame before it; then the client is told and closed.
+    """
+    harness = BrokerHarness(BrokerConfig(maxFrameSeconds=30, messageEvents=True))
+    client = harness.connect()
+    client.send(complete)
+    client.received()
+    for byte in range(len(begun)):
+        client.send(begun[byte : byte + 1])
+        harness.clock.advance(29 / len(begun))
+    assert not client.closing
+    harness.clock.advance(1)
+    assert client.received().endswith(
+        b" FRAME_TIMEOUT a frame begun was not complete within 30 seconds\r\n"
+    )
+    assert client.closing
+    assert harness.broker.stats()["refused_frame_seconds"] == 1
+
+
+def test_framesCompleteInTimeOneAfterTheOther():
+    """
+    A publisher whose reads each end in the middle of a frame is never
+    timed out: the time runs from the last frame complete.
+    """
+    harness = BrokerHarness(BrokerConfig(maxFrameSeconds=30, messageEvents=True))
+    client = harness.connect()
+    client.send(b"SUB 0 ne")
+    for number in range(1, 11):
+        harness.clock.advance(20)
+        client.send(b"ws\r\nSUB %d ne" % number)
+    assert not client.closing
+    assert client.received().count(b"SUBACK") == 10
+
+
+def test_noFrameTimeWhileTheBrokerHoldsTheReading():
+    checks = PendingChecks()
+    harness = BrokerHarness(
+        BrokerConfig(maxFrameSeconds=30, messageEvents=True), users=USERS, runHash=checks
+    )
+    client = harness.connect()
+    hello = b"HELLO h c1 " + credentialOptions("alice", USERS["alice"]) + b"\r\n"
+    client.send(hello + b"SUB 1 ne")
+    harness.clock.advance(100)
+    assert not client.closing
+    checks.runAll()
+    client.send(b"ws\r\n")
+    assert client.received().endswith(b"SUBACK 1\r\n")
+
+
+def test_aPayloadSentAByteAtATimeIsHeldAsItsBytes():
+    """
+    What the broker holds of a payload arriving a byte per read is about
+    the bytes received (not an object per read).
+    """
+    harness = BrokerHarness()
+    client = harness.connect()
+    client.send(b"PUB 1 news 100000\r\n")
+    byte = b"x"
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(20000):
+            client.send(byte)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < 2 * 20000, held

@@ -547,6 +547,7 @@ LIMIT_OPTIONS = {
     "max-line": "maxControlLine",
     "max-output-bytes": "maxOutputBytes",
     "max-consecutive-errors": "maxConsecutiveErrors",
+    "max-frame-seconds": "maxFrameSeconds",
     "max-pending-logins": "maxPendingLogins",
     "max-pending-logins-per-ip": "maxPendingLoginsPerIp",
 }
