@@ -46,11 +46,15 @@ from dallal.limits import (
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MAX_PENDING_LOGINS,
     DEFAULT_MAX_PENDING_LOGINS_PER_IP,
+    DEFAULT_MAX_RETAINED,
+    DEFAULT_MAX_RETAINED_BYTES,
     DEFAULT_MAX_SUBSCRIPTIONS,
     DEFAULT_MAX_TOPIC_LEVELS,
     DEFAULT_MAX_UDP_CLIENTS,
     ERRORS_LOGGED_PER_CLIENT,
     PAYLOAD,
+    RETAINED,
+    RETAINED_BYTES,
     SUBSCRIPTIONS,
     ErrorLog,
     LimitLog,
@@ -99,6 +103,8 @@ class BrokerConfig:
     # Enforced by the gatekeeper (dallal.auth.CheckQueue).
     maxPendingLogins: int = DEFAULT_MAX_PENDING_LOGINS
     maxPendingLoginsPerIp: int = DEFAULT_MAX_PENDING_LOGINS_PER_IP
+    maxRetained: int = DEFAULT_MAX_RETAINED
+    maxRetainedBytes: int = DEFAULT_MAX_RETAINED_BYTES
     messageEvents: bool = True
     delivery: DeliveryConfig = DeliveryConfig()
     maxListed: int = 1000
@@ -719,6 +725,38 @@ class Broker:
             if session.permissions is not None and not session.permissions.mayWrite(topic):
                 self._forbid(session, "publish", topic, requestId)
         return self._route(subscriber, topic, payload)
+
+    def checkRetainable(self, subscriber, topic, payload, requestId):
+        """
+        Refuse a retained publish, before it is published, that would take
+        the store over C{maxRetained} messages or C{maxRetainedBytes}
+        payload bytes.  Clearing a topic, or replacing its message with one
+        no larger, is always allowed.
+        """
+        if self.retained is None or not payload:
+            return
+        held = self.retained.stats
+        previous = self.retained.get(topic)
+        config = self.config
+        if previous is None and held.count >= config.maxRetained:
+            raise self.refusedByLimit(
+                subscriber,
+                RETAINED,
+                config.maxRetained,
+                f"the broker keeps its maximum of {config.maxRetained} retained messages: "
+                "clear one first (a retained publish with no payload)",
+                requestId,
+            )
+        size = held.bytes + len(payload) - (0 if previous is None else len(previous))
+        if size > config.maxRetainedBytes and len(payload) > len(previous or b""):
+            raise self.refusedByLimit(
+                subscriber,
+                RETAINED_BYTES,
+                config.maxRetainedBytes,
+                f"the retained messages would take {size} bytes, more than the maximum "
+                f"of {config.maxRetainedBytes}",
+                requestId,
+            )
 
     def retain(self, topic, payload, requestId):
         """

@@ -23,6 +23,7 @@ from dallal.errors import (
     LINE_TOO_LONG,
     NO_ID,
     PAYLOAD_TOO_LARGE,
+    STORE_FAILED,
     TOO_MANY_CLIENTS,
     TOO_MANY_ERRORS,
     TOO_MANY_SUBSCRIPTIONS,
@@ -51,6 +52,10 @@ DEFAULT_MAX_OUTPUT_BYTES = 1024 * 1024
 # and from one address: each waits for at most a check per other address.
 DEFAULT_MAX_PENDING_LOGINS = 256
 DEFAULT_MAX_PENDING_LOGINS_PER_IP = 16
+# Retained messages, and their payload bytes: each is kept in memory and on
+# disk, and every new subscription matching many of them is sent them all.
+DEFAULT_MAX_RETAINED = 100_000
+DEFAULT_MAX_RETAINED_BYTES = 256 * 1024 * 1024
 # Requests refused in a row on one TCP connection: a client that means well
 # reads its errors long before, and a stream of garbage costs an ERR and a
 # count each.
@@ -116,6 +121,8 @@ CONSECUTIVE_ERRORS = Limit("consecutive_errors", TOO_MANY_ERRORS)
 FRAME_SECONDS = Limit("frame_seconds", FRAME_TIMEOUT)
 PENDING_LOGINS = Limit("pending_logins", TOO_MANY_CLIENTS)
 PENDING_LOGINS_PER_IP = Limit("pending_logins_per_ip", TOO_MANY_CLIENTS)
+RETAINED = Limit("retained", STORE_FAILED)
+RETAINED_BYTES = Limit("retained_bytes", STORE_FAILED)
 
 LIMITS = (
     CONNECTIONS,
@@ -134,6 +141,8 @@ LIMITS = (
     FRAME_SECONDS,
     PENDING_LOGINS,
     PENDING_LOGINS_PER_IP,
+    RETAINED,
+    RETAINED_BYTES,
 )
 
 

@@ -90,6 +90,8 @@ class RequestHandler:
                 reached = self.broker.publishToMatching(self, request.topic, payload, request.id)
                 self.sendFrame(wire.encodePubAck(request.id, {"topics": str(reached)}))
                 return
+            if retain:
+                self.broker.checkRetainable(self, request.topic, payload, request.id)
             self.broker.publish(self, request.topic, payload, request.id)
             stored = self.broker.retain(request.topic, payload, request.id) if retain else None
         except RequestError as error:

@@ -266,6 +266,21 @@ class Options(usage.Options):
             "a few checks at most.",
             _whole("max-pending-logins-per-ip"),
         ],
+        [
+            "max-retained",
+            None,
+            _config.maxRetained,
+            "Retained messages kept; a retained publish on one more topic is "
+            "refused (ERR STORE_FAILED) and not published.",
+            _whole("max-retained"),
+        ],
+        [
+            "max-retained-bytes",
+            None,
+            _config.maxRetainedBytes,
+            "Payload bytes of all the retained messages kept, likewise.",
+            _whole("max-retained-bytes"),
+        ],
     ]
     del _config
 
@@ -427,6 +442,8 @@ def brokerConfig(options):
         maxFrameSeconds=options["max-frame-seconds"],
         maxPendingLogins=options["max-pending-logins"],
         maxPendingLoginsPerIp=options["max-pending-logins-per-ip"],
+        maxRetained=options["max-retained"],
+        maxRetainedBytes=options["max-retained-bytes"],
         messageEvents=bool(options["message-events"]),
         name=options["name"],
         delivery=DeliveryConfig(

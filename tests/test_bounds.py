@@ -2,7 +2,9 @@
 What one client may make the broker hold or do: the output it does not
 read (C{--max-output-bytes}), a stream of errors
 (C{--max-consecutive-errors}), the password checks it makes wait
-(C{--max-pending-logins}, C{--max-pending-logins-per-ip}).
+(C{--max-pending-logins}, C{--max-pending-logins-per-ip}), how long it
+takes to send a frame (C{--max-frame-seconds}), the retained messages it
+leaves (C{--max-retained}, C{--max-retained-bytes}).
 """
 
 import tracemalloc
@@ -15,6 +17,7 @@ from dallal.core import BrokerConfig
 from dallal.tcp import OUTPUT_SOFT_MARK
 from helpers import PING_INTERVAL, BrokerHarness
 from test_auth import USERS, PendingChecks, credentialOptions, udpHello
+from test_topics_core import MemoryRetained
 from test_udp import UdpHarness
 
 
@@ -388,3 +391,54 @@ def test_aPayloadSentAByteAtATimeIsHeldAsItsBytes():
     finally:
         tracemalloc.stop()
     assert held < 2 * 20000, held
+
+
+# The retained store
+
+
+def retainedHarness(**limits):
+    harness = BrokerHarness(BrokerConfig(messageEvents=True, **limits))
+    harness.broker.retained = MemoryRetained()
+    return harness
+
+
+def test_retainedMessagesUpToTheLimit():
+    """
+    --max-retained topics may have a retained message; a retained publish
+    on one more is refused before it is published, counted and logged;
+    replacing or clearing one is still taken.
+    """
+    harness = retainedHarness(maxRetained=2)
+    subscriber = harness.connect()
+    subscriber.send(b"SUB 1 # mode=fire\r\n")
+    client = harness.connect()
+    client.send(b"PUB 1 a 1 retain=1\r\nx\r\nPUB 2 b 1 retain=1\r\nx\r\n")
+    assert client.received() == b"PUBACK 1\r\nPUBACK 2\r\n"
+    client.send(b"PUB 3 c 1 retain=1\r\nx\r\n")
+    assert client.received() == (
+        b"ERR 3 STORE_FAILED the broker keeps its maximum of 2 retained messages: "
+        b"clear one first (a retained publish with no payload)\r\n"
+    )
+    assert subscriber.received().count(b"MSG ") == 2
+    assert harness.broker.stats()["refused_retained"] == 1
+    [limit] = harness.fields("limit_reached")
+    assert (limit["limit"], limit["max"]) == ("retained", 2)
+    client.send(b"PUB 4 b 2 retain=1\r\nyy\r\nPUB 5 a 0 retain=1\r\n\r\nPUB 6 c 1 retain=1\r\nx\r\n")
+    assert client.received() == b"PUBACK 4\r\nPUBACK 5\r\nPUBACK 6\r\n"
+
+
+def test_retainedBytesUpToTheLimit():
+    harness = retainedHarness(maxRetainedBytes=10)
+    client = harness.connect()
+    client.send(b"PUB 1 a 4 retain=1\r\nxxxx\r\nPUB 2 b 6 retain=1\r\nxxxxxx\r\n")
+    assert client.received() == b"PUBACK 1\r\nPUBACK 2\r\n"
+    client.send(b"PUB 3 c 1 retain=1\r\nx\r\nPUB 4 a 5 retain=1\r\nxxxxx\r\n")
+    assert client.received() == (
+        b"ERR 3 STORE_FAILED the retained messages would take 11 bytes, more than the "
+        b"maximum of 10\r\n"
+        b"ERR 4 STORE_FAILED the retained messages would take 11 bytes, more than the "
+        b"maximum of 10\r\n"
+    )
+    assert harness.broker.stats()["refused_retained_bytes"] == 2
+    client.send(b"PUB 5 a 3 retain=1\r\nxxx\r\nPUB 6 c 1 retain=1\r\nx\r\n")
+    assert client.received() == b"PUBACK 5\r\nPUBACK 6\r\n"

@@ -12,7 +12,7 @@ from twisted.internet.defer import fail, succeed
 from dallal import udp
 from dallal.delivery import ALL, FIRE, LATEST, DeliveryConfig
 from dallal.core import BrokerConfig
-from dallal.retained import StoreError
+from dallal.retained import RetainedStats, StoreError
 from helpers import PING_INTERVAL, BrokerHarness, FakeDatagramTransport, resultOf
 
 # The events of a bridge's link to its remote broker.
@@ -67,6 +67,10 @@ class RetainedStub:
     def match(self, topicFilter):
         return [("kept/one", b"retained payload")]
 
+    def get(self, topic):
+        return b"retained payload" if topic == "kept/one" else None
+
+    stats = RetainedStats(1, len(b"retained payload"))
     writing = False
 
     def set(self, topic, payload):

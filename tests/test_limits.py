@@ -550,6 +550,8 @@ LIMIT_OPTIONS = {
     "max-frame-seconds": "maxFrameSeconds",
     "max-pending-logins": "maxPendingLogins",
     "max-pending-logins-per-ip": "maxPendingLoginsPerIp",
+    "max-retained": "maxRetained",
+    "max-retained-bytes": "maxRetainedBytes",
 }
 
 

@@ -17,6 +17,7 @@ from dallal.client import DallalDatagramClient, SessionLost
 from dallal.datagram import MAX_PAYLOAD
 from dallal.retained import StoreError
 from helpers import PING_INTERVAL, BrokerHarness, FakeDatagramTransport, messages, resultOf
+from test_topics_core import MemoryRetained
 
 SECRET = b"a fixed secret for the tests...."
 BROKER = ("127.0.0.1", 1234)
@@ -443,12 +444,13 @@ def test_retriedPublishIsPublishedOnce(harness):
     assert (harness.counter("published"), harness.counter("duplicates")) == (1, 2)
 
 
-class SlowRetained:
+class SlowRetained(MemoryRetained):
     """
     A retained store whose writes finish when the test says so.
     """
 
     def __init__(self):
+        MemoryRetained.__init__(self)
         self.writes = []
 
     def set(self, topic, payload):
