@@ -48,6 +48,8 @@ from dallal.limits import (
     DEFAULT_MAX_PENDING_LOGINS_PER_IP,
     DEFAULT_MAX_RETAINED,
     DEFAULT_MAX_RETAINED_BYTES,
+    DEFAULT_MAX_UDP_ANSWER_BYTES,
+    DEFAULT_MAX_UDP_ANSWER_BYTES_TOTAL,
     DEFAULT_MAX_SUBSCRIPTIONS,
     DEFAULT_MAX_TOPIC_LEVELS,
     DEFAULT_MAX_UDP_CLIENTS,
@@ -103,6 +105,8 @@ class BrokerConfig:
     # Enforced by the gatekeeper (dallal.auth.CheckQueue).
     maxPendingLogins: int = DEFAULT_MAX_PENDING_LOGINS
     maxPendingLoginsPerIp: int = DEFAULT_MAX_PENDING_LOGINS_PER_IP
+    maxUdpAnswerBytes: int = DEFAULT_MAX_UDP_ANSWER_BYTES
+    maxUdpAnswerBytesTotal: int = DEFAULT_MAX_UDP_ANSWER_BYTES_TOTAL
     maxRetained: int = DEFAULT_MAX_RETAINED
     maxRetainedBytes: int = DEFAULT_MAX_RETAINED_BYTES
     messageEvents: bool = True

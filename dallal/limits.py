@@ -54,6 +54,10 @@ DEFAULT_MAX_PENDING_LOGINS = 256
 DEFAULT_MAX_PENDING_LOGINS_PER_IP = 16
 # Retained messages, and their payload bytes: each is kept in memory and on
 # disk, and every new subscription matching many of them is sent them all.
+# What UDP sessions remember of their answers (dallal.udp.AnswerCache),
+# each counted with its bookkeeping: per session and in all.
+DEFAULT_MAX_UDP_ANSWER_BYTES = 128 * 1024
+DEFAULT_MAX_UDP_ANSWER_BYTES_TOTAL = 64 * 1024 * 1024
 DEFAULT_MAX_RETAINED = 100_000
 DEFAULT_MAX_RETAINED_BYTES = 256 * 1024 * 1024
 # Requests refused in a row on one TCP connection: a client that means well
@@ -121,6 +125,9 @@ CONSECUTIVE_ERRORS = Limit("consecutive_errors", TOO_MANY_ERRORS)
 FRAME_SECONDS = Limit("frame_seconds", FRAME_TIMEOUT)
 PENDING_LOGINS = Limit("pending_logins", TOO_MANY_CLIENTS)
 PENDING_LOGINS_PER_IP = Limit("pending_logins_per_ip", TOO_MANY_CLIENTS)
+# Answers forgotten early: a retry of their request is carried out again.
+UDP_ANSWER_BYTES = Limit("udp_answer_bytes", None)
+UDP_ANSWER_BYTES_TOTAL = Limit("udp_answer_bytes_total", None)
 RETAINED = Limit("retained", STORE_FAILED)
 RETAINED_BYTES = Limit("retained_bytes", STORE_FAILED)
 
@@ -141,6 +148,8 @@ LIMITS = (
     FRAME_SECONDS,
     PENDING_LOGINS,
     PENDING_LOGINS_PER_IP,
+    UDP_ANSWER_BYTES,
+    UDP_ANSWER_BYTES_TOTAL,
     RETAINED,
     RETAINED_BYTES,
 )

@@ -267,6 +267,22 @@ class Options(usage.Options):
             _whole("max-pending-logins-per-ip"),
         ],
         [
+            "max-udp-answer-bytes",
+            None,
+            _config.maxUdpAnswerBytes,
+            "Bytes a UDP session's remembered answers (which answer retried "
+            "requests) may take, each counted with 256 of bookkeeping; the "
+            "oldest are forgotten first.",
+            _whole("max-udp-answer-bytes"),
+        ],
+        [
+            "max-udp-answer-bytes-total",
+            None,
+            _config.maxUdpAnswerBytesTotal,
+            "Bytes the remembered answers of all UDP sessions may take.",
+            _whole("max-udp-answer-bytes-total"),
+        ],
+        [
             "max-retained",
             None,
             _config.maxRetained,
@@ -442,6 +458,8 @@ def brokerConfig(options):
         maxFrameSeconds=options["max-frame-seconds"],
         maxPendingLogins=options["max-pending-logins"],
         maxPendingLoginsPerIp=options["max-pending-logins-per-ip"],
+        maxUdpAnswerBytes=options["max-udp-answer-bytes"],
+        maxUdpAnswerBytesTotal=options["max-udp-answer-bytes-total"],
         maxRetained=options["max-retained"],
         maxRetainedBytes=options["max-retained-bytes"],
         messageEvents=bool(options["message-events"]),

@@ -53,7 +53,15 @@ from dallal.errors import (
 )
 from dallal.interfaces import ISubscriber
 from dallal.keepalive import IPingable
-from dallal.limits import HELLO_RATE, LINE, UDP_CLIENTS, LogWindow, RateTable
+from dallal.limits import (
+    HELLO_RATE,
+    LINE,
+    UDP_ANSWER_BYTES,
+    UDP_ANSWER_BYTES_TOTAL,
+    UDP_CLIENTS,
+    LogWindow,
+    RateTable,
+)
 from dallal.session import RequestHandler, helloLimits
 from dallal.tcp import formatAddress
 
@@ -70,6 +78,9 @@ MAX_UNPROVEN_ADDRESSES = 10_000
 # Answers remembered per client, so that a retried request is answered
 # again instead of being carried out twice.
 REMEMBERED_ANSWERS = 1024
+# What a remembered answer costs beyond its bytes: its id, the bytes
+# object and the two dictionaries' entries.
+ANSWER_BOOKKEEPING = 256
 # What is remembered for a retained PUB whose answer waits for the store.
 AWAITING_STORE = object()
 # 96 bits of HMAC-SHA256: a forger gets one guess per datagram.
@@ -137,6 +148,81 @@ class StrangerErrorLog:
         self._broker.protocolError(_Stranger(address), code, False, logged=logged)
 
 
+class AnswerCache:
+    """
+    The answers UDP sessions remember by request id: the last
+    L{REMEMBERED_ANSWERS} of each session, within C{maxBytesPerSession}
+    bytes per session and C{maxBytes} in all (each answer counted with
+    L{ANSWER_BOOKKEEPING}).  The oldest are forgotten first, a session's
+    own for its bound and anyone's for the total: a retry comes within
+    seconds of its request.
+
+    @param forgotten: called with C{(session, limit, maximum)} for each
+        answer forgotten for a byte bound.
+    """
+
+    def __init__(self, maxBytesPerSession, maxBytes, forgotten):
+        self.maxBytesPerSession = maxBytesPerSession
+        self.maxBytes = maxBytes
+        self._forgotten = forgotten
+        # session -> (request id -> answer), oldest first.
+        self._sessions = {}
+        # (session, request id) -> bytes counted, oldest first.
+        self._order = OrderedDict()
+        self._sessionBytes = Counter()
+        self.bytes = 0
+
+    def get(self, session, requestId):
+        answers = self._sessions.get(session)
+        return None if answers is None else answers.get(requestId)
+
+    def remember(self, session, requestId, answer):
+        """
+        Remember C{answer} (bytes, or L{AWAITING_STORE}) as the newest.
+        """
+        self._forget(session, requestId)
+        size = ANSWER_BOOKKEEPING + (0 if answer is AWAITING_STORE else len(answer))
+        answers = self._sessions.setdefault(session, OrderedDict())
+        answers[requestId] = answer
+        self._order[session, requestId] = size
+        self._sessionBytes[session] += size
+        self.bytes += size
+        if len(answers) > REMEMBERED_ANSWERS:
+            self._forget(session, next(iter(answers)))
+        while self._sessionBytes[session] > self.maxBytesPerSession:
+            self._forget(session, next(iter(answers)))
+            self._forgotten(session, UDP_ANSWER_BYTES, self.maxBytesPerSession)
+        while self.bytes > self.maxBytes:
+            oldest = next(iter(self._order))
+            self._forget(*oldest)
+            self._forgotten(oldest[0], UDP_ANSWER_BYTES_TOTAL, self.maxBytes)
+
+    def replace(self, session, requestId, answer):
+        """
+        Remember a late answer in place of the one remembered, if it still
+        is.
+        """
+        answers = self._sessions.get(session)
+        if answers is not None and requestId in answers:
+            self.remember(session, requestId, answer)
+
+    def forgetSession(self, session):
+        for requestId in list(self._sessions.get(session, ())):
+            self._forget(session, requestId)
+
+    def _forget(self, session, requestId):
+        size = self._order.pop((session, requestId), None)
+        if size is None:
+            return
+        answers = self._sessions[session]
+        del answers[requestId]
+        self._sessionBytes[session] -= size
+        self.bytes -= size
+        if not answers:
+            del self._sessions[session]
+            del self._sessionBytes[session]
+
+
 @implementer(ISubscriber, IPingable)
 class UdpSession(RequestHandler):
     """
@@ -160,8 +246,8 @@ class UdpSession(RequestHandler):
         self.userName = None
         self.loginFingerprint = None
         self.moveTo(address)
-        # Request id -> the answer sent, for retries of that request.
-        self._answers = OrderedDict()
+        # The answers sent, for retries of their requests.
+        self._answers = protocol.answers
         # The id of the request being carried out, and whether to remember
         # its answer.
         self._answering = NO_ID
@@ -179,7 +265,7 @@ class UdpSession(RequestHandler):
         @param rest: what followed the control line in the datagram.
         """
         requestId = getattr(request, "id", None)
-        answer = self._answers.get(requestId)
+        answer = self._answers.get(self, requestId)
         if answer is not None:
             self.broker.counters["duplicates"] += 1
             if answer is not AWAITING_STORE:
@@ -225,9 +311,7 @@ class UdpSession(RequestHandler):
         self.protocol.sendTo(data, self.address)
 
     def _rememberAnswer(self, requestId, answer):
-        self._answers[requestId] = answer
-        if len(self._answers) > REMEMBERED_ANSWERS:
-            self._answers.popitem(last=False)
+        self._answers.remember(self, requestId, answer)
 
     def answerWhenStored(self, requestId, stored):
         # The message is already published; its answer comes once the store
@@ -253,8 +337,7 @@ class UdpSession(RequestHandler):
         self.broker.protocolError(self, error.code, False)
 
     def _sendLateAnswer(self, requestId, answer):
-        if requestId in self._answers:
-            self._answers[requestId] = answer
+        self._answers.replace(self, requestId, answer)
         self.protocol.sendTo(answer, self.address)
 
     def refuse(self, error, fatal=False):
@@ -333,6 +416,11 @@ class BrokerDatagramProtocol(DatagramProtocol):
         self._unproven = OrderedDict()
         # Hellos each source host may still say (each costs an HMAC).
         self._hellos = RateTable(broker.clock, broker.config.maxHellosPerSecond)
+        self.answers = AnswerCache(
+            broker.config.maxUdpAnswerBytes,
+            broker.config.maxUdpAnswerBytesTotal,
+            self._answerForgotten,
+        )
         self._strangerErrors = StrangerErrorLog(broker)
 
     def stopProtocol(self):
@@ -393,6 +481,9 @@ class BrokerDatagramProtocol(DatagramProtocol):
             self._unproven.move_to_end(address)
         counts[0] += size
 
+    def _answerForgotten(self, session, limit, maximum):
+        self.broker.refusedByLimit(session, limit, maximum)
+
     def _refuse(self, error, address, proven=False):
         """
         Refuse a datagram that named no session.
@@ -432,6 +523,7 @@ class BrokerDatagramProtocol(DatagramProtocol):
         del self._sessions[session.clientId]
         self._leave(session.address)
         self.sweep.remove(session)
+        self.answers.forgetSession(session)
 
     def endSession(self, session, reason):
         """

@@ -15,6 +15,7 @@ from twisted.internet.testing import StringTransport
 from dallal.auth import MAX_CONCURRENT_CHECKS, CheckQueue
 from dallal.core import BrokerConfig
 from dallal.tcp import OUTPUT_SOFT_MARK
+from dallal.udp import ANSWER_BOOKKEEPING
 from helpers import PING_INTERVAL, BrokerHarness
 from test_auth import USERS, PendingChecks, credentialOptions, udpHello
 from test_topics_core import MemoryRetained
@@ -442,3 +443,67 @@ def test_retainedBytesUpToTheLimit():
     assert harness.broker.stats()["refused_retained_bytes"] == 2
     client.send(b"PUB 5 a 3 retain=1\r\nxxx\r\nPUB 6 c 1 retain=1\r\nx\r\n")
     assert client.received() == b"PUBACK 5\r\nPUBACK 6\r\n"
+
+
+# What UDP sessions remember
+
+
+def udpHarness(**limits):
+    harness = UdpHarness(BrokerConfig(messageEvents=True, **limits))
+    peers = []
+    for number, clientId in enumerate([b"me", b"you"]):
+        peer = harness.peer(40001 + number)
+        udpHello(peer, clientId)
+        peer.received()
+        peers.append(peer)
+    return harness, peers
+
+
+def publishes(peer, ids):
+    for requestId in ids:
+        peer.request(b"PUB %d news 1" % requestId, b"x")
+    return peer.received()
+
+
+def test_answersRememberedUpToTheBytesOfTheSession():
+    """
+    A session's answers are remembered within --max-udp-answer-bytes: a
+    retry of a request whose answer was forgotten is carried out again.
+    """
+    answer = len(b"PUBACK 1\r\n") + ANSWER_BOOKKEEPING
+    harness, (peer, _) = udpHarness(maxUdpAnswerBytes=3 * answer)
+    publishes(peer, [1, 2, 3])
+    assert harness.broker.stats()["refused_udp_answer_bytes"] == 0
+    publishes(peer, [4])
+    assert harness.broker.stats()["refused_udp_answer_bytes"] == 1
+    [limit] = harness.fields("limit_reached")
+    assert (limit["limit"], limit["max"]) == ("udp_answer_bytes", 3 * answer)
+    published = harness.broker.stats()["published"]
+    assert publishes(peer, [2, 3, 4]) == [b"PUBACK %d\r\n" % n for n in (2, 3, 4)]
+    assert harness.broker.stats()["published"] == published
+    publishes(peer, [1])
+    assert harness.broker.stats()["published"] == published + 1
+
+
+def test_answersRememberedUpToTheBytesOfAllSessions():
+    answer = len(b"PUBACK 1\r\n") + ANSWER_BOOKKEEPING
+    harness, (first, second) = udpHarness(maxUdpAnswerBytesTotal=4 * answer)
+    publishes(first, [1, 2])
+    publishes(second, [1, 2])
+    assert harness.answers.bytes == 4 * answer
+    publishes(second, [3])
+    assert harness.broker.stats()["refused_udp_answer_bytes_total"] == 1
+    # The oldest of all went: the first session's first answer.
+    published = harness.broker.stats()["published"]
+    publishes(first, [2])
+    publishes(second, [1, 2, 3])
+    assert harness.broker.stats()["published"] == published
+    publishes(first, [1])
+    assert harness.broker.stats()["published"] == published + 1
+
+
+def test_aSessionThatEndsForgetsItsAnswers():
+    harness, (peer, _) = udpHarness()
+    publishes(peer, [1, 2])
+    peer.request(b"BYE")
+    assert harness.answers.bytes == 0

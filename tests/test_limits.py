@@ -550,6 +550,8 @@ LIMIT_OPTIONS = {
     "max-frame-seconds": "maxFrameSeconds",
     "max-pending-logins": "maxPendingLogins",
     "max-pending-logins-per-ip": "maxPendingLoginsPerIp",
+    "max-udp-answer-bytes": "maxUdpAnswerBytes",
+    "max-udp-answer-bytes-total": "maxUdpAnswerBytesTotal",
     "max-retained": "maxRetained",
     "max-retained-bytes": "maxRetainedBytes",
 }

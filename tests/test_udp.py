@@ -41,6 +41,10 @@ class UdpHarness(BrokerHarness):
     def peer(self, port, host="127.0.0.1"):
         return Peer(self, (host, port))
 
+    @property
+    def answers(self):
+        return self.udp.answers
+
     def bytesSentTo(self, address):
         return sum(len(data) for data, to in self.transport.written if to == address)
 
