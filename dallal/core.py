@@ -168,14 +168,9 @@ _DISCARD_COUNTERS = {
 
 
 # When two filters of one session match a message, it is delivered once,
-# through the subscription whose mode promises the most.
-_MODE_STRENGTH = {ALL: 2, LATEST: 1, FIRE: 0}
-
-
-def _strongest(subscriptions):
-    if len(subscriptions) == 1:
-        return subscriptions[0]
-    return max(subscriptions, key=lambda subscription: _MODE_STRENGTH[subscription.mode])
+# through the subscription whose mode promises the most: its rank in the
+# subscription tree.
+_MODE_STRENGTH = {FIRE: 0, LATEST: 1, ALL: 2}
 
 
 class _Session:
@@ -234,7 +229,7 @@ class Broker:
         self.seen = SeenMessages(clock)
         self.bridges = {}
         self._sessions = {}
-        self._tree = SubscriptionTree()
+        self._tree = SubscriptionTree(ranks=len(_MODE_STRENGTH))
         # filter -> number of sessions subscribed with it, for TOPICS; and
         # the filters without wildcards, which are topics clients named.
         self._filterCounts = Counter()
@@ -592,7 +587,7 @@ class Broker:
                 )
             subscription = Subscription(requestId, topicFilter, mode, session.outbox, bridge)
             session.subscriptions[topicFilter] = subscription
-            self._tree.add(topicFilter, subscriber, subscription)
+            self._tree.add(topicFilter, subscriber, subscription, _MODE_STRENGTH[mode])
             self._filterCounts[topicFilter] += 1
             if WILDCARDS.isdisjoint(topicFilter):
                 self._namedTopics[topicFilter] = self._filterCounts[topicFilter]
@@ -601,6 +596,7 @@ class Broker:
             subscription.id = requestId
             subscription.mode = mode
             subscription.bridge = bridge
+            self._tree.add(topicFilter, subscriber, subscription, _MODE_STRENGTH[mode])
         # A new filter, or a new mode, which may change which of a
         # session's filters carries a message.
         self._routes.clear()
@@ -967,9 +963,7 @@ class Broker:
         """
         receivers = self._routes.get(topic)
         if receivers is None:
-            receivers = [
-                _strongest(subscriptions) for subscriptions in self._tree.match(topic).values()
-            ]
+            receivers = list(self._tree.best(topic).values())
             if len(self._routes) >= TOPICS_REMEMBERED:
                 self._routes.clear()
             self._routes[topic] = receivers
