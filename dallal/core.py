@@ -46,6 +46,7 @@ from dallal.limits import (
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MAX_PENDING_LOGINS,
     DEFAULT_MAX_PENDING_LOGINS_PER_IP,
+    DEFAULT_MAX_MATCHING_TOPICS,
     DEFAULT_MAX_RETAINED,
     DEFAULT_MAX_RETAINED_BYTES,
     DEFAULT_MAX_UDP_ANSWER_BYTES,
@@ -54,6 +55,7 @@ from dallal.limits import (
     DEFAULT_MAX_TOPIC_LEVELS,
     DEFAULT_MAX_UDP_CLIENTS,
     ERRORS_LOGGED_PER_CLIENT,
+    MATCHING_TOPICS,
     PAYLOAD,
     RETAINED,
     RETAINED_BYTES,
@@ -107,6 +109,7 @@ class BrokerConfig:
     maxPendingLoginsPerIp: int = DEFAULT_MAX_PENDING_LOGINS_PER_IP
     maxUdpAnswerBytes: int = DEFAULT_MAX_UDP_ANSWER_BYTES
     maxUdpAnswerBytesTotal: int = DEFAULT_MAX_UDP_ANSWER_BYTES_TOTAL
+    maxMatchingTopics: int = DEFAULT_MAX_MATCHING_TOPICS
     maxRetained: int = DEFAULT_MAX_RETAINED
     maxRetainedBytes: int = DEFAULT_MAX_RETAINED_BYTES
     messageEvents: bool = True
@@ -804,9 +807,20 @@ class Broker:
         permissions = self._sessions[subscriber].permissions
         if permissions is not None and not permissions.mayMatch(topicFilter, WRITE):
             self._forbid(self._sessions[subscriber], "publish", topicFilter, requestId)
-        topics = {topic for topic, _ in self._namedTopics.match(topicFilter)}
+        maximum = self.config.maxMatchingTopics
+        topics = {topic for topic, _ in self._namedTopics.match(topicFilter, maximum)}
         if self.retained is not None:
-            topics.update(topic for topic, _ in self.retained.match(topicFilter))
+            topics.update(topic for topic, _ in self.retained.match(topicFilter, maximum))
+        if len(topics) > maximum:
+            # (Counted before the ACL's say: the matches were not all found.)
+            raise self.refusedByLimit(
+                subscriber,
+                MATCHING_TOPICS,
+                maximum,
+                f"{topicFilter} matches more than {maximum} topics: publish to a "
+                "narrower filter",
+                requestId,
+            )
         if permissions is not None:
             topics = {topic for topic in topics if permissions.mayWrite(topic)}
         for topic in sorted(topics):

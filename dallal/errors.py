@@ -25,6 +25,8 @@ STORE_FAILED = "STORE_FAILED"
 # has as many subscriptions, as it allows.
 TOO_MANY_CLIENTS = "TOO_MANY_CLIENTS"
 TOO_MANY_SUBSCRIPTIONS = "TOO_MANY_SUBSCRIPTIONS"
+# A publish to every matching topic that would reach more than it allows.
+TOO_MANY_TOPICS = "TOO_MANY_TOPICS"
 # The broker is stopping: it finishes what is in flight, takes nothing new.
 SHUTTING_DOWN = "SHUTTING_DOWN"
 

@@ -27,6 +27,7 @@ from dallal.errors import (
     TOO_MANY_CLIENTS,
     TOO_MANY_ERRORS,
     TOO_MANY_SUBSCRIPTIONS,
+    TOO_MANY_TOPICS,
     RequestError,
 )
 
@@ -58,6 +59,9 @@ DEFAULT_MAX_PENDING_LOGINS_PER_IP = 16
 # each counted with its bookkeeping: per session and in all.
 DEFAULT_MAX_UDP_ANSWER_BYTES = 128 * 1024
 DEFAULT_MAX_UDP_ANSWER_BYTES_TOTAL = 64 * 1024 * 1024
+# Topics one publish to every matching topic (to-matching=1) may reach:
+# each is a message routed while the broker serves nobody else.
+DEFAULT_MAX_MATCHING_TOPICS = 1000
 DEFAULT_MAX_RETAINED = 100_000
 DEFAULT_MAX_RETAINED_BYTES = 256 * 1024 * 1024
 # Requests refused in a row on one TCP connection: a client that means well
@@ -128,6 +132,7 @@ PENDING_LOGINS_PER_IP = Limit("pending_logins_per_ip", TOO_MANY_CLIENTS)
 # Answers forgotten early: a retry of their request is carried out again.
 UDP_ANSWER_BYTES = Limit("udp_answer_bytes", None)
 UDP_ANSWER_BYTES_TOTAL = Limit("udp_answer_bytes_total", None)
+MATCHING_TOPICS = Limit("matching_topics", TOO_MANY_TOPICS)
 RETAINED = Limit("retained", STORE_FAILED)
 RETAINED_BYTES = Limit("retained_bytes", STORE_FAILED)
 
@@ -150,6 +155,7 @@ LIMITS = (
     PENDING_LOGINS_PER_IP,
     UDP_ANSWER_BYTES,
     UDP_ANSWER_BYTES_TOTAL,
+    MATCHING_TOPICS,
     RETAINED,
     RETAINED_BYTES,
 )

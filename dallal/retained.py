@@ -195,12 +195,13 @@ class RetainedStore:
         """
         return self._messages.get(topic)
 
-    def match(self, topicFilter):
+    def match(self, topicFilter, limit=None):
         """
+        @param limit: see L{TopicMap.match}.
         @return: a C{list} of the (topic, payload) pairs whose topic the
             valid C{topicFilter} matches.
         """
-        return self._messages.match(topicFilter)
+        return self._messages.match(topicFilter, limit)
 
     @property
     def writing(self):

@@ -283,6 +283,14 @@ class Options(usage.Options):
             _whole("max-udp-answer-bytes-total"),
         ],
         [
+            "max-matching-topics",
+            None,
+            _config.maxMatchingTopics,
+            "Topics one publish to every matching topic (to-matching=1) may "
+            "reach; a filter matching more is refused (ERR TOO_MANY_TOPICS).",
+            _whole("max-matching-topics"),
+        ],
+        [
             "max-retained",
             None,
             _config.maxRetained,
@@ -460,6 +468,7 @@ def brokerConfig(options):
         maxPendingLoginsPerIp=options["max-pending-logins-per-ip"],
         maxUdpAnswerBytes=options["max-udp-answer-bytes"],
         maxUdpAnswerBytesTotal=options["max-udp-answer-bytes-total"],
+        maxMatchingTopics=options["max-matching-topics"],
         maxRetained=options["max-retained"],
         maxRetainedBytes=options["max-retained-bytes"],
         messageEvents=bool(options["message-events"]),

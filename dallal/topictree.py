@@ -325,10 +325,12 @@ class TopicMap(_LevelTree, MutableMapping):
         node.entry = None
         self._prune(self._pathTo(topic))
 
-    def match(self, topicFilter):
+    def match(self, topicFilter, limit=None):
         """
         The topics that a valid C{topicFilter} matches.
 
+        @param limit: stop once more than this many are found (the caller
+            refuses that many anyway), rather than walk the whole tree.
         @return: a C{list} of (topic, value) pairs, in no particular order; a
             list rather than a generator so that the caller may change the
             map while it goes through them.
@@ -341,7 +343,7 @@ class TopicMap(_LevelTree, MutableMapping):
             # Wildcards in the first level do not reach '$' topics.
             skipReserved = index == 0
             if level == MULTI_LEVEL:
-                return _entriesUnder(nodes, skipReserved)
+                return _entriesUnder(nodes, skipReserved, limit)
             nextNodes = []
             for node in nodes:
                 if level == SINGLE_LEVEL:
@@ -358,13 +360,14 @@ class TopicMap(_LevelTree, MutableMapping):
         return [node.entry for node in nodes if node.entry is not None]
 
 
-def _entriesUnder(nodes, skipReserved):
+def _entriesUnder(nodes, skipReserved, limit=None):
     """
     The entries of C{nodes} and of all their descendants: what a C{#} at
     their level matches.
 
     @param skipReserved: leave out the children whose name starts with C{$}
         (C{nodes} is the root).
+    @param limit: stop once more than this many are found.
     """
     found = []
     stack = []
@@ -380,5 +383,7 @@ def _entriesUnder(nodes, skipReserved):
         node = stack.pop()
         if node.entry is not None:
             found.append(node.entry)
+            if limit is not None and len(found) > limit:
+                break
         stack.extend(node.children.values())
     return found

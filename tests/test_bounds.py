@@ -507,3 +507,31 @@ def test_aSessionThatEndsForgetsItsAnswers():
     publishes(peer, [1, 2])
     peer.request(b"BYE")
     assert harness.answers.bytes == 0
+
+
+# Work per request
+
+
+def test_publishToMatchingTopicsUpToTheLimit():
+    """
+    A to-matching publish may reach --max-matching-topics topics; one whose
+    filter matches more is refused before anything is published.
+    """
+    harness = retainedHarness(maxMatchingTopics=3)
+    client = harness.connect()
+    client.send(b"SUB 1 t/named\r\n")
+    client.send(b"PUB 2 t/a 1 retain=1\r\nx\r\nPUB 3 t/b 1 retain=1\r\nx\r\n")
+    client.received()
+    client.send(b"PUB 4 t/+ 1 to-matching=1\r\ny\r\n")
+    assert client.received().endswith(b"PUBACK 4 topics=3\r\n")
+    client.send(b"PUB 5 t/c 1 retain=1\r\nx\r\n")
+    client.received()
+    published = harness.broker.stats()["published"]
+    client.send(b"PUB 6 t/# 1 to-matching=1\r\ny\r\n")
+    assert client.received() == (
+        b"ERR 6 TOO_MANY_TOPICS t/# matches more than 3 topics: publish to a narrower filter\r\n"
+    )
+    assert harness.broker.stats()["published"] == published
+    assert harness.broker.stats()["refused_matching_topics"] == 1
+    [limit] = harness.fields("limit_reached")
+    assert (limit["limit"], limit["max"]) == ("matching_topics", 3)

@@ -552,6 +552,7 @@ LIMIT_OPTIONS = {
     "max-pending-logins-per-ip": "maxPendingLoginsPerIp",
     "max-udp-answer-bytes": "maxUdpAnswerBytes",
     "max-udp-answer-bytes-total": "maxUdpAnswerBytesTotal",
+    "max-matching-topics": "maxMatchingTopics",
     "max-retained": "maxRetained",
     "max-retained-bytes": "maxRetainedBytes",
 }
