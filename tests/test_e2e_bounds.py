@@ -3,12 +3,15 @@ A live broker (twistd) against clients that try to make it hold memory:
 what it holds stays bounded, and it goes on serving everyone else.
 """
 
+import json
 import socket
 import time
 
 import pytest
 
+from dallal import wire
 from helpers import BrokerProcess, dallal
+from test_e2e_auth import PASSWORDS, SecuredBroker, as_
 from test_fuzz_network import vmRSS
 
 # Subscriptions of a client whose LIST answer is then some 50 kB.
@@ -52,3 +55,54 @@ def test_pipelinedListsFromAClientThatDoesNotRead(tmp_path):
         flooder.close()
     finally:
         broker.stop()
+
+
+FLOOD_LOGINS = 400
+# What a real login may take during the flood (a check is some tens of
+# milliseconds; the machine is shared).
+LOGIN_DURING_FLOOD_SECONDS = 3.0
+
+
+def hello(user, password):
+    return b"HELLO h c1 %s\r\n" % b" ".join(
+        b"%s=%s" % (key.encode(), value.encode())
+        for key, value in wire.encodeCredentials(user, password).items()
+    )
+
+
+@pytest.mark.timeout(120)
+def test_loginDuringAFloodOfWrongPasswordsFromAnotherAddress(tmp_path):
+    """
+    400 wrong-password HELLOs from 127.0.0.2, each on its own connection,
+    then a real login from 127.0.0.1: it is answered within 3 seconds,
+    while the flood's logins beyond the per-address bound are refused at
+    once.
+    """
+    broker = SecuredBroker(tmp_path)
+    flood = []
+    try:
+        for _ in range(FLOOD_LOGINS):
+            connection = socket.create_connection(
+                ("127.0.0.1", broker.port), source_address=("127.0.0.2", 0)
+            )
+            connection.sendall(hello("alice", b"wrong"))
+            flood.append(connection)
+        started = time.monotonic()
+        with socket.create_connection(("127.0.0.1", broker.port), timeout=30) as real:
+            real.sendall(hello("alice", PASSWORDS["alice"].encode()))
+            answer = b""
+            # (A PING of the sweep may come first.)
+            while b"\nHELLO h " not in b"\n" + answer:
+                received = real.recv(4096)
+                assert received, answer
+                answer += received
+        took = time.monotonic() - started
+        print(f"a login during a flood of {FLOOD_LOGINS} wrong passwords took {took:.2f} s")
+        assert b" user=alice\r\n" in answer, answer
+        assert took < LOGIN_DURING_FLOOD_SECONDS
+        counters = json.loads(as_("alice", broker.port, "stats", "--json").stdout)
+        assert counters["refused_pending_logins_per_ip"] > 0, counters
+    finally:
+        for connection in flood:
+            connection.close()
+        broker.process.stop()
