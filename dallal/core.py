@@ -7,6 +7,7 @@ nothing of sockets, frames or ports.  Time comes from an injected
 C{IReactorTime}, so tests drive it with C{task.Clock}.
 """
 
+import heapq
 import secrets
 from collections import Counter
 from dataclasses import dataclass
@@ -707,7 +708,7 @@ class Broker:
             retained = dict(self.retained.list(limit))
             alsoRetained = sum(1 for name in filters if self.retained.get(name) is not None)
             total = self.retained.stats.count + len(filters) - alsoRetained
-        names = sorted(set(retained).union(sorted(filters)[:limit]))[:limit]
+        names = sorted(set(retained).union(heapq.nsmallest(limit, filters)))[:limit]
         rows = [(name, retained.get(name), filters.get(name, 0)) for name in names]
         return rows, total
 

@@ -22,6 +22,16 @@ from test_topics_core import MemoryRetained
 from test_udp import UdpHarness
 
 
+def assertRefusedBy(harness, limit, maximum):
+    """
+    One refusal by C{limit}, whose value is C{maximum}: counted in its
+    C{refused_<limit>}, and logged.
+    """
+    assert harness.broker.stats()[f"refused_{limit}"] == 1
+    [event] = harness.fields("limit_reached")
+    assert (event["limit"], event["max"]) == (limit, maximum)
+
+
 class FillingTransport(StringTransport):
     """
     A L{StringTransport} whose buffer fills as a socket's does when its
@@ -110,9 +120,7 @@ def test_outputWhileFullUpToTheBound():
     harness.clock.advance(PING_INTERVAL)
     assert client.closing
     client.lose()
-    assert harness.broker.stats()["refused_output_bytes"] == 1
-    [limit] = harness.fields("limit_reached")
-    assert (limit["limit"], limit["max"]) == ("output_bytes", 6)
+    assertRefusedBy(harness, "output_bytes", 6)
     [disconnect] = harness.fields("disconnect")
     assert disconnect["reason"] == "output_limit"
 
@@ -138,9 +146,7 @@ def test_connectionClosedAfterConsecutiveErrors():
     )
     assert client.closing
     client.lose()
-    assert harness.broker.stats()["refused_consecutive_errors"] == 1
-    [limit] = harness.fields("limit_reached")
-    assert (limit["limit"], limit["max"]) == ("consecutive_errors", 10)
+    assertRefusedBy(harness, "consecutive_errors", 10)
     assert harness.fields("protocol_error")[-1]["code"] == "TOO_MANY_ERRORS"
     [disconnect] = harness.fields("disconnect")
     assert disconnect["reason"] == "protocol_error"
@@ -219,9 +225,7 @@ def test_checksWaitingUpToTheBoundPerAddress():
         b"127.0.0.1: try again later\r\n"
     )
     assert refused.closing
-    assert harness.broker.stats()["refused_pending_logins_per_ip"] == 1
-    [limit] = harness.fields("limit_reached")
-    assert (limit["limit"], limit["max"]) == ("pending_logins_per_ip", 3)
+    assertRefusedBy(harness, "pending_logins_per_ip", 3)
     other = harness.connect(host="10.0.0.2")
     assert other.login("alice", USERS["alice"]) == b""
     while checks.waiting:
@@ -421,9 +425,7 @@ def test_retainedMessagesUpToTheLimit():
         b"clear one first (a retained publish with no payload)\r\n"
     )
     assert subscriber.received().count(b"MSG ") == 2
-    assert harness.broker.stats()["refused_retained"] == 1
-    [limit] = harness.fields("limit_reached")
-    assert (limit["limit"], limit["max"]) == ("retained", 2)
+    assertRefusedBy(harness, "retained", 2)
     client.send(b"PUB 4 b 2 retain=1\r\nyy\r\nPUB 5 a 0 retain=1\r\n\r\nPUB 6 c 1 retain=1\r\nx\r\n")
     assert client.received() == b"PUBACK 4\r\nPUBACK 5\r\nPUBACK 6\r\n"
 
@@ -475,9 +477,7 @@ def test_answersRememberedUpToTheBytesOfTheSession():
     publishes(peer, [1, 2, 3])
     assert harness.broker.stats()["refused_udp_answer_bytes"] == 0
     publishes(peer, [4])
-    assert harness.broker.stats()["refused_udp_answer_bytes"] == 1
-    [limit] = harness.fields("limit_reached")
-    assert (limit["limit"], limit["max"]) == ("udp_answer_bytes", 3 * answer)
+    assertRefusedBy(harness, "udp_answer_bytes", 3 * answer)
     published = harness.broker.stats()["published"]
     assert publishes(peer, [2, 3, 4]) == [b"PUBACK %d\r\n" % n for n in (2, 3, 4)]
     assert harness.broker.stats()["published"] == published
@@ -532,6 +532,4 @@ def test_publishToMatchingTopicsUpToTheLimit():
         b"ERR 6 TOO_MANY_TOPICS t/# matches more than 3 topics: publish to a narrower filter\r\n"
     )
     assert harness.broker.stats()["published"] == published
-    assert harness.broker.stats()["refused_matching_topics"] == 1
-    [limit] = harness.fields("limit_reached")
-    assert (limit["limit"], limit["max"]) == ("matching_topics", 3)
+    assertRefusedBy(harness, "matching_topics", 3)
