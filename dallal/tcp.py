@@ -122,10 +122,13 @@ class _DeliveryValve:
     """
     Registered with the transport so that the broker stops writing to a
     client whose write buffer is full, and holds what waits in its own
-    bounded queues instead (L{dallal.delivery.Outbox}).
+    bounded queues instead (L{dallal.delivery.Outbox}); it also stops
+    reading the client's requests until the buffer has drained
+    (L{BrokerProtocol.outputFull}).
 
     The protocol itself cannot be the producer: as a L{LineReceiver} its
-    C{pauseProducing} pauses I{reading} from the client.
+    C{pauseProducing} pauses I{reading} from the client, which is only
+    part of what a full buffer calls for.
     """
 
     def __init__(self, protocol):
