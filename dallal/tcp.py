@@ -50,10 +50,17 @@ REFUSAL_GRACE = 2.0
 # until its client has read the answers.
 OUTPUT_SOFT_MARK = 65536
 
-# Why a connection's reading is held: its password is being checked, or
-# its transport is full.
+# Seconds of work one connection's pipelined requests get in a turn of the
+# reactor: then the rest waits for the next turn, after the other
+# connections' reads, so that a client pipelining costly requests delays
+# the others by this much rather than by a whole read's worth.
+TURN_SECONDS = 0.01
+
+# Why a connection's reading is held: its password is being checked, its
+# transport is full, or it had its turn.
 _CHECKING_PASSWORD = "password"
 _OUTPUT_FULL = "output"
+_TURN_OVER = "turn"
 
 
 def formatAddress(address):
@@ -211,6 +218,8 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         # call), and how many frames were complete when it was set.
         self._frameDeadline = None
         self._framesBeforeDeadline = 0
+        # When this connection's turn began (see TURN_SECONDS).
+        self._turnStarted = 0.0
 
     def connectionMade(self):
         if self._connections is not None:
@@ -353,10 +362,16 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
     def _carriedOut(self, streak):
         """
         A request was handled: if nothing of it was refused (the streak is
-        still C{streak}), the client's run of errors is over.
+        still C{streak}), the client's run of errors is over.  If this
+        connection's turn is over, the rest of what it sent waits for the
+        next turn of the reactor.
         """
         if self._errorStreak == streak:
             self._errorStreak = 0
+        clock = self.broker.clock
+        if clock.seconds() - self._turnStarted > TURN_SECONDS and not self._readingHeld:
+            self._holdReading(_TURN_OVER)
+            clock.callLater(0, self._releaseReading, _TURN_OVER)
 
     def pongReceived(self):
         self.sweep.pongReceived(self)
@@ -383,6 +398,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         # resumed reading hands over what was read before, as b"".)
         if data:
             self.sweep.heardFrom(self)
+        self._turnStarted = self.broker.clock.seconds()
         why = self.batch.run(FrameReceiver.dataReceived, self, data)
         self._watchPartialFrame()
         return why

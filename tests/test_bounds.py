@@ -10,11 +10,12 @@ leaves (C{--max-retained}, C{--max-retained-bytes}).
 import tracemalloc
 
 import pytest
+from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from dallal.auth import MAX_CONCURRENT_CHECKS, CheckQueue
 from dallal.core import BrokerConfig
-from dallal.tcp import OUTPUT_SOFT_MARK
+from dallal.tcp import OUTPUT_SOFT_MARK, TURN_SECONDS
 from dallal.udp import ANSWER_BOOKKEEPING
 from helpers import PING_INTERVAL, BrokerHarness
 from test_auth import USERS, PendingChecks, credentialOptions, udpHello
@@ -533,3 +534,52 @@ def test_publishToMatchingTopicsUpToTheLimit():
     )
     assert harness.broker.stats()["published"] == published
     assertRefusedBy(harness, "matching_topics", 3)
+
+
+class BusyClock(Clock):
+    """
+    A L{Clock} on which each request costs time: every look at it is
+    C{step} seconds after the one before.
+    """
+
+    def __init__(self, step):
+        Clock.__init__(self)
+        self.step = step
+
+    def seconds(self):
+        self.rightNow += self.step
+        return self.rightNow
+
+    def nextTurn(self):
+        """
+        A turn of the reactor: run the calls due now, not those they make
+        (a L{Clock} would run those too, as their time has come).
+        """
+        due = [call for call in self.calls if call.getTime() <= self.rightNow]
+        for call in due:
+            self.calls.remove(call)
+            call.called = True
+            call.func(*call.args, **call.kw)
+
+
+def test_pipelinedRequestsTakeTurnsWithOtherConnections():
+    """
+    A connection's pipelined requests are served for TURN_SECONDS of the
+    reactor's time; the rest waits for the next turn, when the others have
+    had theirs.
+    """
+    clock = BusyClock(TURN_SECONDS / 4)
+    harness = BrokerHarness(clock=clock)
+    busy, other = harness.connect(), harness.connect()
+    busy.send(b"PING\r\n" * 100)
+    first = busy.received().count(b"PONG")
+    assert 1 <= first < 10
+    other.send(b"PING\r\n")
+    assert other.received() == b"PONG\r\n"
+    served = first
+    while served < 100:
+        clock.nextTurn()
+        now = busy.received().count(b"PONG")
+        assert 1 <= now < 10
+        served += now
+    assert served == 100
