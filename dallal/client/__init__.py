@@ -47,6 +47,7 @@ from dallal.protocol import datagram
 from dallal.protocol import wire
 from dallal.errors import BAD_TOKEN, CLOSING, NO_SESSION, RequestError
 from dallal.protocol.framing import FrameReceiver
+from dallal.numbers import wholeNumber
 from dallal.names import checkUserName
 from dallal.topics import MAX_TOPIC_LENGTH
 
@@ -84,6 +85,16 @@ class ClientProtocolError(Exception):
     """
     The broker sent something this client cannot understand.
     """
+
+
+def _topicsReached(options):
+    """
+    The number of topics a PUBACK to a C{to-matching} publish says it reached.
+    """
+    reached = wholeNumber(options.get("topics", ""), 18)
+    if reached is None:
+        raise ClientProtocolError(f"unexpected answer to a to-matching publish: {options}")
+    return reached
 
 
 class SessionLost(ConnectionLost):
@@ -319,9 +330,7 @@ class _ClientSession:
         frame = wire.encodePublishOptions(
             requestId, topicFilter, payload, {"to-matching": "1"}
         )
-        return self._request(frame, requestId).addCallback(
-            lambda options: int(options["topics"])
-        )
+        return self._request(frame, requestId).addCallback(_topicsReached)
 
     def unsubscribe(self, topicFilter):
         """

@@ -278,6 +278,88 @@ class Options(usage.Options):
             "LINE_TOO_LONG and closes the connection.",
             _whole("max-line", MIN_CONTROL_LINE, MAX_CONTROL_LINE),
         ],
+        [
+            "max-output-bytes",
+            None,
+            _config.maxOutputBytes,
+            "Bytes written to a TCP client whose socket buffer is already full "
+            "(answers it does not read); over it the connection is closed. The "
+            "broker stops reading its requests meanwhile.",
+            _whole("max-output-bytes"),
+        ],
+        [
+            "max-consecutive-errors",
+            None,
+            _config.maxConsecutiveErrors,
+            "Requests refused in a row on one TCP connection; the last is "
+            "answered ERR - TOO_MANY_ERRORS and the connection closed.",
+            _whole("max-consecutive-errors"),
+        ],
+        [
+            "max-frame-seconds",
+            None,
+            _config.maxFrameSeconds,
+            "Seconds a TCP client has to complete a frame (a control line, a "
+            "payload) once it has sent part of it; then it is answered ERR - "
+            "FRAME_TIMEOUT and closed.",
+            _whole("max-frame-seconds"),
+        ],
+        [
+            "max-pending-logins",
+            None,
+            _config.maxPendingLogins,
+            "Logins waiting for their password check at once (with --passwords); "
+            "one more is answered ERR TOO_MANY_CLIENTS.",
+            _whole("max-pending-logins"),
+        ],
+        [
+            "max-pending-logins-per-ip",
+            None,
+            _config.maxPendingLoginsPerIp,
+            "Logins waiting for their password check at once from one IP address; "
+            "addresses take turns, so a crowd from one delays another's login by "
+            "a few checks at most.",
+            _whole("max-pending-logins-per-ip"),
+        ],
+        [
+            "max-udp-answer-bytes",
+            None,
+            _config.maxUdpAnswerBytes,
+            "Bytes a UDP session's remembered answers (which answer retried "
+            "requests) may take, each counted with 256 of bookkeeping; the "
+            "oldest are forgotten first.",
+            _whole("max-udp-answer-bytes"),
+        ],
+        [
+            "max-udp-answer-bytes-total",
+            None,
+            _config.maxUdpAnswerBytesTotal,
+            "Bytes the remembered answers of all UDP sessions may take.",
+            _whole("max-udp-answer-bytes-total"),
+        ],
+        [
+            "max-matching-topics",
+            None,
+            _config.maxMatchingTopics,
+            "Topics one publish to every matching topic (to-matching=1) may "
+            "reach; a filter matching more is refused (ERR TOO_MANY_TOPICS).",
+            _whole("max-matching-topics"),
+        ],
+        [
+            "max-retained",
+            None,
+            _config.maxRetained,
+            "Retained messages kept; a retained publish on one more topic is "
+            "refused (ERR STORE_FAILED) and not published.",
+            _whole("max-retained"),
+        ],
+        [
+            "max-retained-bytes",
+            None,
+            _config.maxRetainedBytes,
+            "Payload bytes of all the retained messages kept, likewise.",
+            _whole("max-retained-bytes"),
+        ],
     ]
     del _config
 
@@ -541,6 +623,16 @@ def brokerConfig(options):
         maxTopicLevels=options["max-topic-levels"],
         maxPayload=options["max-payload"],
         maxControlLine=options["max-line"],
+        maxOutputBytes=options["max-output-bytes"],
+        maxConsecutiveErrors=options["max-consecutive-errors"],
+        maxFrameSeconds=options["max-frame-seconds"],
+        maxPendingLogins=options["max-pending-logins"],
+        maxPendingLoginsPerIp=options["max-pending-logins-per-ip"],
+        maxUdpAnswerBytes=options["max-udp-answer-bytes"],
+        maxUdpAnswerBytesTotal=options["max-udp-answer-bytes-total"],
+        maxMatchingTopics=options["max-matching-topics"],
+        maxRetained=options["max-retained"],
+        maxRetainedBytes=options["max-retained-bytes"],
         messageEvents=bool(options["message-events"]),
         name=options["name"],
         delivery=DeliveryConfig(
@@ -600,7 +692,12 @@ def makeService(options, reactor=None, rlimit=resource):
     config = replace(config, maxConnections=allowed)
     try:
         gatekeeper = Gatekeeper.fromFiles(
-            reactor, options["passwords"], options["acl"], options["bridge-users"]
+            reactor,
+            options["passwords"],
+            options["acl"],
+            options["bridge-users"],
+            maxPendingChecks=config.maxPendingLogins,
+            maxPendingChecksPerIp=config.maxPendingLoginsPerIp,
         )
         service = DallalService(
             reactor,
