@@ -125,6 +125,14 @@ def exerciseEveryEvent():
     for port in range(40001, 40001 + udp.STRANGER_ERRORS_LOGGED_PER_SECOND + 1):
         datagrams.datagramReceived(b"BOGUS\r\n", ("127.0.0.1", port))
     latest.send(b"SUB 5 one/too/many\r\n")
+    # A subscriber that never acks holds a publisher back with its full
+    # queue (the window of 100, then one queued and one beyond), until it
+    # is a slow consumer.
+    flooder, stuck = loggedIn(), loggedIn()
+    stuck.send(b"SUB 6 flood mode=" + ALL.encode() + b"\r\n")
+    for number in range(DeliveryConfig().maxInflight + 2):
+        flooder.send(b"PUB f%d flood 1\r\nf\r\n" % number)
+    harness.clock.advance(DeliveryConfig().stallTimeout)
     harness.clock.advance(1.0)
     harness.clock.advance(1.0)
     # Nobody answers pings: the first sweep spares the clients that spoke

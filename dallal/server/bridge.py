@@ -253,6 +253,9 @@ class BridgeLink(Service):
         # acked; and the ids published on the current connection.
         self._unacked = {}
         self._outstanding = set()
+        # Whether a subscriber here that the remote's messages reach has a
+        # full queue: the connection to the remote is not read meanwhile.
+        self._held = False
         if endpoint is None:
             endpoint = clientFromString(clock, spec.endpoint)
         self._backoff = retryPolicy or backoffPolicy(
@@ -376,6 +379,8 @@ class BridgeLink(Service):
             subscriptions=len(self.spec.filters) if self.spec.inbound else 0,
         )
         self.sweep.add(self)
+        if self._held:
+            protocol.pauseProducing()
         # What the last connection took and never acked goes first, in the
         # order it was sent; then what waited in the queue.
         for deliveryId, message in list(self._unacked.items()):
@@ -474,6 +479,16 @@ class BridgeLink(Service):
                 why=failure.value,
             )
             self.broker.reject(self, deliveryId, BRIDGE_REFUSED)
+
+    def pausePublishing(self):
+        self._held = True
+        if self.protocol is not None:
+            self.protocol.pauseProducing()
+
+    def resumePublishing(self):
+        self._held = False
+        if self.protocol is not None:
+            self.protocol.resumeProducing()
 
     def disconnect(self, reason):
         # Only the broker's shutdown asks (the link's queue drops its

@@ -39,7 +39,42 @@ from dallal.server.requests import RequestHandler, helloLimits
 # Seconds a refused connection is given to read its ERR and close.
 REFUSAL_GRACE = 2.0
 
+# Why a connection's reading is paused (L{ReadPause}): its password is
+# being checked, or a subscriber it publishes to has a full queue.
+LOGIN_CHECK = "login_check"
+CONGESTION = "congestion"
 
+
+class ReadPause:
+    """
+    The reasons a connection's reading is paused: it reads nothing while
+    any is left, and reads again, buffered frames first, once the last one
+    is gone.
+
+    Pausing stops both the transport (C{pauseProducing}: the kernel's
+    buffers fill and TCP's window closes on the peer) and the frames already
+    read and not yet handled (L{LineReceiver}'s paused state), so that a
+    pause takes effect after the frame being handled.
+    """
+
+    def __init__(self, protocol):
+        self._protocol = protocol
+        self._reasons = set()
+
+    def __contains__(self, reason):
+        return reason in self._reasons
+
+    def add(self, reason):
+        if not self._reasons:
+            self._protocol.pauseProducing()
+        self._reasons.add(reason)
+
+    def discard(self, reason):
+        if reason not in self._reasons:
+            return
+        self._reasons.remove(reason)
+        if not self._reasons and not self._protocol.transport.disconnecting:
+            self._protocol.resumeProducing()
 
 
 class WriteBatch:
@@ -165,6 +200,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         # Frames written while a batch is open, in order.
         self._output = []
         self._loginDeadline = None
+        self.readPause = ReadPause(self)
 
     def connectionMade(self):
         if self._connections is not None:
@@ -328,7 +364,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
             # Read nothing more until the password is checked: requests
             # pipelined after the HELLO are then served, or not, as the
             # login decides.
-            self.pauseProducing()
+            self.readPause.add(LOGIN_CHECK)
             user, password = credentials
             gatekeeper.login(user, password, hello.clientId).addCallbacks(
                 self._loginSucceeded,
@@ -345,7 +381,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         self._userName = user.name
         self.broker.login(self, user)
         self._answerHello(hello)
-        self.resumeProducing()
+        self.readPause.discard(LOGIN_CHECK)
 
     def _loginFailed(self, failure, hello):
         """
@@ -367,7 +403,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
 
     def _loginTimedOut(self):
         self._loginDeadline = None
-        if self.paused or not self._attached:
+        if LOGIN_CHECK in self.readPause or not self._attached:
             # Its password is being checked: the check decides.
             return
         self.refuse(
@@ -457,6 +493,12 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
             else:
                 frame = wire.encodeMessage(message, subscriptionId, seq, deliveryId, redelivered)
             self._write(frame)
+
+    def pausePublishing(self):
+        self.readPause.add(CONGESTION)
+
+    def resumePublishing(self):
+        self.readPause.discard(CONGESTION)
 
     def disconnect(self, reason):
         self._closeReason = reason
