@@ -221,6 +221,38 @@ def test_twoPublishersFeedingOneSubscriberAreHeldAndLetGoTogether():
     assert bench.drops() == []
 
 
+def test_publishersResumedTogetherAreHeldAgainOneMessageEach():
+    """
+    Publishers let go together are resumed in the order they were held: the
+    first at once publishes what it had buffered and fills the queue again,
+    and is held again; the next is resumed all the same, and held again by
+    its own first message.  Each adds one message beyond the bound.
+    """
+    bench = Bench(maxInflight=1, maxQueued=2)
+    subscriber = bench.subscribe(ALL)
+    other = bench.attach()
+    bench.publish(*payloads(4))
+    bench.broker.publish(other, "news", b"o1", "q")
+    for _ in range(3):
+        ackEach(bench, subscriber)
+    resume = bench.publisher.resumePublishing
+    order = []
+
+    def resumeAndPublishBuffered():
+        order.append("publisher")
+        resume()
+        bench.publish(b"b1", b"b2")
+
+    bench.publisher.resumePublishing = resumeAndPublishBuffered
+    bench.clock.advance(0)
+    assert order == ["publisher"]
+    assert (bench.publisher.publishingPaused, other.publishingPaused) == (True, False)
+    bench.broker.publish(other, "news", b"o2", "q")
+    assert (bench.publisher.pauses, other.pauses) == (2, 2)
+    assert heldCounters(bench) == (4, 2)
+    assert bench.drops() == []
+
+
 def test_oneCongestedSubscriberSlowsItsPublisherForTheOthersUntilItStalls():
     """
     A publisher held back by one subscriber publishes nothing to the others

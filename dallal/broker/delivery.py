@@ -191,7 +191,7 @@ class Outbox:
     @param sid: the session's id, for events.
     @param ledger: the broker's L{Ledger}, which counts and logs.
     @param flow: the broker's L{FlowControl}, which holds publishers back.
-    @ivar holding: the publishing sessions this outbox holds back.
+    @ivar holding: the publishing sessions this outbox holds back (as keys).
     @ivar stalled: whether its subscriber made no progress for the stall
         timeout with a full queue: until it makes some, a full queue drops
         or disconnects instead of holding publishers back.
@@ -204,7 +204,8 @@ class Outbox:
         self.clock = clock
         self.ledger = ledger
         self.flow = flow
-        self.holding = set()
+        # A dict, for the order: publishers go on in the order they were held.
+        self.holding = {}
         self.stalled = False
         # While publishers are held back: when the subscriber last made
         # progress (or the hold began), and the timer that looks for a stall.
@@ -647,13 +648,13 @@ class FlowControl:
             if self._resuming.pop(publisher, None) is None:
                 publisher.pausePublishing()
         holders.add(outbox)
-        outbox.holding.add(publisher)
+        outbox.holding[publisher] = True
 
     def release(self, outbox):
         """
         C{outbox} holds nobody back any more.
         """
-        holding, outbox.holding = outbox.holding, set()
+        holding, outbox.holding = outbox.holding, {}
         for publisher in holding:
             holders = self._heldBy.get(publisher)
             if holders is None:
@@ -681,7 +682,7 @@ class FlowControl:
         if holders is not None:
             self.counters["publishers_held"] -= 1
             for outbox in holders:
-                outbox.holding.discard(publisher)
+                outbox.holding.pop(publisher, None)
 
 
 # The counters the ledger keeps (docs/EVENTS.md describes them).
