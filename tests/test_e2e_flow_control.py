@@ -18,6 +18,7 @@ from test_e2e_delivery import (  # noqa: F401 (startBroker, subscribers: fixture
     startBroker,
     subscribers,
 )
+from test_e2e_udp import UdpBroker
 
 BURST = 2000
 # Seconds the fire subscriber stops reading: less than the stall timeout,
@@ -25,12 +26,14 @@ BURST = 2000
 PAUSE = 1.5
 
 
-def publishBurst(port, topic, message, count=BURST):
+def publishBurst(port, topic, message, count=BURST, transport=()):
     """
     C{dallal publish --count}: every PUB written at once, then the acks
     awaited.
+
+    @param transport: C{("--udp",)} to publish over UDP.
     """
-    result = dallal("127.0.0.1", port, "publish", "--count", count, topic, message)
+    result = dallal(*transport, "127.0.0.1", port, "publish", "--count", count, topic, message)
     assert (result.stdout, result.stderr, result.returncode) == (PUBLISHED, b"", 0)
 
 
@@ -57,6 +60,28 @@ def test_aBurstToAReadingSubscriberLosesNothing(startBroker, subscribers):
     assert reader.gaps() == []
     counters = stats(broker.port)
     assert (counters["published"], counters["dropped"]) == (BURST, 0)
+
+
+def test_aUdpBurstIsAnsweredBusyAndResentNotDropped(tmp_path, subscribers):
+    """
+    A burst over UDP: the broker answers C{BUSY} while the queue is full,
+    and C{dallal --udp publish} resends until each message is taken.  (Fewer
+    messages than the 1,024 answers the broker remembers per UDP client, and
+    a smaller queue to fill.)
+    """
+    count = 500
+    broker = UdpBroker(tmp_path, "--max-inflight", "10", "--max-queued", "50")
+    try:
+        reader = subscribers(broker.tcpPort, "al", "all")
+        publishBurst(broker.udpPort, "al", "m", count, transport=("--udp",))
+        reader.waitForLines(count)
+        counters = stats(broker.tcpPort)
+        assert reader.stop() == 0
+    finally:
+        broker.process.stop()
+    assert reader.payloads() == [b"m"] * count
+    assert (counters["published"], counters["dropped"]) == (count, 0)
+    assert counters["publishes_busy"] > 0
 
 
 def test_aFireSubscriberThatPausesIsSlowedDownNotDropped(startBroker, subscribers):
