@@ -14,7 +14,7 @@ import pytest
 from dallal.broker.core import BrokerConfig
 from dallal.broker.delivery import ALL, DISCONNECT, FIRE, DeliveryConfig
 from dallal.server.tcp import CONGESTION, LOGIN_CHECK, ReadPause
-from helpers import decodeFrames
+from helpers import PING_INTERVAL, decodeFrames
 from test_delivery import (
     Bench,
     Sent,
@@ -323,6 +323,29 @@ def test_aHeldTcpPublisherIsNotReadUntilTheQueueDrains():
     assert [payload for _, payload, _ in deliveries(subscriber)] == payloads(6)
     assert deliveryCounters(harness)["dropped"] == 0
     assertAccountsAgree(harness)
+
+
+def test_aHeldTcpPublisherIsNotDroppedForThePongsItCouldNotSend():
+    """
+    While its connection is not read, a publisher's silence proves nothing:
+    it is neither pinged nor dropped, however long a subscriber that keeps
+    acking holds it back.
+    """
+    harness = harnessWith(maxInflight=1, maxQueued=100)
+    subscriber = connectSubscribed(harness, b"SUB 1 news mode=all")
+    publisher = harness.connect()
+    publisher.send(b"".join(b"PUB p%d news 1\r\nx\r\n" % number for number in range(105)))
+    assert publisher.received().count(b"PUBACK") == 102
+    # An ack every 4 s, within the stall timeout, for more than the five
+    # ping intervals that drop a client that does not answer.
+    for deliveryId in range(1, 16):
+        harness.clock.advance(4)
+        subscriber.send(b"ACK %d\r\n" % deliveryId)
+    assert harness.clock.seconds() > 5 * PING_INTERVAL
+    assert publisher.transport.producerState == "paused"
+    assert publisher.received() == b""
+    assert not publisher.closing
+    assert harness.fields("ping_missed") == []
 
 
 def test_aClientThatPublishesToItselfKeepsReading():

@@ -499,6 +499,10 @@ class BridgeLink(Service):
     # IPingable: the remote must answer the link's pings while it is up.
 
     def sendPing(self):
+        if self._held:
+            # The connection is not read meanwhile: a PONG could not be.
+            self.sweep.heardFrom(self)
+            return
         self.protocol.ping().addCallbacks(
             lambda _: self.sweep.pongReceived(self), lambda failure: None
         )

@@ -515,6 +515,12 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
     # IPingable
 
     def sendPing(self):
+        if CONGESTION in self.readPause:
+            # Not read because a subscriber is full, for as long as that
+            # subscriber makes progress: its PONG could not be read, so its
+            # silence proves nothing.
+            self.sweep.heardFrom(self)
+            return
         self.sendFrame(wire.PING_FRAME)
 
     def pingMissed(self, missed):
