@@ -118,18 +118,26 @@ def firehose(options):
         finally:
             broker.stop()
     delivered = subscription.messages
-    print(f"mode {options.mode}: {options.messages:,} PUBs of {options.payload} bytes "
-          f"in one sendall ({len(frames) / 1e6:.1f} MB), one subscriber")
-    print(f"delivered   {delivered:,} / {options.messages:,} "
-          f"({100 * delivered / options.messages:.1f}%)")
+    print(
+        f"mode {options.mode}: {options.messages:,} PUBs of {options.payload} bytes "
+        f"in one sendall ({len(frames) / 1e6:.1f} MB), one subscriber"
+    )
+    print(
+        f"delivered   {delivered:,} / {options.messages:,} "
+        f"({100 * delivered / options.messages:.1f}%)"
+    )
     print(f"PUBACKs     {acks.acks:,}")
-    print(f"broker      dropped {counters['dropped']:,} "
-          f"(queue_full {counters['dropped_queue_full']:,}), "
-          f"publishers_paused {counters.get('publishers_paused', '-')}, "
-          f"slow_consumers {counters.get('slow_consumers', '-')}")
-    print(f"time        sendall returned after {written:.2f} s, last PUBACK "
-          f"{acked:.2f} s, last message {elapsed:.2f} s: "
-          f"{delivered / elapsed:,.0f} deliveries/s")
+    print(
+        f"broker      dropped {counters['dropped']:,} "
+        f"(queue_full {counters['dropped_queue_full']:,}), "
+        f"publishers_paused {counters.get('publishers_paused', '-')}, "
+        f"slow_consumers {counters.get('slow_consumers', '-')}"
+    )
+    print(
+        f"time        sendall returned after {written:.2f} s, last PUBACK "
+        f"{acked:.2f} s, last message {elapsed:.2f} s: "
+        f"{delivered / elapsed:,.0f} deliveries/s"
+    )
     print(f"broker CPU  {cpu:.2f} s: {delivered / cpu:,.0f} deliveries per CPU-second")
     print(f"peak RSS    {peak / 2**20:.1f} MiB (VmHWM)")
     print(f"broker      {broker.reproduce()}")
@@ -142,9 +150,10 @@ def main(argv=None):
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--payload", type=int, default=64, help="bytes per message")
     parser.add_argument(
-        "--broker-option", action="append", default=[],
-        help="an option for twistd dallal, such as --broker-option=--stall-timeout=2 "
-        "(repeatable)",
+        "--broker-option",
+        action="append",
+        default=[],
+        help="an option for twistd dallal, such as --broker-option=--stall-timeout=2 (repeatable)",
     )
     options = parser.parse_args(argv)
     firehose(options)

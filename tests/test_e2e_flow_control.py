@@ -97,7 +97,8 @@ def test_aFireSubscriberThatPausesIsSlowedDownNotDropped(startBroker, subscriber
     # to the subscriber and the broker's queue for it hold.
     message = "x" * 4096
     publisher = OutputCollector(
-        [DALLAL, "127.0.0.1", broker.port, "publish", "--count", BURST, "f", message], None
+        [DALLAL, "127.0.0.1", broker.port, "publish", "--count", BURST, "f", message],
+        None,
     )
     try:
         time.sleep(PAUSE)
@@ -134,7 +135,10 @@ def test_aStoppedSubscriberHoldsThePublisherOnlyForTheStallTimeout(startBroker, 
     # of what it matched was dropped, oldest first.
     config = DeliveryConfig()
     held = config.maxInflight + config.maxQueued
-    assert (counters["inflight"], counters["dropped_queue_full"]) == (held, BURST - held)
+    assert (counters["inflight"], counters["dropped_queue_full"]) == (
+        held,
+        BURST - held,
+    )
     assert counters["acked"] == BURST
     assert reader.stop() == 0
     assert reader.payloads() == [b"m"] * BURST

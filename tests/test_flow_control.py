@@ -17,7 +17,6 @@ from dallal.server.tcp import CONGESTION, LOGIN_CHECK, ReadPause
 from helpers import PING_INTERVAL, decodeFrames
 from test_delivery import (
     Bench,
-    Sent,
     assertAccountsAgree,
     connectSubscribed,
     deliveries,
@@ -417,7 +416,11 @@ def test_aHeldUdpPublisherIsAnsweredBusyUntilTheQueueDrains():
     publisher.publish(b"5", b"news", b"m5")
     assert publisher.received() == [b"PUBACK 5\r\n"]
     counters = harness.broker.counters
-    assert (counters["published"], counters["publishes_busy"], counters["errors"]) == (5, 1, 1)
+    assert (counters["published"], counters["publishes_busy"], counters["errors"]) == (
+        5,
+        1,
+        1,
+    )
     assert harness.fields("protocol_error") == []
     subscriber.send(b"ACK 4\r\n")
     assert [payload for _, payload, _ in deliveries(subscriber)] == payloads(5)
