@@ -10,9 +10,11 @@ BUSY} its client resends -- over in-memory transports.
 """
 
 import pytest
+from twisted.python import usage
 
 from dallal.broker.core import BrokerConfig
 from dallal.broker.delivery import ALL, DISCONNECT, FIRE, DeliveryConfig
+from dallal.server.tap import brokerConfig
 from dallal.server.tcp import CONGESTION, LOGIN_CHECK, ReadPause
 from helpers import PING_INTERVAL, decodeFrames
 from test_delivery import (
@@ -24,6 +26,7 @@ from test_delivery import (
     harnessWith,
     payloads,
 )
+from test_limits import parsed
 from test_udp import FakeBroker, UdpHarness
 
 STALL = 5.0
@@ -439,3 +442,14 @@ def test_udpClientResendsABusyPublishUntilItIsTaken():
     broker.answer(b"PUBACK 3\r\n")
     assert published == [None]
     assert broker.client.serverErrors == []
+
+
+# The option.
+
+
+def test_stallTimeoutOption():
+    assert brokerConfig(parsed()).delivery.stallTimeout == STALL
+    assert brokerConfig(parsed("--stall-timeout", "0.5")).delivery.stallTimeout == 0.5
+    for value in ("0", "-1", "soon"):
+        with pytest.raises(usage.UsageError):
+            parsed("--stall-timeout", value)
