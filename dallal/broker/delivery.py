@@ -634,9 +634,6 @@ class FlowControl:
         for name in FLOW_COUNTERS:
             counters[name] = 0
 
-    def isHeld(self, publisher):
-        return publisher in self._heldBy
-
     def hold(self, publisher, outbox):
         holders = self._heldBy.get(publisher)
         if holders is None:
