@@ -15,7 +15,7 @@ from twisted.python import usage
 from dallal.broker.core import BrokerConfig
 from dallal.broker.delivery import ALL, DISCONNECT, FIRE, DeliveryConfig
 from dallal.server.tap import brokerConfig
-from dallal.server.tcp import CONGESTION, LOGIN_CHECK, ReadPause
+from dallal.server.tcp import CONGESTION, LOGIN_CHECK
 from helpers import PING_INTERVAL, decodeFrames
 from test_delivery import (
     Bench,
@@ -153,6 +153,23 @@ def test_aStalledSubscriberIsASlowConsumerAndDropsOldest(mode):
     counters = bench.counters()
     assert (counters["slow_consumers"], counters["dropped_queue_full"]) == (1, 2)
     bench.assertAccountsAgree()
+
+
+def test_aDrainingSocketIsNoProgressWhileAcksAreAwaited():
+    """
+    An C{all} subscriber whose window is full makes progress only by
+    acking: its transport draining (a peer that reads nothing still does,
+    for a while, into the kernel's growing buffers) does not keep it from
+    being a slow consumer.
+    """
+    bench = Bench(maxInflight=1, maxQueued=2)
+    subscriber = bench.subscribe(ALL)
+    bench.publish(*payloads(4))
+    bench.clock.advance(STALL - 1)
+    bench.broker.pauseDelivery(subscriber)
+    bench.broker.resumeDelivery(subscriber)
+    bench.clock.advance(1)
+    assert [event["idle"] for event in bench.harness.fields("slow_consumer")] == [STALL]
 
 
 def test_progressAfterAStallBringsBackpressure():
@@ -359,39 +376,25 @@ def test_aClientThatPublishesToItselfKeepsReading():
     assert answers.count(b"PUBACK") == 5
 
 
-class PausableProtocol:
-    """
-    The side of a L{LineReceiver} a L{ReadPause} drives.
-    """
-
-    class transport:
-        disconnecting = False
-
-    def __init__(self):
-        self.calls = []
-
-    def pauseProducing(self):
-        self.calls.append("pause")
-
-    def resumeProducing(self):
-        self.calls.append("resume")
-
-
 def test_readingResumesOnceNoReasonIsLeft():
     """
     A login checked while a subscriber's queue is full does not resume
     reading, nor the other way round.
     """
-    protocol = PausableProtocol()
-    pause = ReadPause(protocol)
-    pause.add(LOGIN_CHECK)
-    pause.add(CONGESTION)
-    pause.discard(LOGIN_CHECK)
-    assert protocol.calls == ["pause"]
-    assert CONGESTION in pause and LOGIN_CHECK not in pause
-    pause.discard(LOGIN_CHECK)
-    pause.discard(CONGESTION)
-    assert protocol.calls == ["pause", "resume"]
+    harness = harnessWith()
+    client = harness.connect()
+    protocol = client.protocol
+    protocol.pauseReading(LOGIN_CHECK)
+    protocol.pauseReading(CONGESTION)
+    protocol.resumeReading(LOGIN_CHECK)
+    assert client.transport.producerState == "paused"
+    assert CONGESTION in protocol.readPause and LOGIN_CHECK not in protocol.readPause
+    client.send(b"PING\r\n")
+    assert client.received() == b""
+    protocol.resumeReading(LOGIN_CHECK)
+    protocol.resumeReading(CONGESTION)
+    assert client.transport.producerState == "producing"
+    assert client.received() == b"PONG\r\n"
 
 
 # What a UDP publisher sees.

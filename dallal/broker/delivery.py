@@ -366,7 +366,10 @@ class Outbox:
         The transport's buffer drained: send what waits.
         """
         self.paused = False
-        if self.holding or self.stalled:
+        if (self.holding or self.stalled) and self._windowUsed < self.config.maxInflight:
+            # Progress, unless acks are what the queue waits for: then only
+            # they are (a peer that reads nothing still drains for a while,
+            # into the kernel's buffers as they grow).
             self._progressed()
         self._flush()
 

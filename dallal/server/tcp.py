@@ -49,32 +49,35 @@ class ReadPause:
     """
     The reasons a connection's reading is paused: it reads nothing while
     any is left, and reads again, buffered frames first, once the last one
-    is gone.
+    is gone (L{BrokerProtocol.pauseReading}, L{BrokerProtocol.resumeReading}).
 
-    Pausing stops both the transport (C{pauseProducing}: the kernel's
-    buffers fill and TCP's window closes on the peer) and the frames already
-    read and not yet handled (L{LineReceiver}'s paused state), so that a
-    pause takes effect after the frame being handled.
+    It keeps no reference to its connection: a connection is freed as soon
+    as it ends, with what it had buffered, rather than by the cyclic garbage
+    collector some time later.
     """
 
-    def __init__(self, protocol):
-        self._protocol = protocol
+    def __init__(self):
         self._reasons = set()
 
     def __contains__(self, reason):
         return reason in self._reasons
 
     def add(self, reason):
-        if not self._reasons:
-            self._protocol.pauseProducing()
+        """
+        @return: whether reading stops now: C{reason} is the first.
+        """
+        first = not self._reasons
         self._reasons.add(reason)
+        return first
 
     def discard(self, reason):
+        """
+        @return: whether reading goes on now: C{reason} was the last.
+        """
         if reason not in self._reasons:
-            return
+            return False
         self._reasons.remove(reason)
-        if not self._reasons and not self._protocol.transport.disconnecting:
-            self._protocol.resumeProducing()
+        return not self._reasons
 
 
 class WriteBatch:
@@ -200,7 +203,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         # Frames written while a batch is open, in order.
         self._output = []
         self._loginDeadline = None
-        self.readPause = ReadPause(self)
+        self.readPause = ReadPause()
 
     def connectionMade(self):
         if self._connections is not None:
@@ -281,6 +284,23 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
             self.transport.loseConnection()
 
     # Incoming frames
+
+    def pauseReading(self, reason):
+        """
+        Read nothing more for C{reason}: neither from the transport (the
+        kernel's buffers fill, and TCP's window closes on the peer) nor
+        what was read and not yet handled (L{LineReceiver}'s paused state),
+        so that the pause takes effect after the frame being handled.
+        """
+        if self.readPause.add(reason):
+            self.pauseProducing()
+
+    def resumeReading(self, reason):
+        """
+        C{reason} is gone: read again if it was the last.
+        """
+        if self.readPause.discard(reason) and not self.transport.disconnecting:
+            self.resumeProducing()
 
     def dataReceived(self, data):
         # Any bytes prove the client alive: the sweep need not ping it.
@@ -364,7 +384,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
             # Read nothing more until the password is checked: requests
             # pipelined after the HELLO are then served, or not, as the
             # login decides.
-            self.readPause.add(LOGIN_CHECK)
+            self.pauseReading(LOGIN_CHECK)
             user, password = credentials
             gatekeeper.login(user, password, hello.clientId).addCallbacks(
                 self._loginSucceeded,
@@ -381,7 +401,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         self._userName = user.name
         self.broker.login(self, user)
         self._answerHello(hello)
-        self.readPause.discard(LOGIN_CHECK)
+        self.resumeReading(LOGIN_CHECK)
 
     def _loginFailed(self, failure, hello):
         """
@@ -495,10 +515,10 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
             self._write(frame)
 
     def pausePublishing(self):
-        self.readPause.add(CONGESTION)
+        self.pauseReading(CONGESTION)
 
     def resumePublishing(self):
-        self.readPause.discard(CONGESTION)
+        self.resumeReading(CONGESTION)
 
     def disconnect(self, reason):
         self._closeReason = reason
