@@ -173,8 +173,9 @@ class DeliveryWindow:
 
     The broker acknowledges a PUB once it is queued, so the PUB window alone
     lets the publisher outrun delivery: in C{all} mode, where each delivery
-    waits for an ACK, the broker's per-subscriber queue overflows and
-    C{drop-oldest} drops the excess.  This keeps the run lossless.  The
+    waits for an ACK, the broker's per-subscriber queue fills, and holds
+    the publisher back (a broker without flow control drops the excess).
+    This keeps the run steady, and lossless on any broker.  The
     subscriber process adds what it receives to a counter in shared memory,
     which the publisher reads.
     """

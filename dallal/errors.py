@@ -29,6 +29,10 @@ TOO_MANY_SUBSCRIPTIONS = "TOO_MANY_SUBSCRIPTIONS"
 TOO_MANY_TOPICS = "TOO_MANY_TOPICS"
 # The broker is stopping: it finishes what is in flight, takes nothing new.
 SHUTTING_DOWN = "SHUTTING_DOWN"
+# Over UDP: a subscriber this client publishes to has a full queue; nothing
+# was published, and the client resends later (a TCP connection is not
+# read instead).
+BUSY = "BUSY"
 
 # Who may do what: a request before the client logged in (on a broker with
 # --passwords), a login refused (a bad user name or password), a topic the

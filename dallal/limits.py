@@ -118,8 +118,10 @@ UDP_CLIENTS = Limit("udp_clients", TOO_MANY_CLIENTS)
 # Over the rate, a HELLO is dropped unanswered: an answer is what a forger
 # of source addresses would want.
 HELLO_RATE = Limit("hello_rate", None)
-# A client's delivery queue (dallal.broker.delivery): what a full one costs is
-# its slow-consumer policy's, seen as a gap in seq or a closed connection.
+# A client's delivery queue (dallal.broker.delivery): a full one holds its
+# publishers back; what it costs once its client is a slow consumer (or for
+# a message nothing could hold back) is its slow-consumer policy's, seen as
+# a gap in seq or a closed connection.
 QUEUED_MESSAGES = Limit("queued_messages", None)
 QUEUED_BYTES = Limit("queued_bytes", None)
 # A TCP client that does not read its answers: it cannot read an ERR

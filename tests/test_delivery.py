@@ -120,6 +120,9 @@ class RecordingSubscriber:
         self.sent = []
         self.disconnected = []
         self.revoked = []
+        # Whether the core told it to stop publishing, and how many times.
+        self.publishingPaused = False
+        self.pauses = 0
 
     def sendMessage(self, message, subscriptionId, seq, deliveryId, redelivered):
         self.sent.append(Sent(message.payload, subscriptionId, seq, deliveryId, redelivered))
@@ -129,6 +132,15 @@ class RecordingSubscriber:
 
     def subscriptionRevoked(self, subscriptionId, reason):
         self.revoked.append((subscriptionId, reason))
+
+    def pausePublishing(self):
+        assert not self.publishingPaused
+        self.publishingPaused = True
+        self.pauses += 1
+
+    def resumePublishing(self):
+        assert self.publishingPaused
+        self.publishingPaused = False
 
     def take(self):
         """
@@ -174,6 +186,13 @@ class Bench:
         for payload in payloads:
             message = self.broker.publish(self.publisher, topic, payload, "p")
             self._payloads[message.mid] = payload
+
+    def stall(self):
+        """
+        Let the stall timeout pass: a subscriber that made no progress in
+        it, with a full queue, is a slow consumer.
+        """
+        self.clock.advance(self.broker.config.delivery.stallTimeout)
 
     def ack(self, subscriber, *deliveryIds):
         for deliveryId in deliveryIds:
@@ -382,12 +401,16 @@ def test_latestWaitingMessageSupersedesTheUnackedOne():
 
 def test_dropOldestDropsTheOldestQueuedMessage():
     """
-    C{drop-oldest}: a full queue drops its oldest message for each new one
-    (C{queue_full}), and the subscriber sees the gap in C{seq}.
+    C{drop-oldest}: once the subscriber is a slow consumer, its full queue
+    drops its oldest message for each new one (C{queue_full}), and the
+    subscriber sees the gap in C{seq}.
     """
     bench = Bench(maxInflight=1, maxQueued=2)
     subscriber = bench.subscribe(ALL)
-    bench.publish(*payloads(5))
+    bench.publish(*payloads(4))
+    assert bench.drops() == []
+    bench.stall()
+    bench.publish(b"m5")
     assert subscriber.takePayloads() == [b"m1"]
     assert bench.drops() == [
         (b"m2", subscriber.sid, "queue_full"),
@@ -417,7 +440,9 @@ def test_dropOldestKeepsTheQueueWithinItsBytes():
     """
     bench = Bench(maxQueuedBytes=10)
     subscriber = pausedFireSubscriber(bench)
-    bench.publish(b"m1--", b"m2--", b"m3--", b"m4--")
+    bench.publish(b"m1--", b"m2--", b"m3--")
+    bench.stall()
+    bench.publish(b"m4--")
     assert subscriber.take() == []
     assert bench.drops() == [
         (b"m1--", subscriber.sid, "queue_full"),
@@ -515,21 +540,26 @@ def test_lateDuplicateAndUnknownAcksAreIgnored():
 
 def test_disconnectPolicyClosesTheSlowConsumer():
     """
-    C{disconnect}: a full queue drops the new message (C{slow_consumer})
-    and closes the connection; what arrives before it is gone is dropped
-    for the same reason, and what it held when it went as C{disconnected}.
+    C{disconnect}: a subscriber whose full queue held its publisher back
+    for the stall timeout without an ack is closed; what arrives before it
+    is gone is dropped (C{slow_consumer}), and what it held when it went as
+    C{disconnected}.
     """
     harness = harnessWith(slowConsumer=DISCONNECT, maxInflight=1, maxQueued=2)
     subscriber = connectSubscribed(harness, b"SUB 1 news mode=all")
     publisher = harness.connect()
-    publishOver(publisher, b"news", b"m1", b"m2", b"m3")
+    publishOver(publisher, b"news", b"m1", b"m2", b"m3", b"m4")
     assert [payload for _, payload, _ in deliveries(subscriber)] == [b"m1"]
+    publisher.send(b"PUB p news 2\r\nm5\r\n")
+    assert publisher.received() == b""
+    harness.clock.advance(DeliveryConfig().stallTimeout - 0.1)
     assert not subscriber.closing
-    publishOver(publisher, b"news", b"m4", b"m5")
+    harness.clock.advance(0.1)
     assert subscriber.closing
+    assert publisher.received() == b"PUBACK p\r\n"
     assert subscriber.received() == b""
     counters = deliveryCounters(harness)
-    assert (counters["dropped_slow_consumer"], counters["dropped_disconnected"]) == (2, 0)
+    assert (counters["dropped_slow_consumer"], counters["dropped_disconnected"]) == (1, 0)
     subscriber.lose()
     (disconnect,) = harness.fields("disconnect")
     assert (disconnect["client"], disconnect["reason"]) == (subscriber.address, "slow_consumer")
@@ -538,7 +568,7 @@ def test_disconnectPolicyClosesTheSlowConsumer():
         (1, "disconnected"),
         (2, "disconnected"),
         (3, "disconnected"),
-        (4, "slow_consumer"),
+        (4, "disconnected"),
         (5, "slow_consumer"),
     ]
     counters = deliveryCounters(harness)

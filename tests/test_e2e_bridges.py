@@ -360,10 +360,12 @@ def loadNumbers(messageEvents):
 def test_hubRestartDuringTraffic(brokers):
     hub, leaf1, leaf2 = freePorts(3)
     bridge = ["--bridge", f"hub=tcp:127.0.0.1:{hub}"]
-    # The first leaf queues at most 10 messages while the hub is away.
+    # The first leaf queues at most 10 messages while the hub is away, and
+    # holds its publisher back for half a second only: then its bridge is a
+    # slow consumer, and its queue drops its oldest.
     brokers.start(
         ("hub", hub, []),
-        ("leaf1", leaf1, [*bridge, "--max-queued", "10"]),
+        ("leaf1", leaf1, [*bridge, "--max-queued", "10", "--stall-timeout", "0.5"]),
         ("leaf2", leaf2, bridge),
     )
     brokers.waitUp("leaf1", "hub")

@@ -142,6 +142,14 @@ def exerciseEveryEvent():
     latest.send(b"SUB 5 one/too/many\r\n")
     # The ACL read again takes alice's news away: her subscriptions to it end.
     harness.broker.revisePermissions(parseAcl("user alice\ntopic readwrite kept/#\n").permissionsFor)
+    # A subscriber that never acks holds a publisher back with its full
+    # queue (the window of 100, then one queued and one beyond), until it
+    # is a slow consumer.
+    flooder, stuck = loggedIn(), loggedIn()
+    stuck.send(b"SUB 6 flood mode=" + ALL.encode() + b"\r\n")
+    for number in range(DeliveryConfig().maxInflight + 2):
+        flooder.send(b"PUB f%d flood 1\r\nf\r\n" % number)
+    harness.clock.advance(DeliveryConfig().stallTimeout)
     harness.clock.advance(1.0)
     harness.clock.advance(1.0)
     # Nobody answers pings: the first sweep spares the clients that spoke

@@ -134,6 +134,7 @@ def _slowConsumer(harness, client):
     client.send(b"SUB 1 news mode=all\r\n")
     publisher = harness.connect()
     publisher.send(b"PUB 1 news 1\r\na\r\nPUB 2 news 1\r\nb\r\nPUB 3 news 1\r\nc\r\n")
+    harness.clock.advance(DeliveryConfig().stallTimeout)
     assert client.closing
     client.lose()
     publisher.lose()
@@ -761,8 +762,9 @@ def test_clientOverTheConnectionLimitIsToldWhy(tmp_path):
 def test_queueLimits(delivery, payloads, limit):
     """
     With one message in flight unacked, the queue behind it takes up to its
-    limit; the next message finds it full.  Once the client acks, a place
-    is free again.
+    limit; the next message finds it full, and once the client is a slow
+    consumer (no ack for the stall timeout) one message is dropped.  Once
+    the client acks, a place is free again.
     """
     harness = BrokerHarness(BrokerConfig(delivery=delivery))
     subscriber, publisher = harness.connect(), harness.connect()
@@ -771,6 +773,8 @@ def test_queueLimits(delivery, payloads, limit):
         publisher.send(b"PUB %d news %d\r\n%s\r\n" % (number, len(payload), payload))
     assert harness.broker.stats()[limit.counter] == 0
     publisher.send(b"PUB 9 news 1\r\nz\r\n")
+    assert harness.broker.stats()[limit.counter] == 0
+    harness.clock.advance(delivery.stallTimeout)
     stats = harness.broker.stats()
     assert (stats[limit.counter], stats["dropped_queue_full"]) == (1, 1)
     [event] = limitEvents(harness)

@@ -18,6 +18,7 @@ from twisted.logger import Logger, LogLevel
 from dallal.security.acl import READ, WRITE
 from dallal.broker.delivery import (
     DeliveryConfig,
+    FlowControl,
     Ledger,
     Outbox,
     Subscription,
@@ -294,6 +295,7 @@ class Broker:
         self.limits = LimitLog(clock, self.counters, self.events)
         self.errorLog = ErrorLog(clock, self.events)
         self.ledger = Ledger(self.counters, self.events, self.limits)
+        self.flow = FlowControl(clock, self.counters)
 
     # Sessions
 
@@ -308,7 +310,7 @@ class Broker:
         self._nextSid += 1
         if delivery is None:
             delivery = self.config.delivery
-        outbox = Outbox(subscriber, sid, delivery, self.clock, self.ledger)
+        outbox = Outbox(subscriber, sid, delivery, self.clock, self.ledger, self.flow)
         session = _Session(sid, subscriber, outbox)
         self._sessions[subscriber] = session
         self.counters["connections"] += 1
@@ -333,6 +335,7 @@ class Broker:
             return
         for topicFilter in session.subscriptions:
             self._forgetFilter(topicFilter, subscriber)
+        self.flow.forget(subscriber)
         session.outbox.close(session.subscriptions.values())
         self.counters["subscriptions"] -= len(session.subscriptions)
         self.counters["connections"] -= 1
@@ -923,6 +926,7 @@ class Broker:
             self._sessions[subscriber].sid,
             subscriber.peer,
             subscriber.transportName,
+            subscriber,
         )
         return message
 
@@ -990,7 +994,9 @@ class Broker:
             for subscription in self._routeOf(topic)
             if subscription.outbox.subscriber is not subscriber
         ]
-        self._offer(message, receivers, session.sid, subscriber.peer, subscriber.transportName)
+        self._offer(
+            message, receivers, session.sid, subscriber.peer, subscriber.transportName, subscriber
+        )
         return message
 
     def originOf(self, message):
@@ -1024,7 +1030,7 @@ class Broker:
         counters["sys_published"] += 1
         self._offer(message, receivers, 0, OWN_PUBLISHER, OWN_TRANSPORT)
 
-    def _offer(self, message, receivers, sid, peer, transportName):
+    def _offer(self, message, receivers, sid, peer, transportName, publisher=None):
         """
         Hand a new message to the subscriptions that want it, one per
         session.
@@ -1032,6 +1038,10 @@ class Broker:
         @param receivers: the subscriptions L{_routeOf} found for its topic.
         @param sid: the publishing session's id, C{peer} its address and
             C{transportName} its transport, for the C{publish} event.
+        @param publisher: the publishing session, which a full queue holds
+            back (never its own: a session that publishes to itself must
+            not stop itself reading its acks); C{None} for the broker's own
+            messages.
         """
         if self._restricted and receivers:
             receivers = self._readers(receivers, message.topic)
@@ -1050,7 +1060,10 @@ class Broker:
                 hops=0 if message.origin is None else message.origin.hops,
             )
         for subscription in receivers:
-            subscription.outbox.offer(subscription, message)
+            outbox = subscription.outbox
+            outbox.offer(
+                subscription, message, None if outbox.subscriber is publisher else publisher
+            )
 
     def _routeOf(self, topic):
         """

@@ -13,8 +13,16 @@ Every session has one L{Outbox}.  A subscription names its delivery mode:
 
 Whatever the mode, a session whose transport stops draining (the peer stops
 reading) is paused: nothing more is written to it, and what arrives waits
-here, within bounds.  When a bound is hit the slow-consumer policy decides:
-C{drop-oldest} drops queued messages, C{disconnect} drops the session.
+here, within bounds.  When a message meets a full queue (modes C{all} and
+C{fire}), its publisher is held back (L{FlowControl}): the queue takes it,
+one beyond its bound, and the publishing session reads nothing more until
+the queue has drained to half its bounds.  Only a subscriber that makes no
+progress (no ack, no drained transport) for C{stallTimeout} while it holds
+publishers back is a slow consumer: then the slow-consumer policy decides,
+C{drop-oldest} drops queued messages, C{disconnect} drops the session, and
+the publishers it held resume.  A message nothing can hold back (published
+by the subscriber's own session, or by the broker itself) meets a full
+queue with the policy at once.
 
 Each message offered to a subscription gets its next sequence number, so a
 subscriber sees a gap where a message was replaced or dropped.  Every
@@ -129,6 +137,8 @@ class DeliveryConfig:
         subscriber, or C{None} for no limit beyond the broker's own: a UDP
         datagram carries less than the largest message a TCP client may
         publish.
+    @ivar stallTimeout: seconds a subscriber whose queue is full may make
+        no progress before it is a slow consumer.
     """
 
     __slots__ = (
@@ -139,6 +149,7 @@ class DeliveryConfig:
         "ackTimeout",
         "maxAttempts",
         "maxPayload",
+        "stallTimeout",
     )
 
     def __init__(
@@ -150,6 +161,7 @@ class DeliveryConfig:
         ackTimeout=10.0,
         maxAttempts=5,
         maxPayload=None,
+        stallTimeout=5.0,
     ):
         if slowConsumer not in SLOW_CONSUMER_POLICIES:
             raise ValueError(f"slow-consumer policy must be one of {SLOW_CONSUMER_POLICIES}")
@@ -160,6 +172,7 @@ class DeliveryConfig:
         self.ackTimeout = ackTimeout
         self.maxAttempts = maxAttempts
         self.maxPayload = maxPayload
+        self.stallTimeout = stallTimeout
 
     def replace(self, **changes):
         """
@@ -177,14 +190,27 @@ class Outbox:
     @param subscriber: the L{ISubscriber} that writes messages out.
     @param sid: the session's id, for events.
     @param ledger: the broker's L{Ledger}, which counts and logs.
+    @param flow: the broker's L{FlowControl}, which holds publishers back.
+    @ivar holding: the publishing sessions this outbox holds back (as keys).
+    @ivar stalled: whether its subscriber made no progress for the stall
+        timeout with a full queue: until it makes some, a full queue drops
+        or disconnects instead of holding publishers back.
     """
 
-    def __init__(self, subscriber, sid, config, clock, ledger):
+    def __init__(self, subscriber, sid, config, clock, ledger, flow):
         self.subscriber = subscriber
         self.sid = sid
         self.config = config
         self.clock = clock
         self.ledger = ledger
+        self.flow = flow
+        # A dict, for the order: publishers go on in the order they were held.
+        self.holding = {}
+        self.stalled = False
+        # While publishers are held back: when the subscriber last made
+        # progress (or the hold began), and the timer that looks for a stall.
+        self._lastProgress = None
+        self._stallTimer = None
         self.paused = False
         self.closed = False
         self._disconnecting = False
@@ -205,9 +231,13 @@ class Outbox:
 
     # From the broker
 
-    def offer(self, subscription, message):
+    def offer(self, subscription, message, publisher=None):
         """
         Deliver, queue or replace according to the subscription's mode.
+
+        @param publisher: the session that published it, to hold back if
+            the queue is full; C{None} if nothing can be held back (the
+            subscriber's own session, the broker itself).
         """
         subscription.lastSeq += 1
         seq = subscription.lastSeq
@@ -227,7 +257,7 @@ class Outbox:
         ):
             self._send(subscription, message, seq)
         else:
-            self._enqueue(subscription, message, seq)
+            self._enqueue(subscription, message, seq, publisher)
 
     def _offerLatest(self, subscription, message, seq):
         topic = message.topic
@@ -244,13 +274,19 @@ class Outbox:
             self._latestReady.append((subscription, topic))
         slot.waiting = (message, seq)
 
-    def _enqueue(self, subscription, message, seq):
+    def _enqueue(self, subscription, message, seq, publisher):
         size = len(message.payload)
         config = self.config
-        if len(self._queue) >= config.maxQueued:
-            self.ledger.queueFull(self, QUEUED_MESSAGES, config.maxQueued)
-        elif self._queuedBytes + size > config.maxQueuedBytes:
-            self.ledger.queueFull(self, QUEUED_BYTES, config.maxQueuedBytes)
+        bound = self._boundMet(size)
+        if bound is not None:
+            if publisher is not None and not self.stalled and size <= config.maxQueuedBytes:
+                # Backpressure: the publisher stops, and this one message
+                # goes beyond the bound (about one per publisher at most).
+                self._queue.append((subscription, message, seq))
+                self._queuedBytes += size
+                self._hold(publisher)
+                return
+            self.ledger.queueFull(self, *bound)
         if size > config.maxQueuedBytes:
             # It can never be queued: dropping what is queued would not help.
             if config.slowConsumer == DISCONNECT:
@@ -271,6 +307,18 @@ class Outbox:
         self._queue.append((subscription, message, seq))
         self._queuedBytes += size
 
+    def _boundMet(self, size):
+        """
+        The bound a message of C{size} payload bytes would break if queued,
+        as C{(limit, maximum)}; C{None} if it fits.
+        """
+        config = self.config
+        if len(self._queue) >= config.maxQueued:
+            return QUEUED_MESSAGES, config.maxQueued
+        if self._queuedBytes + size > config.maxQueuedBytes:
+            return QUEUED_BYTES, config.maxQueuedBytes
+        return None
+
     def _disconnectSlowConsumer(self, subscription, message):
         self.ledger.dropped(self.sid, subscription, message, SLOW_CONSUMER)
         # The transport closes asynchronously; until it has, whatever else
@@ -286,6 +334,8 @@ class Outbox:
         delivery = self._inflight.pop(deliveryId, None)
         if delivery is None:
             return
+        if self.holding or self.stalled:
+            self._progressed()
         # The ack timer stays armed: when it fires it finds this delivery
         # gone and waits for the next one due.
         self.ledger.acked(self.sid, delivery.subscription, delivery.message)
@@ -299,6 +349,8 @@ class Outbox:
         delivery = self._inflight.pop(deliveryId, None)
         if delivery is None:
             return
+        if self.holding or self.stalled:
+            self._progressed()
         # As for an ack, the timer finds it gone.
         self.ledger.dropped(self.sid, delivery.subscription, delivery.message, reason)
         self._settled(delivery)
@@ -310,8 +362,83 @@ class Outbox:
         self.paused = True
 
     def resume(self):
+        """
+        The transport's buffer drained: send what waits.
+        """
         self.paused = False
+        if (self.holding or self.stalled) and self._windowUsed < self.config.maxInflight:
+            # Progress, unless acks are what the queue waits for: then only
+            # they are (a peer that reads nothing still drains for a while,
+            # into the kernel's buffers as they grow).
+            self._progressed()
         self._flush()
+
+    # Backpressure
+
+    def _hold(self, publisher):
+        """
+        The queue is full: hold C{publisher} back, and watch that the
+        subscriber keeps making progress.
+        """
+        if self._stallTimer is None:
+            self._lastProgress = self.clock.seconds()
+            self._stallTimer = self.clock.callLater(self.config.stallTimeout, self._checkStall)
+        self.flow.hold(publisher, self)
+
+    def _progressed(self):
+        """
+        The subscriber acked, or its transport drained.
+        """
+        self.stalled = False
+        if self._stallTimer is not None:
+            self._lastProgress = self.clock.seconds()
+
+    def _belowLowWater(self):
+        config = self.config
+        return (
+            len(self._queue) <= config.maxQueued // 2
+            and self._queuedBytes <= config.maxQueuedBytes // 2
+        )
+
+    def _releasePublishers(self):
+        """
+        Stop holding publishers back, and stop watching for a stall.
+        """
+        if self._stallTimer is not None:
+            if self._stallTimer.active():
+                self._stallTimer.cancel()
+            self._stallTimer = None
+        self.flow.release(self)
+
+    def _checkStall(self):
+        """
+        The stall timer fired: a subscriber that made no progress for the
+        stall timeout is a slow consumer; one that did is given as long
+        again from its last progress.
+        """
+        self._stallTimer = None
+        if not self.holding:
+            return
+        now = self.clock.seconds()
+        due = self._lastProgress + self.config.stallTimeout
+        if now < due:
+            self._stallTimer = self.clock.callLater(due - now, self._checkStall)
+            return
+        self.stalled = True
+        self.ledger.slowConsumer(self, now - self._lastProgress, len(self._queue))
+        self._releasePublishers()
+        config = self.config
+        if config.slowConsumer == DISCONNECT:
+            self._disconnecting = True
+            self.subscriber.disconnect(SLOW_CONSUMER)
+            return
+        # What went beyond the bounds while publishers were held.
+        queue = self._queue
+        while len(queue) > config.maxQueued or self._queuedBytes > config.maxQueuedBytes:
+            self.ledger.queueFull(self, *self._boundMet(0))
+            subscription, message, _ = queue.popleft()
+            self._queuedBytes -= len(message.payload)
+            self.ledger.dropped(self.sid, subscription, message, QUEUE_FULL)
 
     def close(self, subscriptions):
         """
@@ -321,6 +448,7 @@ class Outbox:
             messages go too.
         """
         self.closed = True
+        self._releasePublishers()
         for subscription in subscriptions:
             self.unsubscribe(subscription)
         if self._ackTimer is not None and self._ackTimer.active():
@@ -451,6 +579,8 @@ class Outbox:
             queue.popleft()
             self._queuedBytes -= len(message.payload)
             self._send(subscription, message, seq)
+        if self.holding and self._belowLowWater():
+            self._releasePublishers()
 
     def _ackTimedOut(self, delivery):
         subscription = delivery.subscription
@@ -479,6 +609,82 @@ class Outbox:
         self._awaitAck(delivery)
 
 
+# The counters of flow control (docs/EVENTS.md describes them).
+FLOW_COUNTERS = ("publishers_paused", "publishers_held", "publishes_busy")
+
+
+class FlowControl:
+    """
+    Which publishing sessions are held back, and by which outboxes.
+
+    A session is held back while any outbox holds it (L{Outbox.holding}):
+    it is told to stop publishing (C{pausePublishing}: a TCP connection
+    stops reading, a UDP session answers C{BUSY}) when the first one holds
+    it, and to go on (C{resumePublishing}) once the last one lets it go.
+    The resumes are made on the clock's next turn, never from inside the
+    outbox whose draining let them go: a resumed TCP connection at once
+    reads what it had buffered, which publishes to that outbox again.
+    """
+
+    def __init__(self, clock, counters):
+        self.clock = clock
+        self.counters = counters
+        # publisher -> the outboxes holding it back.
+        self._heldBy = {}
+        # Publishers let go whose resume is due (a dict: in order).
+        self._resuming = {}
+        self._resumeCall = None
+        for name in FLOW_COUNTERS:
+            counters[name] = 0
+
+    def hold(self, publisher, outbox):
+        holders = self._heldBy.get(publisher)
+        if holders is None:
+            holders = self._heldBy[publisher] = set()
+            self.counters["publishers_paused"] += 1
+            self.counters["publishers_held"] += 1
+            # One let go and held again before its resume was made is
+            # still paused.
+            if self._resuming.pop(publisher, None) is None:
+                publisher.pausePublishing()
+        holders.add(outbox)
+        outbox.holding[publisher] = True
+
+    def release(self, outbox):
+        """
+        C{outbox} holds nobody back any more.
+        """
+        holding, outbox.holding = outbox.holding, {}
+        for publisher in holding:
+            holders = self._heldBy.get(publisher)
+            if holders is None:
+                continue
+            holders.discard(outbox)
+            if not holders:
+                del self._heldBy[publisher]
+                self.counters["publishers_held"] -= 1
+                self._resuming[publisher] = True
+        if self._resuming and self._resumeCall is None:
+            self._resumeCall = self.clock.callLater(0, self._resume)
+
+    def _resume(self):
+        self._resumeCall = None
+        resuming, self._resuming = self._resuming, {}
+        for publisher in resuming:
+            publisher.resumePublishing()
+
+    def forget(self, publisher):
+        """
+        C{publisher}'s session ended: nothing holds it back any more.
+        """
+        self._resuming.pop(publisher, None)
+        holders = self._heldBy.pop(publisher, None)
+        if holders is not None:
+            self.counters["publishers_held"] -= 1
+            for outbox in holders:
+                outbox.holding.pop(publisher, None)
+
+
 # The counters the ledger keeps (docs/EVENTS.md describes them).
 DELIVERY_COUNTERS = (
     "matched",
@@ -491,6 +697,7 @@ DELIVERY_COUNTERS = (
     "inflight",
     "bridged_delivered",
     "bridged_dropped",
+    "slow_consumers",
     *("dropped_" + reason for reason in DROP_REASONS),
 )
 
@@ -567,6 +774,24 @@ class Ledger:
             events.emit(
                 "replace", mid=message.mid, topic=message.topic, session=sid, by=newer.mid
             )
+
+    def slowConsumer(self, outbox, idle, queued):
+        """
+        A subscriber made no progress for C{idle} seconds while its full
+        queue (C{queued} messages) held publishers back.
+        """
+        self.counters["slow_consumers"] += 1
+        subscriber = outbox.subscriber
+        self.events.emit(
+            "slow_consumer",
+            LogLevel.warn,
+            session=outbox.sid,
+            client=subscriber.peer,
+            transport=subscriber.transportName,
+            idle=round(idle, 3),
+            queued=queued,
+            policy=outbox.config.slowConsumer,
+        )
 
     def queueFull(self, outbox, limit, maximum):
         """

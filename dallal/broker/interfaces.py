@@ -45,3 +45,16 @@ class ISubscriber(Interface):
         behind, under the C{disconnect} policy) or C{shutdown} (the broker
         is stopping: flush what was written, then close).
         """
+
+    def pausePublishing():
+        """
+        Take no more messages from this client for now: a subscriber it
+        publishes to has a full queue (L{dallal.broker.delivery.FlowControl}).
+        A TCP connection stops reading; a UDP session answers C{PUB}s with
+        C{ERR <id> BUSY}.
+        """
+
+    def resumePublishing():
+        """
+        Take messages from this client again.
+        """

@@ -45,7 +45,7 @@ from twisted.python.failure import Failure
 from dallal.protocol import datagram
 
 from dallal.protocol import wire
-from dallal.errors import BAD_TOKEN, CLOSING, NO_SESSION, RequestError
+from dallal.errors import BAD_TOKEN, BUSY, CLOSING, NO_SESSION, RequestError
 from dallal.protocol.framing import FrameReceiver
 from dallal.numbers import wholeNumber
 from dallal.names import checkUserName
@@ -1057,6 +1057,10 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
             self._sayHelloAgain()
         elif error.code == NO_SESSION:
             self._sessionLost()
+        elif error.code == BUSY and error.id in self._pending:
+            # Nothing was published: the request's resends go on until one
+            # is taken.
+            pass
         else:
             _ClientSession._handleError(self, error)
 

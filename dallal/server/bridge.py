@@ -310,6 +310,9 @@ class BridgeLink(Service):
         # acked; and the ids published on the current connection.
         self._unacked = {}
         self._outstanding = set()
+        # Whether a subscriber here that the remote's messages reach has a
+        # full queue: the connection to the remote is not read meanwhile.
+        self._held = False
         if endpoint is None:
             endpoint = clientFromString(clock, spec.endpoint)
         self._backoff = retryPolicy or backoffPolicy(
@@ -440,6 +443,8 @@ class BridgeLink(Service):
             subscriptions=len(self.spec.filters) if self.spec.inbound else 0,
         )
         self.sweep.add(self)
+        if self._held:
+            protocol.pauseProducing()
         # What the last connection took and never acked goes first, in the
         # order it was sent; then what waited in the queue.
         for deliveryId, message in list(self._unacked.items()):
@@ -544,6 +549,16 @@ class BridgeLink(Service):
         # the broker never ends its subscriptions.
         pass
 
+    def pausePublishing(self):
+        self._held = True
+        if self.protocol is not None:
+            self.protocol.pauseProducing()
+
+    def resumePublishing(self):
+        self._held = False
+        if self.protocol is not None:
+            self.protocol.resumeProducing()
+
     def disconnect(self, reason):
         # Only the broker's shutdown asks (the link's queue drops its
         # oldest rather than disconnect a slow consumer); stopService closes
@@ -553,6 +568,10 @@ class BridgeLink(Service):
     # IPingable: the remote must answer the link's pings while it is up.
 
     def sendPing(self):
+        if self._held:
+            # The connection is not read meanwhile: a PONG could not be.
+            self.sweep.heardFrom(self)
+            return
         self.protocol.ping().addCallbacks(
             lambda _: self.sweep.pongReceived(self), lambda failure: None
         )

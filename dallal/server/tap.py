@@ -390,8 +390,18 @@ class Options(usage.Options):
             "slow-consumer",
             None,
             _delivery.slowConsumer,
-            "What a full client queue costs: drop-oldest drops its oldest "
+            "What a full client queue costs once the client is a slow "
+            "consumer (see --stall-timeout): drop-oldest drops its oldest "
             "queued message, disconnect drops the client.",
+        ],
+        [
+            "stall-timeout",
+            None,
+            _delivery.stallTimeout,
+            "Seconds a client with a full queue may make no progress (no ack, "
+            "no drained socket) before it is a slow consumer; until then its "
+            "publishers are slowed down, not its messages dropped.",
+            _positive("stall-timeout", float),
         ],
         [
             "ack-timeout",
@@ -642,6 +652,7 @@ def brokerConfig(options):
             slowConsumer=options["slow-consumer"],
             ackTimeout=options["ack-timeout"],
             maxAttempts=options["max-attempts"],
+            stallTimeout=options["stall-timeout"],
         ),
     )
 

@@ -58,13 +58,52 @@ OUTPUT_SOFT_MARK = 65536
 # the others by this much rather than by a whole read's worth.
 TURN_SECONDS = 0.01
 
-# Why a connection's reading is held: its password is being checked, its
-# transport is full, or it had its turn.
-_CHECKING_PASSWORD = "password"
-_OUTPUT_FULL = "output"
-_TURN_OVER = "turn"
+# Why a connection's reading is paused (L{ReadPause}): its password is being
+# checked, a subscriber it publishes to has a full queue, its transport is
+# full (it does not read its answers), or it had its turn.
+LOGIN_CHECK = "login_check"
+CONGESTION = "congestion"
+OUTPUT_FULL = "output_full"
+TURN_OVER = "turn_over"
 
 
+
+class ReadPause:
+    """
+    The reasons a connection's reading is paused: it reads nothing while
+    any is left, and reads again, buffered frames first, once the last one
+    is gone (L{BrokerProtocol.pauseReading}, L{BrokerProtocol.resumeReading}).
+
+    It keeps no reference to its connection: a connection is freed as soon
+    as it ends, with what it had buffered, rather than by the cyclic garbage
+    collector some time later.
+    """
+
+    def __init__(self):
+        self._reasons = set()
+
+    def __contains__(self, reason):
+        return reason in self._reasons
+
+    def __bool__(self):
+        return bool(self._reasons)
+
+    def add(self, reason):
+        """
+        @return: whether reading stops now: C{reason} is the first.
+        """
+        first = not self._reasons
+        self._reasons.add(reason)
+        return first
+
+    def discard(self, reason):
+        """
+        @return: whether reading goes on now: C{reason} was the last.
+        """
+        if reason not in self._reasons:
+            return False
+        self._reasons.remove(reason)
+        return not self._reasons
 
 
 class WriteBatch:
@@ -196,12 +235,12 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         # it since then (L{BrokerConfig.maxOutputBytes} bounds them).
         self._full = False
         self._overflow = 0
-        # Why reading from the client is held (_CHECKING_PASSWORD,
-        # _OUTPUT_FULL): it resumes when nothing holds it.
-        self._readingHeld = set()
         # Requests refused since the last one carried out.
         self._errorStreak = 0
         self._loginDeadline = None
+        # Why reading from the client is paused: it reads again when no
+        # reason is left.
+        self.readPause = ReadPause()
         # The login whose password is being checked (a Deferred).
         self._checking = None
         # When the partial frame received must be complete by (a delayed
@@ -297,7 +336,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         """
         self._full = True
         self.broker.pauseDelivery(self)
-        self._holdReading(_OUTPUT_FULL)
+        self.pauseReading(OUTPUT_FULL)
 
     def outputDrained(self):
         """
@@ -307,7 +346,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         self._overflow = 0
         self.broker.resumeDelivery(self)
         if not self._full:
-            self._releaseReading(_OUTPUT_FULL)
+            self.resumeReading(OUTPUT_FULL)
 
     def _writtenWhileFull(self, size):
         self._overflow += size
@@ -315,18 +354,6 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         if self._overflow > maximum and not self.transport.disconnecting:
             self.broker.refusedByLimit(self, OUTPUT_BYTES, maximum)
             self.disconnect("output_limit")
-
-    def _holdReading(self, why):
-        if not self._readingHeld:
-            self.pauseProducing()
-            self._stopFrameDeadline()
-        self._readingHeld.add(why)
-
-    def _releaseReading(self, why):
-        if why in self._readingHeld:
-            self._readingHeld.discard(why)
-            if not self._readingHeld and not self.transport.disconnecting:
-                self.resumeProducing()
 
     def refuse(self, error, fatal=False):
         RequestHandler.refuse(self, error, fatal)
@@ -359,9 +386,9 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         if self._errorStreak == streak:
             self._errorStreak = 0
         clock = self.broker.clock
-        if clock.seconds() - self._turnStarted > TURN_SECONDS and not self._readingHeld:
-            self._holdReading(_TURN_OVER)
-            clock.callLater(0, self._releaseReading, _TURN_OVER)
+        if clock.seconds() - self._turnStarted > TURN_SECONDS and not self.readPause:
+            self.pauseReading(TURN_OVER)
+            clock.callLater(0, self.resumeReading, TURN_OVER)
 
     def pongReceived(self):
         self.sweep.pongReceived(self)
@@ -382,6 +409,25 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
             self.transport.loseConnection()
 
     # Incoming frames
+
+    def pauseReading(self, reason):
+        """
+        Read nothing more for C{reason}: neither from the transport (the
+        kernel's buffers fill, and TCP's window closes on the peer) nor
+        what was read and not yet handled (L{LineReceiver}'s paused state),
+        so that the pause takes effect after the frame being handled.
+        """
+        if self.readPause.add(reason):
+            self.pauseProducing()
+            # A frame left half-read meanwhile is not the client's delay.
+            self._stopFrameDeadline()
+
+    def resumeReading(self, reason):
+        """
+        C{reason} is gone: read again if it was the last.
+        """
+        if self.readPause.discard(reason) and not self.transport.disconnecting:
+            self.resumeProducing()
 
     def dataReceived(self, data):
         # Any bytes prove the client alive: the sweep need not ping it.  (A
@@ -513,7 +559,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
             # pipelined after the HELLO are then served, or not, as the
             # login decides.  Its pongs are not read meanwhile, so the
             # sweep leaves it alone until then.
-            self._holdReading(_CHECKING_PASSWORD)
+            self.pauseReading(LOGIN_CHECK)
             self.sweep.remove(self)
             user, password = credentials
             checking = self._checking = gatekeeper.login(
@@ -536,7 +582,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         self.broker.login(self, user)
         self._answerHello(hello)
         self.sweep.add(self)
-        self._releaseReading(_CHECKING_PASSWORD)
+        self.resumeReading(LOGIN_CHECK)
 
     def _loginFailed(self, failure, hello):
         """
@@ -572,7 +618,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
 
     def _loginTimedOut(self):
         self._loginDeadline = None
-        if _CHECKING_PASSWORD in self._readingHeld or not self._attached:
+        if LOGIN_CHECK in self.readPause or not self._attached:
             # Its password is being checked: the check decides.
             return
         self.refuse(
@@ -665,6 +711,12 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
                 frame = wire.encodeMessage(message, subscriptionId, seq, deliveryId, redelivered)
             self._write(frame)
 
+    def pausePublishing(self):
+        self.pauseReading(CONGESTION)
+
+    def resumePublishing(self):
+        self.resumeReading(CONGESTION)
+
     def disconnect(self, reason):
         self._closeReason = reason
         if reason == "shutdown":
@@ -680,6 +732,12 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
     # IPingable
 
     def sendPing(self):
+        if CONGESTION in self.readPause:
+            # Not read because a subscriber is full, for as long as that
+            # subscriber makes progress: its PONG could not be read, so its
+            # silence proves nothing.
+            self.sweep.heardFrom(self)
+            return
         self.sendFrame(wire.PING_FRAME)
 
     def pingMissed(self, missed):

@@ -52,6 +52,7 @@ from dallal.protocol import datagram, wire
 from dallal.security.auth import LoginFailed, TooManyChecks
 from dallal.errors import (
     BAD_CREDENTIALS,
+    BUSY,
     BAD_TOKEN,
     NO_ID,
     NO_SESSION,
@@ -261,6 +262,9 @@ class UdpSession(RequestHandler):
         # its answer.
         self._answering = NO_ID
         self._remember = False
+        # Whether a subscriber this client publishes to has a full queue:
+        # its PUBs are answered BUSY meanwhile.
+        self._busy = False
 
     def moveTo(self, address):
         self.address = address
@@ -294,6 +298,9 @@ class UdpSession(RequestHandler):
         self._remember = requestId is not None
         try:
             if type(request) is wire.Publish:
+                if self._busy:
+                    self._answerBusy(requestId)
+                    return
                 self.broker.checkPayloadSize(
                     self, request.size, request.id, self.protocol.maxPayload
                 )
@@ -306,6 +313,21 @@ class UdpSession(RequestHandler):
         finally:
             self._answering = NO_ID
             self._remember = False
+
+    def _answerBusy(self, requestId):
+        """
+        Refuse a PUB while a subscriber it would reach has a full queue:
+        nothing is published, nothing remembered, and the client's resend
+        is judged again.  Counted, not logged: a burst makes thousands.
+        """
+        self.protocol.sendTo(
+            wire.encodeError(
+                requestId, BUSY, "a subscriber's queue is full: nothing published, resend later"
+            ),
+            self.address,
+        )
+        self.broker.counters["publishes_busy"] += 1
+        self.broker.protocolError(self, BUSY, False, logged=False)
 
     # RequestHandler
 
@@ -375,6 +397,12 @@ class UdpSession(RequestHandler):
     def sendMessage(self, message, subscriptionId, seq, deliveryId, redelivered):
         frame = wire.encodeMessage(message, subscriptionId, seq, deliveryId, redelivered)
         self.protocol.sendTo(b"".join(frame), self.address)
+
+    def pausePublishing(self):
+        self._busy = True
+
+    def resumePublishing(self):
+        self._busy = False
 
     def disconnect(self, reason):
         # Datagrams from the client find no session from now on; the broker,

@@ -1,0 +1,144 @@
+"""
+Flow control end to end: the real C{twistd -n dallal} and C{dallal}
+commands over TCP on the loopback.  A burst to subscribers that read is
+slowed down, not dropped; a subscriber stopped with SIGSTOP holds the
+publisher back for the stall timeout only, then loses messages, counted.
+"""
+
+import json
+import re
+import signal
+import time
+
+from dallal.broker.delivery import DeliveryConfig
+from helpers import DALLAL, OutputCollector, countersAddUp, dallal
+from test_e2e_delivery import (  # noqa: F401 (startBroker, subscribers: fixtures)
+    PUBLISHED,
+    TIMEOUT,
+    startBroker,
+    subscribers,
+)
+from test_e2e_udp import UdpBroker
+
+BURST = 2000
+# Seconds the fire subscriber stops reading: less than the stall timeout,
+# more than the burst takes to fill its queue.
+PAUSE = 1.5
+
+
+def publishBurst(port, topic, message, count=BURST, transport=()):
+    """
+    C{dallal publish --count}: every PUB written at once, then the acks
+    awaited.
+
+    @param transport: C{("--udp",)} to publish over UDP.
+    """
+    result = dallal(*transport, "127.0.0.1", port, "publish", "--count", count, topic, message)
+    assert (result.stdout, result.stderr, result.returncode) == (PUBLISHED, b"", 0)
+
+
+def stats(port):
+    result = dallal("127.0.0.1", port, "stats", "--json")
+    assert result.returncode == 0, result.stderr
+    counters = json.loads(result.stdout)
+    assert countersAddUp(counters), counters
+    return counters
+
+
+def test_aBurstToAReadingSubscriberLosesNothing(startBroker, subscribers):
+    """
+    C{publish --count 2000} against one C{all} subscriber that reads and
+    acks as fast as it can: it prints exactly 2000 lines, and the broker
+    dropped nothing.
+    """
+    broker = startBroker()
+    reader = subscribers(broker.port, "al", "all")
+    publishBurst(broker.port, "al", "m")
+    reader.waitForLines(BURST)
+    assert reader.stop() == 0
+    assert reader.payloads() == [b"m"] * BURST
+    assert reader.gaps() == []
+    counters = stats(broker.port)
+    assert (counters["published"], counters["dropped"]) == (BURST, 0)
+
+
+def test_aUdpBurstIsAnsweredBusyAndResentNotDropped(tmp_path, subscribers):
+    """
+    A burst over UDP: the broker answers C{BUSY} while the queue is full,
+    and C{dallal --udp publish} resends until each message is taken.  (Fewer
+    messages than the 1,024 answers the broker remembers per UDP client, and
+    a smaller queue to fill.)
+    """
+    count = 500
+    broker = UdpBroker(tmp_path, "--max-inflight", "10", "--max-queued", "50")
+    try:
+        reader = subscribers(broker.tcpPort, "al", "all")
+        publishBurst(broker.udpPort, "al", "m", count, transport=("--udp",))
+        reader.waitForLines(count)
+        counters = stats(broker.tcpPort)
+        assert reader.stop() == 0
+    finally:
+        broker.process.stop()
+    assert reader.payloads() == [b"m"] * count
+    assert (counters["published"], counters["dropped"]) == (count, 0)
+    assert counters["publishes_busy"] > 0
+
+
+def test_aFireSubscriberThatPausesIsSlowedDownNotDropped(startBroker, subscribers):
+    """
+    C{fire}: a subscriber that stops reading (SIGSTOP) for less than the
+    stall timeout while a burst comes gets the whole burst once it reads
+    again: its full queue held the publisher back instead of dropping.
+    """
+    broker = startBroker()
+    reader = subscribers(broker.port, "f", "fire")
+    reader.signal(signal.SIGSTOP)
+    # 2000 messages of 4 KiB: more than the kernel buffers on the way
+    # to the subscriber and the broker's queue for it hold.
+    message = "x" * 4096
+    publisher = OutputCollector(
+        [DALLAL, "127.0.0.1", broker.port, "publish", "--count", BURST, "f", message],
+        None,
+    )
+    try:
+        time.sleep(PAUSE)
+        reader.signal(signal.SIGCONT)
+        publisher.waitFor(re.escape(PUBLISHED), TIMEOUT)
+        assert publisher.process.wait(TIMEOUT) == 0
+    finally:
+        publisher.kill()
+    reader.waitForLines(BURST)
+    assert reader.stop() == 0
+    assert reader.payloads() == [message.encode()] * BURST
+    counters = stats(broker.port)
+    assert (counters["fired"], counters["dropped"]) == (BURST, 0)
+    assert counters["publishers_paused"] >= 1
+
+
+def test_aStoppedSubscriberHoldsThePublisherOnlyForTheStallTimeout(startBroker, subscribers):
+    """
+    Beside a subscriber that reads, one stopped with SIGSTOP: the burst is
+    held back while the stopped one's queue is full, for the stall timeout
+    (the default); then the stopped one is a slow consumer and the reading
+    one gets every message.  The stopped one's losses are counted.
+    """
+    broker = startBroker()
+    reader = subscribers(broker.port, "al", "all")
+    stopped = subscribers(broker.port, "al", "all")
+    stopped.signal(signal.SIGSTOP)
+    publishBurst(broker.port, "al", "m")
+    reader.waitForLines(BURST)
+    counters = stats(broker.port)
+    assert counters["slow_consumers"] == 1
+    assert counters["publishers_held"] == 0
+    # The stopped one holds a window in flight and a full queue; the rest
+    # of what it matched was dropped, oldest first.
+    config = DeliveryConfig()
+    held = config.maxInflight + config.maxQueued
+    assert (counters["inflight"], counters["dropped_queue_full"]) == (
+        held,
+        BURST - held,
+    )
+    assert counters["acked"] == BURST
+    assert reader.stop() == 0
+    assert reader.payloads() == [b"m"] * BURST
