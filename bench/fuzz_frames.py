@@ -3,7 +3,7 @@ A fuzz target for everything that parses bytes from the network: the
 broker's TCP protocol (dallal.server.tcp.BrokerProtocol on dallal.protocol.framing), its
 UDP protocol (dallal.server.udp), the TCP client (dallal.client), and
 FrameReceiver on its own.  docs/FUZZING.md says how to run it and what it
-found.
+checks.
 
     python3 bench/fuzz_frames.py --seconds 300            # atheris if installed
     python3 bench/fuzz_frames.py --seconds 60 --no-atheris
@@ -337,15 +337,16 @@ SEEDS = [
     b"\x02\x03SUBACK 2\r\nMSG news 2 sub=2 seq=3 id=9 redelivered=1\r\nok\r\nBYE\r\n",
     # FrameReceiver (target 3): P<n> announces a payload, D<n> one to skip.
     b"\x03\x04P5\r\nab\r\nc\r\nD3\nxyz\nline\r\n" + b"x" * 40 + b"\r\n",
-    # What the fuzzer found (docs/FUZZING.md), kept as seeds: bytes after
-    # the connection is closing were acted upon, by the broker after a BYE
-    # and by the client after a frame it could not read.
+    # Bytes after the connection starts closing, which must change nothing:
+    # the broker's after a BYE, the client's after a frame it cannot read
+    # (docs/FUZZING.md, regression 3).
     b"\x00\x03SUBACK 2\r-\nMSG news 2 sub=2 seq=3 iid=9 red]livered=1\r\nok\r\nBYE\rd=9 "
     b"red]livered=1\r\nok\r\nBYE\r\n",
     b"\x02\x07PUBACK 1\r\nSUBACK 2\r\nMSG news 2 sub=2 seq=1 id=1\r\nhi\r\nS 3 2\r\n{}\r\n"
     b"TOPICS 4 2\r\n[]\r\nPUBACK 5 topics=2\r\n",
-    # What the property tests found in the client (an ACK it cannot encode,
-    # JSON nested too deep), which this fuzzer did not reach by itself.
+    # Inputs byte mutations rarely build, kept as seeds so that every run
+    # checks them: a delivery id the client cannot ack, JSON nested too deep
+    # (docs/FUZZING.md, regressions 1 and 2).
     b"\x02\x01SUBACK 2\r\n" + b"MSG news 2 sub=2 seq=1 id=\xc3\xa9\r\nhi\r\n" * 2,
     b"\x02\x01STATS 3 5000\r\n" + b"[" * 5000 + b"\r\n",
 ]

@@ -755,7 +755,7 @@ def printSummary(measurements, subscriberCounts, modes, eventModes, runs):
                     f"  {mebibytes(statistics.median(m.peakMemory for m in group)):>9}"
                 )
     if len(modes) > 1:
-        # Fire, the mode without acks, is the reference when it was measured.
+        # Fire, the mode without acks, is the reference when it is among them.
         reference = "fire" if "fire" in modes else modes[0]
         print(
             f"\nbetween modes: deliveries/s, and broker CPU per offered message, "

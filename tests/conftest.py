@@ -1,3 +1,8 @@
+"""
+The suite's fixtures. The rule that tells unit tests from end-to-end ones
+(the C{e2e} marker) is enforced by tests/processguard.py, loaded here.
+"""
+
 import os
 import tempfile
 from pathlib import Path
@@ -5,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from helpers import BrokerHarness, BrokerProcess
+
+pytest_plugins = ["processguard"]
 
 
 def pytest_configure(config):

@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers import REPO
+
+pytestmark = pytest.mark.e2e
 
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 

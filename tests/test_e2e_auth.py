@@ -31,6 +31,8 @@ from helpers import (
 from test_auth import ACL
 from test_tls import PKI
 
+pytestmark = pytest.mark.e2e
+
 PUBLISHED = b"your message published successfully\n"
 PUBLISH_FAILED = b"your message publishing failed\n"
 SUBSCRIBE_FAILED = b"subscribing failed\n"

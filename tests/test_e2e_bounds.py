@@ -14,6 +14,8 @@ from helpers import BrokerProcess, dallal
 from test_e2e_auth import PASSWORDS, SecuredBroker, as_
 from test_fuzz_network import vmRSS
 
+pytestmark = pytest.mark.e2e
+
 # Subscriptions of a client whose LIST answer is then some 50 kB.
 FILTERS = 200
 LISTS = 2000

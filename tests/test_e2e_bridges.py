@@ -36,6 +36,8 @@ from helpers import (
 )
 from test_e2e_auth import PASSWORDS, WAIT, as_, subscriberAs, writeSecurityFiles
 
+pytestmark = pytest.mark.e2e
+
 # Messages each broker publishes in the star and the triangle.
 MESSAGES = 5
 # How long the brokers may take to settle: bridges up, nothing in flight.

@@ -4,6 +4,7 @@ pipeline, with a message that begins with a dash, messages from standard
 input or a file, and a subscriber that outlives a broker restart.
 """
 
+import pytest
 import json
 import os
 import re
@@ -19,6 +20,8 @@ from helpers import (
     dallal,
     subscriber,
 )
+
+pytestmark = pytest.mark.e2e
 
 PUBLISHED = b"your message published successfully\n"
 PUBLISH_FAILED = b"your message publishing failed\n"

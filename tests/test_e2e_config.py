@@ -7,6 +7,7 @@ connected.  Every wait is bounded.
 import signal
 import subprocess
 
+import pytest
 import pytest_twisted
 from twisted.internet import reactor, threads
 from twisted.internet.defer import Deferred
@@ -22,6 +23,8 @@ from helpers import (
     dallal,
     environmentWithout,
 )
+
+pytestmark = pytest.mark.e2e
 
 PUBLISHED = b"your message published successfully\n"
 WAIT = 30

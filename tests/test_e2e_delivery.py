@@ -22,6 +22,8 @@ from twisted.internet.threads import deferToThread
 from dallal.client import connect
 from helpers import DALLAL, BrokerProcess, OutputCollector, SlowHandler, countersAddUp, dallal
 
+pytestmark = pytest.mark.e2e
+
 MiB = 1024 * 1024
 FLOOD = 50
 GROWTH_LIMIT = 32 * MiB

@@ -47,6 +47,8 @@ from helpers import (
     subscriber,
 )
 
+pytestmark = pytest.mark.e2e
+
 PUBLISHED = b"your message published successfully\n"
 PUBLISH_FAILED = b"your message publishing failed\n"
 TIMEOUT = 30.0

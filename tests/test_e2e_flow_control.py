@@ -5,6 +5,7 @@ slowed down, not dropped; a subscriber stopped with SIGSTOP holds the
 publisher back for the stall timeout only, then loses messages, counted.
 """
 
+import pytest
 import json
 import re
 import signal
@@ -19,6 +20,8 @@ from test_e2e_delivery import (  # noqa: F401 (startBroker, subscribers: fixture
     subscribers,
 )
 from test_e2e_udp import UdpBroker
+
+pytestmark = pytest.mark.e2e
 
 BURST = 2000
 # Seconds the fire subscriber stops reading: less than the stall timeout,

@@ -14,6 +14,8 @@ from dallal.server.tap import reportStartFailures
 from helpers import COMMAND_TIMEOUT, TWISTD
 from test_tac import readmeTac
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture
 def busyPort():

@@ -17,6 +17,8 @@ from twisted.internet.threads import deferToThread
 from dallal.client import connect
 from helpers import BrokerProcess, dallal, subscriber
 
+pytestmark = pytest.mark.e2e
+
 PUBLISHED = b"your message published successfully\n"
 PUBLISH_FAILED = b"your message publishing failed\n"
 SUBSCRIBE_FAILED = b"subscribing failed\n"

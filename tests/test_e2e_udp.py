@@ -18,6 +18,8 @@ import pytest
 
 from helpers import DALLAL, BrokerProcess, OutputCollector, dallal, subscriber
 
+pytestmark = pytest.mark.e2e
+
 UDP_LISTENING = re.compile(rb"event=listening transport=udp address=127\.0\.0\.1:(\d+)")
 
 

@@ -16,6 +16,8 @@ import pytest
 
 from helpers import BrokerProcess, dallal, subscriber
 
+pytestmark = pytest.mark.e2e
+
 FUZZ_SECONDS = 12.0
 # Connections open at once, and UDP clients (each its own source port).
 OPEN_CONNECTIONS = 40

@@ -649,6 +649,7 @@ def test_limitValuesOutOfBounds(option, value, bounds):
     assert str(error.value) == f"--{option} must be a whole number {bounds}, not '{value}'"
 
 
+@pytest.mark.e2e
 def test_badValueStopsTwistdWithOneLine(tmp_path):
     """
     twistd prints its usage, then the reason on one line, and exits.
@@ -713,6 +714,7 @@ async def test_connectionLimitLoweredToTheDescriptorsIsLogged(tmp_path):
 # End to end
 
 
+@pytest.mark.e2e
 def test_clientOverTheConnectionLimitIsToldWhy(tmp_path):
     """
     With C{--max-connections 2} and two subscribers connected, a third

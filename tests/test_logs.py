@@ -84,6 +84,7 @@ def waitForLine(path, pattern, timeout=START_TIMEOUT):
     raise AssertionError(f"no {pattern!r} in {path} within {timeout} s")
 
 
+@pytest.mark.e2e
 def test_aBrokerLogsAndRotates(tmp_path):
     log = tmp_path / "broker.log"
     environment = {

@@ -1616,6 +1616,7 @@ def test_pahoClient(version):
         client.loop(timeout=0.01)
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(shutil.which("mosquitto_pub") is None, reason="no mosquitto_pub")
 @pytest.mark.parametrize("version", VERSIONS)
 def test_mosquittoPub(version):
@@ -1731,6 +1732,7 @@ def byType(packets):
     return {type(packet): packet for packet in packets}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("version", VERSIONS)
 def test_mosquittoBroker(mosquittoBroker, version):
     """
@@ -1853,6 +1855,7 @@ def test_mosquittoBroker(mosquittoBroker, version):
         assert connection.recv(1) == b""
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "data, accepted",
     [

@@ -12,6 +12,8 @@ import pytest
 
 from helpers import REPO, BrokerProcess, dallal, environmentWithout
 
+pytestmark = pytest.mark.e2e
+
 INSTALL_TIMEOUT = 240
 
 

@@ -151,6 +151,7 @@ def passwd(*arguments, password=None, cwd=None):
     )
 
 
+@pytest.mark.e2e
 def test_passwdAddsChangesAndDeletes(tmp_path):
     path = tmp_path / "passwords"
     result = passwd(path, "alice", password="first one")
@@ -175,6 +176,7 @@ def test_passwdAddsChangesAndDeletes(tmp_path):
     assert list(PasswordFile.load(path).users) == ["bob"]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "arguments, password, error",
     [
@@ -197,6 +199,7 @@ def test_passwdErrors(tmp_path, arguments, password, error):
     assert path.read_bytes() == before
 
 
+@pytest.mark.e2e
 def test_passwdRefusesABrokenFile(tmp_path):
     path = writeFile(tmp_path, "junk\n")
     result = passwd(path, "alice", password="x")
@@ -222,6 +225,7 @@ def onTerminal(arguments):
     return Conversation(process, master, master)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("again, added", [(b"typed secret", True), (b"typo", False)])
 def test_passwdAsksTwiceWithoutEcho(tmp_path, again, added):
     path = tmp_path / "passwords"

@@ -24,6 +24,7 @@ import soak  # noqa: E402
 SHORT = soak.Settings(clients=100, seconds=20.0, rate=20.0, pingInterval=2.0)
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(240)
 def test_shortSoak(tmp_path):
     result = soak.run(SHORT, tmp_path)

@@ -252,6 +252,7 @@ def test_the_report_uses_an_archive_embedded_on_a_local_master_only(
     assert archiveOptions("--no-jvm-cache") == ()
 
 
+@pytest.mark.e2e
 def test_no_archive_for_a_jvm_already_running(spark, archiveOptions):
     """
     Called where a session already runs (an embedder's), the report joins
@@ -261,6 +262,7 @@ def test_no_archive_for_a_jvm_already_running(spark, archiveOptions):
     assert archiveOptions() == ()
 
 
+@pytest.mark.e2e
 def test_a_second_report_loads_sparks_classes_from_the_archive(
     reportCommand, handWrittenLogs, handWrittenSummary, tmp_path
 , classdata):

@@ -15,7 +15,7 @@ import pytest
 
 pytest_plugins = ["conftest_spark"]
 # Starting the JVM and its first queries take long on a busy machine.
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.e2e]
 
 CLUSTER = "local-cluster[2,1,1024]"
 

@@ -27,7 +27,7 @@ from helpers import decodeFrames
 
 pytest_plugins = ["conftest_spark"]
 # Starting the JVM and its first queries take long on a busy machine.
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.e2e]
 
 PING_INTERVAL = 0.3
 STEP_TIMEOUT = 20

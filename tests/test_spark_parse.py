@@ -27,6 +27,7 @@ def events(spark, path):
     return [row for row in parsedRows(spark, path) if row["kind"] == parse.EVENT]
 
 
+@pytest.mark.e2e
 def test_every_documented_event(spark, tmp_path, logLines):
     e = logLines.event
     client = dict(session=3, client="127.0.0.1:50124")
@@ -84,6 +85,7 @@ def test_every_documented_event(spark, tmp_path, logLines):
     assert all(row["stats"] is None for name, row in rows.items() if name != "stats")
 
 
+@pytest.mark.e2e
 def test_message_events_by_position_or_by_name(spark, tmp_path, logLines):
     """
     A per-message event laid out as EVENTS.md documents it is read by
@@ -156,6 +158,7 @@ def test_packed_fields_are_never_held_together():
             assert len(set(fields) & set(names)) <= 1, (packed, event)
 
 
+@pytest.mark.e2e
 def test_lines_that_are_not_events(spark, tmp_path, logLines):
     from dallal_analytics import parse
 
@@ -187,6 +190,7 @@ def test_lines_that_are_not_events(spark, tmp_path, logLines):
     assert all(row["event"] is None for row in rows if row["kind"] != parse.EVENT)
 
 
+@pytest.mark.e2e
 def test_missing_or_malformed_fields_are_null(spark, tmp_path, logLines):
     lines = [
         # A publish and a deliver as brokers before acknowledged delivery
@@ -214,6 +218,7 @@ def test_missing_or_malformed_fields_are_null(spark, tmp_path, logLines):
     assert (replace["t"], replace["mid"], replace["by"]) == (1795292899.0, 3, 4)
 
 
+@pytest.mark.e2e
 def test_rotated_files_as_directory_glob_or_list(spark, tmp_path, logLines):
     from dallal_analytics import parse
 
@@ -237,6 +242,7 @@ def test_rotated_files_as_directory_glob_or_list(spark, tmp_path, logLines):
     assert sessions([str(folder / "twistd.log.1"), str(folder / "twistd.log")]) == [1, 2]
 
 
+@pytest.mark.e2e
 def test_sessions_are_told_apart_across_broker_starts(spark, tmp_path, logLines):
     from dallal_analytics import parse, questions
 
@@ -261,6 +267,7 @@ def test_sessions_are_told_apart_across_broker_starts(spark, tmp_path, logLines)
     assert sorted((row.run, row.session) for row in connects.collect()) == [(0, 1), (1, 1), (2, 1)]
 
 
+@pytest.mark.e2e
 def test_json_log_records(spark, tmp_path):
     """
     Records of Twisted's jsonFileLogObserver, as the broker's EventLog

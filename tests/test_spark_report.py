@@ -30,6 +30,7 @@ def table(spark, out, name):
     return [row.asDict() for row in spark.read.parquet(str(out / "tables" / name)).collect()]
 
 
+@pytest.mark.e2e
 def test_summary_counts(report, handWrittenSummary):
     out, summary = report
     written = json.loads((out / "summary.json").read_text())
@@ -44,6 +45,7 @@ def test_summary_counts(report, handWrittenSummary):
             assert written[key] == expected, key
 
 
+@pytest.mark.e2e
 def test_loss_account_adds_up(report):
     _, summary = report
     assert summary["matched"] == sum(
@@ -62,6 +64,7 @@ def within(value, accuracy=None):
     return pytest.approx(value, rel=accuracy or SKETCH_RELATIVE_ERROR)
 
 
+@pytest.mark.e2e
 def test_latency_percentiles(report):
     _, summary = report
     latency = summary["latency"]
@@ -91,6 +94,7 @@ def test_latency_percentile_accuracy():
         assert abs(middle - latency) / latency <= SKETCH_RELATIVE_ERROR * (1 + 1e-9)
 
 
+@pytest.mark.e2e
 def test_latency_per_topic_and_transport(spark, report):
     out, _ = report
     rows = {(row["topic"], row["transport"]): row for row in table(spark, out, "latency")}
@@ -101,6 +105,7 @@ def test_latency_per_topic_and_transport(spark, report):
     assert rows["weather", "tcp"]["p95"] == within(1.0)
 
 
+@pytest.mark.e2e
 def test_story_of_every_subscriber(spark, report):
     out, _ = report
     stories = {
@@ -122,6 +127,7 @@ def test_story_of_every_subscriber(spark, report):
     }
 
 
+@pytest.mark.e2e
 def test_messages_account(spark, report):
     out, _ = report
     rows = {(row["run"], row["mid"]): row for row in table(spark, out, "messages")}
@@ -137,6 +143,7 @@ def test_messages_account(spark, report):
     assert retained["publisher"] is None
 
 
+@pytest.mark.e2e
 def test_a_story_under_another_topic_is_told_apart(spark, logLines, tmp_path):
     """
     The broker names a message's own topic on every event of its story: a
@@ -164,6 +171,7 @@ def test_a_story_under_another_topic_is_told_apart(spark, logLines, tmp_path):
     assert (summary["messages_without_publish"], summary["inflight"]) == (1, 1)
 
 
+@pytest.mark.e2e
 def test_traffic_per_window_topic_and_transport(spark, report, handWrittenStart):
     out, _ = report
     rows = {
@@ -182,6 +190,7 @@ def test_traffic_per_window_topic_and_transport(spark, report, handWrittenStart)
     assert (udp["publishes"], udp["deliveries"], udp["subscribers"]) == (0, 3, 1)
 
 
+@pytest.mark.e2e
 def test_top_publishers(spark, report):
     out, _ = report
     rows = {(row["run"], row["session"]): row for row in table(spark, out, "publishers")}
@@ -191,6 +200,7 @@ def test_top_publishers(spark, report):
     assert rows[2, 2]["client"] == "127.0.0.1:50102"
 
 
+@pytest.mark.e2e
 def test_sessions(spark, report):
     out, _ = report
     rows = {(row["run"], row["session"]): row for row in table(spark, out, "sessions")}
@@ -204,6 +214,7 @@ def test_sessions(spark, report):
     assert rows[1, 4]["errors"] == 2
 
 
+@pytest.mark.e2e
 def test_concurrent_connections(spark, report):
     out, _ = report
     levels = sorted(
@@ -214,6 +225,7 @@ def test_concurrent_connections(spark, report):
     assert [level for _, level in levels] == [1, 2, 3, 4, 3, 2, 1, 0, 1, 2, 1]
 
 
+@pytest.mark.e2e
 def test_errors_and_health(spark, report):
     out, _ = report
     errors = {row["code"]: row for row in table(spark, out, "errors")}
@@ -226,6 +238,7 @@ def test_errors_and_health(spark, report):
     ]
 
 
+@pytest.mark.e2e
 def test_runs_pair_with_stats(spark, report):
     out, _ = report
     runs = {row["run"]: row for row in table(spark, out, "runs")}
@@ -234,6 +247,7 @@ def test_runs_pair_with_stats(spark, report):
     assert runs[2]["counters"] is None
 
 
+@pytest.mark.e2e
 def test_html_report_is_self_contained(report):
     out, _ = report
     page = (out / "report.html").read_text()
@@ -246,6 +260,7 @@ def test_html_report_is_self_contained(report):
     assert "this line is no log line" in page
 
 
+@pytest.mark.e2e
 def test_odd_event_lines_are_never_fatal(spark, logLines, tmp_path):
     import report as reportModule
 
@@ -278,6 +293,7 @@ def test_odd_event_lines_are_never_fatal(spark, logLines, tmp_path):
     assert "<svg" in (tmp_path / "out" / "report.html").read_text()
 
 
+@pytest.mark.e2e
 def test_events_are_told_by_number_or_by_name(spark):
     """
     The per-message events are chosen by their number, the others by name,
@@ -300,6 +316,7 @@ def test_events_are_told_by_number_or_by_name(spark):
     assert chosen("connect", "disconnect") == ["connect"]
 
 
+@pytest.mark.e2e
 def test_sys_statistics_count_as_the_broker_counts_them(spark, tmp_path, logLines):
     """
     The broker's own $SYS publishes are part of its published and bytes_in
@@ -330,6 +347,7 @@ def test_sys_statistics_count_as_the_broker_counts_them(spark, tmp_path, logLine
     assert summary["counter_mismatches"] == []
 
 
+@pytest.mark.e2e
 def test_bridged_traffic_counts_as_the_broker_counts_it(spark, tmp_path, logLines):
     """
     Messages that came over a bridge (hops of 1 or more), and sends and
@@ -379,6 +397,7 @@ def test_bridged_traffic_counts_as_the_broker_counts_it(spark, tmp_path, logLine
     }
 
 
+@pytest.mark.e2e
 def test_report_escapes_what_the_log_says(report):
     from dallal_analytics import htmlreport
 
@@ -421,6 +440,7 @@ def test_bad_shuffle_partitions(text, capsys):
     assert f"expected a whole number above 0, got {text!r}" in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 def test_the_jvm_runs_with_the_reports_options(spark):
     """
     The driver JVM compiles huge methods, collects garbage for throughput,
@@ -475,6 +495,7 @@ spark.stop()
 """
 
 
+@pytest.mark.e2e
 def test_a_session_starting_its_jvm_initializes_classes_ahead(spark, tmp_path):
     """
     buildSession, when it starts the JVM for a master whose tasks run in
@@ -512,6 +533,7 @@ def test_where_tasks_run(master, inDriver):
     assert tasksRunInDriver(master) == inDriver
 
 
+@pytest.mark.e2e
 def test_classes_initialized_ahead_exist_and_a_missing_one_is_skipped(spark, monkeypatch):
     """
     The classes whose first use costs a second are initialized from a
@@ -541,6 +563,7 @@ def test_classes_initialized_ahead_exist_and_a_missing_one_is_skipped(spark, mon
     assert uncaught == []
 
 
+@pytest.mark.e2e
 def test_aggregations_work_outside_the_heap(spark):
     """
     On a local master the memory of aggregations, joins and sorts is taken
@@ -554,6 +577,7 @@ def test_aggregations_work_outside_the_heap(spark):
     assert executor.memoryMetrics().get().totalOffHeapStorageMemory() > 0
 
 
+@pytest.mark.e2e
 def test_columns_carry_no_python_call_site(spark):
     """
     PySpark's DataFrame debugging (each Column's Python call site sent to
@@ -593,6 +617,7 @@ def test_jvm_noise_is_filtered_from_standard_error():
     assert seen.getvalue() == said
 
 
+@pytest.mark.e2e
 def test_rotated_files_are_packed_into_few_tasks(spark, tmp_path, logLines):
     """
     On a local master, twistd's many small files are packed into tasks by
@@ -619,6 +644,7 @@ def test_rotated_files_are_packed_into_few_tasks(spark, tmp_path, logLines):
         spark.conf.set("spark.sql.files.openCostInBytes", str(LOCAL_FILE_OPEN_COST))
 
 
+@pytest.mark.e2e
 def test_a_cached_aggregation_is_read_in_few_tasks(spark):
     """
     A small aggregation the report caches (per session, per actor) is read
@@ -640,6 +666,7 @@ def test_a_cached_aggregation_is_read_in_few_tasks(spark):
         spark.conf.set("spark.sql.shuffle.partitions", "2")
 
 
+@pytest.mark.e2e
 def test_the_survey_fills_the_caches_as_it_counts(spark, tmp_path, logLines):
     """
     The survey, the first query to read the report's caches, is one Spark
@@ -703,6 +730,7 @@ def test_progress_lines_are_written_whole():
                         stream.writes[1])
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("question", ["messages", "latencySketch"])
 def test_an_error_of_the_background_thread_is_the_reports(spark, logLines, tmp_path,
                                                           monkeypatch, question):
@@ -737,6 +765,7 @@ def test_counter_mismatches_name_the_counter():
     ]
 
 
+@pytest.mark.e2e
 def test_suppressed_refusals_count_as_errors(spark, logLines, tmp_path):
     """
     Refusals the broker counted but did not log one by one (a flood of

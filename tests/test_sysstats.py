@@ -4,6 +4,7 @@ statistics"), published by a L{SysPublisher} on a clock and read through the
 broker's TCP protocol.
 """
 
+import pytest
 from twisted.logger import Logger
 
 from dallal.broker.sysstats import LOAD_WINDOWS, PREFIX, SysPublisher
@@ -168,6 +169,7 @@ def test_aFailingRoundIsLogged():
     assert event["log_failure"].check(RuntimeError)
 
 
+@pytest.mark.e2e
 def test_endToEnd(tmp_path):
     """
     A real broker's statistics reach C{dallal subscribe '$SYS/...'}, and

@@ -176,6 +176,7 @@ def tlsCommand(ca, host, port, *arguments):
 # The command line
 
 
+@pytest.mark.e2e
 def test_publishAndSubscribeOverTls(pki, tlsBroker):
     """
     C{dallal --tls --cafile CA} publishes and subscribes through the
@@ -197,6 +198,7 @@ def test_publishAndSubscribeOverTls(pki, tlsBroker):
     assert listener.output == b"subscribing on news\nnews: hello over tls\n"
 
 
+@pytest.mark.e2e
 def test_wrongCaFails(pki, tlsBroker):
     """
     A broker certificate not signed by the CA given is refused: the
@@ -215,6 +217,7 @@ def test_wrongCaFails(pki, tlsBroker):
     assert b"certificate verify failed" in result.stderr
 
 
+@pytest.mark.e2e
 def test_plainClientOnATlsPort(tlsBroker):
     """
     Without C{--tls}, a TLS port closes the connection without a word:
@@ -228,6 +231,7 @@ def test_plainClientOnATlsPort(tlsBroker):
     )
 
 
+@pytest.mark.e2e
 def test_tlsClientOnAPlainPort(pki, broker):
     result = tlsCommand(pki.ca, "127.0.0.1", broker.port, "publish", "news", "x")
     assert (result.stdout, result.returncode) == (PUBLISH_FAILED, 1)
@@ -238,6 +242,7 @@ def test_tlsClientOnAPlainPort(pki, broker):
     ), result.stderr
 
 
+@pytest.mark.e2e
 def test_systemRootsDoNotTrustTheTestCa(tlsBroker):
     """
     Without C{--cafile} the system's roots are used, and they do not trust
@@ -248,6 +253,7 @@ def test_systemRootsDoNotTrustTheTestCa(tlsBroker):
     assert b"certificate verify failed" in result.stderr
 
 
+@pytest.mark.e2e
 def test_hostNameIsChecked(pki, tmp_path):
     """
     A certificate from the right CA but for another name is refused, for an
@@ -267,6 +273,7 @@ def test_hostNameIsChecked(pki, tmp_path):
         broker.stop()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "arguments, status, stdout, stderr",
     [
@@ -286,6 +293,7 @@ def test_badTlsOptions(arguments, status, stdout, stderr):
     assert stderr in result.stderr
 
 
+@pytest.mark.e2e
 def test_caFileWithoutCertificate(tmp_path):
     notPem = tmp_path / "ca.pem"
     notPem.write_text("not a certificate\n")
@@ -326,6 +334,7 @@ def readUntilClosed(connection, timeout=10):
     raise AssertionError(f"still open after {timeout} s; received {received!r}")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "sent, answer",
     [
@@ -348,6 +357,7 @@ def test_brokerClosesTlsConnections(pki, tlsBroker, sent, answer):
         assert readUntilClosed(connection) == answer
 
 
+@pytest.mark.e2e
 def test_connectionOverTheLimitIsToldWhyOverTls(pki, tmp_path):
     """
     TLS has no half-close: a connection over --max-connections gets its
@@ -370,6 +380,7 @@ def test_connectionOverTheLimitIsToldWhyOverTls(pki, tmp_path):
 # The client library
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("how", ["tlsEndpoint", "description"])
 @pytest_twisted.ensureDeferred
 async def test_clientLibraryOverTls(pki, tlsBroker, how):
@@ -403,6 +414,7 @@ async def test_clientLibraryOverTls(pki, tlsBroker, how):
         await publisher.close().addTimeout(WAIT, reactor)
 
 
+@pytest.mark.e2e
 @pytest_twisted.ensureDeferred
 async def test_clientLibraryRefusesAnUntrustedBroker(pki, tlsBroker):
     """
@@ -424,6 +436,7 @@ def test_tlsEndpointRefusesAFileWithoutCertificates(tmp_path):
         tlsEndpoint(reactor, "127.0.0.1", 1, str(empty))
 
 
+@pytest.mark.e2e
 @pytest_twisted.ensureDeferred
 async def test_brokerStopClosesTlsClients(pki, tmp_path):
     """
