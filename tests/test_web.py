@@ -19,7 +19,7 @@ from dallal.broker.delivery import DeliveryConfig
 from dallal.security.auth import FAILURE_DELAY
 from dallal.server import web
 from dallal.server.tap import Options
-from tests.helpers import BrokerHarness
+from helpers import BrokerHarness
 
 USERS = {"alice": b"wonderland"}
 
@@ -80,6 +80,24 @@ def metricsOf(site, *headers):
     }
 
 
+def sampleOf(counter):
+    """
+    The sample that shows one of the broker's counters (but C{dropped},
+    their sum, and C{connections}, shown by transport): its name and
+    labels, as L{metricsOf} keys them.
+
+    @raise AssertionError: no metric shows that counter.
+    """
+    if counter in web.COUNTERS:
+        return (web.COUNTERS[counter][0] + "_total", ())
+    if counter in web.GAUGES:
+        return (web.GAUGES[counter][0], ())
+    if counter.startswith("dropped_"):
+        return ("dallal_messages_dropped_total", (("reason", counter[len("dropped_") :]),))
+    assert counter.startswith("refused_"), f"counter {counter} is no metric"
+    return ("dallal_refused_total", (("limit", counter[len("refused_") :]),))
+
+
 def trafficWithDrops():
     """
     A broker where a subscriber in mode all, with room for one message in
@@ -106,21 +124,9 @@ def test_every_counter_is_a_metric():
     assert stats["dropped_queue_full"] == 1
     metrics = metricsOf(siteOf(harness))
     for name, value in stats.items():
-        if name in web.COUNTERS:
-            key = (web.COUNTERS[name][0] + "_total", ())
-        elif name in web.GAUGES:
-            key = (web.GAUGES[name][0], ())
-        elif name.startswith("dropped_"):
-            key = ("dallal_messages_dropped_total", (("reason", name[len("dropped_"):]),))
-        elif name.startswith("refused_"):
-            key = ("dallal_refused_total", (("limit", name[len("refused_"):]),))
-        elif name == "dropped":
-            continue
-        else:
-            assert name == "connections", f"counter {name} is no metric"
-            assert metrics[("dallal_connections", (("transport", "tcp"),))] == value == 2
-            continue
-        assert metrics[key] == pytest.approx(value, abs=0.01), name
+        if name not in ("dropped", "connections"):
+            assert metrics[sampleOf(name)] == pytest.approx(value, abs=0.01), name
+    assert metrics[("dallal_connections", (("transport", "tcp"),))] == stats["connections"] == 2
     assert metrics[("dallal_messages_dropped_total", (("reason", "queue_full"),))] == 1
     assert metrics[("dallal_refused_total", (("limit", "queued_messages"),))] == 1
     assert metrics[("dallal_messages_published_total", ())] == 3

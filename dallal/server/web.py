@@ -579,6 +579,19 @@ def webSite(broker, clock, checker=None):
     guarded.putChild(b"events", EventsResource(figures))
     root = WebRoot(guarded, checker, clock)
     root.putChild(b"health", HealthResource(broker))
-    site = Site(root, reactor=clock)
+    site = _QuietSite(root, reactor=clock)
     site.figures = figures
     return site
+
+
+class _QuietSite(Site):
+    """
+    A C{Site} that logs no line per request, nor its start and stop: a
+    scraper every few seconds would fill the broker's log, which is for
+    the broker's events.
+    """
+
+    noisy = False
+
+    def log(self, request):
+        pass
