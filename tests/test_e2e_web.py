@@ -7,7 +7,6 @@ Chromium while messages flow.  Every wait is bounded.
 
 import base64
 import json
-import re
 import socket
 import threading
 import time
@@ -19,10 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from browser import CHROMIUM, Browser
 from dallal.security.passwords import PasswordFile, PasswordHash
-from helpers import LOOPBACK_ANY_PORT, BrokerProcess, dallal, subscriber
+from helpers import HTTP_LISTENING, LOOPBACK_ANY_PORT, BrokerProcess, dallal, subscriber
 from test_web import sampleOf
 
-HTTP_LISTENING = re.compile(rb"event=listening transport=http address=127\.0\.0\.1:(\d+)")
 WAIT = 30.0
 
 
