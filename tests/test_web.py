@@ -12,8 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.logger import Logger, formatEvent
 from twisted.python.failure import Failure
 
+from dallal.broker import core
 from dallal.broker.core import BrokerConfig
 from dallal.broker.delivery import DeliveryConfig
 from dallal.security.auth import FAILURE_DELAY
@@ -411,3 +413,43 @@ def test_web_listener_stops_after_the_drain():
     assert stopped == ["tcp"]
     harness.clock.advance(5)
     assert stopped == ["tcp", "http"]
+
+
+def test_unknown_path_is_not_found():
+    assert Response(siteOf(BrokerHarness()), b"/nothing").status == 404
+
+
+def test_web_listener_open_to_all_is_warned():
+    """
+    A web listener beyond the loopback without passwords is warned about,
+    saying what it lets anyone do.
+    """
+    logged = []
+    harness = BrokerHarness(clock=MemoryReactorClock())
+    harness.service._log = Logger(observer=logged.append)
+    harness.service.listenHTTP("tcp:8080:interface=0.0.0.0")
+    harness.service._warnIfOpenToAll()
+    [line] = [formatEvent(event) for event in logged]
+    assert line == (
+        "WARNING: listening on 0.0.0.0:8080 (http) beyond the loopback without "
+        "--passwords: anyone who can reach it may read the broker's metrics and "
+        "dashboard (README.md, Security)"
+    )
+
+
+def test_topic_counts_are_bounded(monkeypatch):
+    """
+    Past TOPICS_REMEMBERED topics, the broker's counts of messages per
+    topic start again: a client publishing on ever new topics does not
+    grow them; the dashboard's rates take the restart as a new count.
+    """
+    monkeypatch.setattr(core, "TOPICS_REMEMBERED", 3)
+    harness = BrokerHarness()
+    publisher = harness.connect()
+    publisher.send(b"PUB 1 a 1\r\nx\r\n" * 5)
+    response = Response(siteOf(harness), b"/events")
+    for topic in (b"b", b"c", b"d"):
+        publisher.send(b"PUB 2 %s 1\r\nx\r\n" % topic)
+    assert harness.broker.topicCounts == {"d": 1}
+    harness.clock.advance(web.SAMPLE_INTERVAL)
+    assert response.events()[1]["topics"] == [["d", 1.0, 1]]

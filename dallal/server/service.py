@@ -80,9 +80,12 @@ class _Listener(Service):
     serves nothing.
 
     @cvar transportName: C{tcp} or C{udp}, for the C{listening} event.
+    @cvar openToAll: what anyone who reaches it may do when the broker
+        takes no passwords, for the warning about it.
     """
 
     transportName = None
+    openToAll = "publish and subscribe"
 
     def __init__(self, events):
         self.events = events
@@ -159,6 +162,7 @@ class WebListenerService(ListenerService):
 
     transportName = "http"
     closesFirst = False
+    openToAll = "read the broker's metrics and dashboard"
 
     def __init__(self, endpoint, site, events):
         ListenerService.__init__(self, endpoint, site, events)
@@ -402,10 +406,11 @@ class DallalService(MultiService):
             if port is not None and beyondLoopback(port.getHost()):
                 self._log.warn(
                     "WARNING: listening on {address} ({transport}) beyond the loopback "
-                    "without --passwords: anyone who can reach it may publish and "
-                    "subscribe (README.md, Security)",
+                    "without --passwords: anyone who can reach it may {what} "
+                    "(README.md, Security)",
                     address=formatAddress(port.getHost()),
                     transport=listener.transportName,
+                    what=listener.openToAll,
                 )
 
     def stopService(self):

@@ -33,6 +33,7 @@ from twisted.internet.defer import succeed
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import LoopingCall, deferLater
 from twisted.logger import Logger
+from twisted.web import pages
 from twisted.web.guard import BasicCredentialFactory, HTTPAuthSessionWrapper
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Site
@@ -514,6 +515,15 @@ class RememberingChecker:
         return deferLater(self.clock, self.failureDelay, failure.raiseException)
 
 
+class Pages(Resource):
+    """
+    A folder of pages, whose unknown paths are answered 404.
+    """
+
+    def getChild(self, path, request):
+        return pages.notFound()
+
+
 @implementer(IRealm)
 class _OneResourceRealm:
     """
@@ -529,7 +539,7 @@ class _OneResourceRealm:
         return IResource, self.resource, lambda: None
 
 
-class WebRoot(Resource):
+class WebRoot(Pages):
     """
     The web listener's root: C{/health} for anyone, and every other path
     under L{guarded}, behind the broker's passwords if it has any.
@@ -546,7 +556,7 @@ class WebRoot(Resource):
             takes no passwords.
         @param clock: the C{IReactorTime} of the checker's delays.
         """
-        Resource.__init__(self)
+        Pages.__init__(self)
         self.guarded = guarded
         if checker is None:
             self._gate = guarded
@@ -573,7 +583,7 @@ def webSite(broker, clock, checker=None):
         when the listener stops.
     """
     figures = LiveFigures(broker, clock)
-    guarded = Resource()
+    guarded = Pages()
     guarded.putChild(b"", DashboardResource())
     guarded.putChild(b"metrics", MetricsResource(broker))
     guarded.putChild(b"events", EventsResource(figures))
