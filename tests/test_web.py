@@ -204,6 +204,9 @@ def test_dashboard_page():
     assert response.status == 200
     assert response.headers[b"content-type"] == b"text/html; charset=utf-8"
     assert b'new EventSource("events")' in response.body
+    # Only its own script may run: a topic's name made HTML could run none.
+    policy = response.headers[b"content-security-policy"]
+    assert b"script-src 'sha256-" in policy and b"unsafe-inline" not in policy
     assert b"http://" not in response.body and b"https://" not in response.body
 
 
