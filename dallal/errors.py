@@ -25,6 +25,8 @@ STORE_FAILED = "STORE_FAILED"
 # has as many subscriptions, as it allows.
 TOO_MANY_CLIENTS = "TOO_MANY_CLIENTS"
 TOO_MANY_SUBSCRIPTIONS = "TOO_MANY_SUBSCRIPTIONS"
+# A publish to every matching topic that would reach more than it allows.
+TOO_MANY_TOPICS = "TOO_MANY_TOPICS"
 # The broker is stopping: it finishes what is in flight, takes nothing new.
 SHUTTING_DOWN = "SHUTTING_DOWN"
 
@@ -36,11 +38,27 @@ BAD_CREDENTIALS = "BAD_CREDENTIALS"
 FORBIDDEN = "FORBIDDEN"
 # Over TCP: the connection did not log in in time.
 LOGIN_TIMEOUT = "LOGIN_TIMEOUT"
+# Over TCP: as many requests in a row were refused as the broker allows.
+TOO_MANY_ERRORS = "TOO_MANY_ERRORS"
+# Over TCP: a frame begun was not complete in time.
+FRAME_TIMEOUT = "FRAME_TIMEOUT"
 
 # The errors after which the broker closes a TCP connection.
 CLOSING = frozenset(
-    (LINE_TOO_LONG, BAD_FRAMING, TOO_MANY_CLIENTS, BAD_CREDENTIALS, LOGIN_TIMEOUT)
+    (
+        LINE_TOO_LONG,
+        BAD_FRAMING,
+        TOO_MANY_CLIENTS,
+        BAD_CREDENTIALS,
+        LOGIN_TIMEOUT,
+        TOO_MANY_ERRORS,
+        FRAME_TIMEOUT,
+    )
 )
+
+# The errors that say what the broker cannot do now, not what the client
+# did wrong: they do not count in a client's run of errors.
+BROKER_STATE = frozenset((SHUTTING_DOWN, STORE_FAILED))
 
 NO_ID = "-"
 

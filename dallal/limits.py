@@ -19,11 +19,15 @@ from twisted.logger import LogLevel
 
 from dallal.errors import (
     BAD_TOPIC,
+    FRAME_TIMEOUT,
     LINE_TOO_LONG,
     NO_ID,
     PAYLOAD_TOO_LARGE,
+    STORE_FAILED,
     TOO_MANY_CLIENTS,
+    TOO_MANY_ERRORS,
     TOO_MANY_SUBSCRIPTIONS,
+    TOO_MANY_TOPICS,
     RequestError,
 )
 
@@ -41,6 +45,37 @@ MIN_CONTROL_LINE = 512
 MAX_CONTROL_LINE = 65536
 DEFAULT_MAX_UDP_CLIENTS = 10_000
 DEFAULT_MAX_HELLOS_PER_SECOND = 100
+# Bytes written to a TCP connection whose transport is already full: the
+# answers to the requests of one read (a LIST or TOPICS is at most a few
+# hundred KiB) and pings fit many times over.
+DEFAULT_MAX_OUTPUT_BYTES = 1024 * 1024
+# Logins waiting for their password check (dallal.security.auth.CheckQueue), in all
+# and from one address: each waits for at most a check per other address.
+DEFAULT_MAX_PENDING_LOGINS = 256
+DEFAULT_MAX_PENDING_LOGINS_PER_IP = 16
+# Retained messages, and their payload bytes: each is kept in memory and on
+# disk, and every new subscription matching many of them is sent them all.
+# What UDP sessions remember of their answers (dallal.server.udp.AnswerCache),
+# each counted with its bookkeeping: per session and in all.
+DEFAULT_MAX_UDP_ANSWER_BYTES = 128 * 1024
+DEFAULT_MAX_UDP_ANSWER_BYTES_TOTAL = 64 * 1024 * 1024
+# Topics one publish to every matching topic (to-matching=1) may reach:
+# each is a message routed while the broker serves nobody else.
+DEFAULT_MAX_MATCHING_TOPICS = 1000
+DEFAULT_MAX_RETAINED = 100_000
+DEFAULT_MAX_RETAINED_BYTES = 256 * 1024 * 1024
+# Requests refused in a row on one TCP connection: a client that means well
+# reads its errors long before, and a stream of garbage costs an ERR and a
+# count each.
+DEFAULT_MAX_CONSECUTIVE_ERRORS = 10
+# Seconds a TCP client has to complete a frame it began (a line, or a 1 MiB
+# payload at some 150 kbit/s): a client that sends a byte now and then
+# cannot hold a partial frame for ever.
+DEFAULT_MAX_FRAME_SECONDS = 60
+# protocol_error events logged a second, per client and in all; the others
+# are counted, and reported by code once a second.
+ERRORS_LOGGED_PER_CLIENT = 10
+ERRORS_LOGGED = 100
 
 # Seconds between two limit_reached events of one limit.
 LOG_INTERVAL = 1.0
@@ -87,6 +122,19 @@ HELLO_RATE = Limit("hello_rate", None)
 # its slow-consumer policy's, seen as a gap in seq or a closed connection.
 QUEUED_MESSAGES = Limit("queued_messages", None)
 QUEUED_BYTES = Limit("queued_bytes", None)
+# A TCP client that does not read its answers: it cannot read an ERR
+# either, so the refusal is the closed connection (reason output_limit).
+OUTPUT_BYTES = Limit("output_bytes", None)
+CONSECUTIVE_ERRORS = Limit("consecutive_errors", TOO_MANY_ERRORS)
+FRAME_SECONDS = Limit("frame_seconds", FRAME_TIMEOUT)
+PENDING_LOGINS = Limit("pending_logins", TOO_MANY_CLIENTS)
+PENDING_LOGINS_PER_IP = Limit("pending_logins_per_ip", TOO_MANY_CLIENTS)
+# Answers forgotten early: a retry of their request is carried out again.
+UDP_ANSWER_BYTES = Limit("udp_answer_bytes", None)
+UDP_ANSWER_BYTES_TOTAL = Limit("udp_answer_bytes_total", None)
+MATCHING_TOPICS = Limit("matching_topics", TOO_MANY_TOPICS)
+RETAINED = Limit("retained", STORE_FAILED)
+RETAINED_BYTES = Limit("retained_bytes", STORE_FAILED)
 
 LIMITS = (
     CONNECTIONS,
@@ -100,6 +148,16 @@ LIMITS = (
     HELLO_RATE,
     QUEUED_MESSAGES,
     QUEUED_BYTES,
+    OUTPUT_BYTES,
+    CONSECUTIVE_ERRORS,
+    FRAME_SECONDS,
+    PENDING_LOGINS,
+    PENDING_LOGINS_PER_IP,
+    UDP_ANSWER_BYTES,
+    UDP_ANSWER_BYTES_TOTAL,
+    MATCHING_TOPICS,
+    RETAINED,
+    RETAINED_BYTES,
 )
 
 
@@ -130,6 +188,53 @@ class LogWindow:
             return False
         self._spent += 1
         return True
+
+
+class ErrorLog:
+    """
+    Which refused requests (C{protocol_error} events) are logged: at most
+    C{perSecond} a second in all, and at most what each client's own
+    L{LogWindow} allows.  Errors can come at any rate, from garbage on many
+    connections or forged datagrams; the log must not.  The others are
+    counted by code and reported in one C{protocol_errors_suppressed} event
+    a second after the first of them.
+    """
+
+    def __init__(self, clock, events, perSecond=ERRORS_LOGGED):
+        self.clock = clock
+        self.events = events
+        self._window = LogWindow(perSecond)
+        self._suppressed = Counter()
+        self._report = None
+
+    def allow(self, clientWindow=None):
+        """
+        Whether one more error may be logged now.
+
+        @param clientWindow: the client's L{LogWindow}, if it has one.
+        """
+        now = self.clock.seconds()
+        return (clientWindow is None or clientWindow.allow(now)) and self._window.allow(now)
+
+    def suppressed(self, code):
+        """
+        An error of C{code} was counted but not logged.
+        """
+        self._suppressed[code] += 1
+        if self._report is None:
+            self._report = self.clock.callLater(LOG_INTERVAL, self.reportSuppressed)
+
+    def reportSuppressed(self):
+        """
+        Log how many errors were counted but not logged since the last
+        report, by code.
+        """
+        if self._report is not None and self._report.active():
+            self._report.cancel()
+        self._report = None
+        for code, count in sorted(self._suppressed.items()):
+            self.events.emit("protocol_errors_suppressed", LogLevel.warn, code=code, count=count)
+        self._suppressed.clear()
 
 
 class LimitLog:

@@ -60,13 +60,18 @@ class _Node:
     @ivar children: the next levels, by name.
     @ivar entry: what the tree keeps at the name that ends here, or C{None}
         when no name ends here.
+    @ivar single: C{children["+"]}, or C{None}; C{multi}, C{children["#"]}:
+        a match takes them at every node it visits, an attribute costs less
+        than a lookup.
     """
 
-    __slots__ = ("children", "entry")
+    __slots__ = ("children", "entry", "single", "multi")
 
     def __init__(self):
         self.children = {}
         self.entry = None
+        self.single = None
+        self.multi = None
 
 
 class _LevelTree:
@@ -92,6 +97,10 @@ class _LevelTree:
             if child is None:
                 child = node.children[level] = _Node()
                 self.nodeCount += 1
+                if level == SINGLE_LEVEL:
+                    node.single = child
+                elif level == MULTI_LEVEL:
+                    node.multi = child
             node = child
         return node
 
@@ -120,6 +129,10 @@ class _LevelTree:
                 return
             del parent.children[level]
             self.nodeCount -= 1
+            if level == SINGLE_LEVEL:
+                parent.single = None
+            elif level == MULTI_LEVEL:
+                parent.multi = None
 
 
 class SubscriptionTree(_LevelTree):
@@ -127,16 +140,24 @@ class SubscriptionTree(_LevelTree):
     Subscriptions by filter: which subscribers want a topic.
 
     Each (filter, subscriber) pair holds one value, such as the options of
-    that subscription.  Filters must have passed L{checkFilter}.
+    that subscription, and a rank from 0 to C{ranks - 1}: L{best} gives each
+    subscriber the value of its highest-ranked filter that matches.  Filters
+    must have passed L{checkFilter}.
+
+    A node's entry is one C{dict} of subscriber -> value per rank, so that
+    L{best} merges a matching filter's subscribers with C{dict.update},
+    whatever their number: a message matching many overlapping filters of
+    the same subscribers costs a step per filter, not per pair.
 
     The tree does not list a subscriber's filters: the broker keeps them with
     the subscriber's session anyway, to remove them when it leaves, and an
     index here would cost memory on every subscription for no new answer.
     """
 
-    def __init__(self):
+    def __init__(self, ranks=1):
         _LevelTree.__init__(self)
         self._count = 0
+        self._ranks = ranks
 
     def __len__(self):
         """
@@ -144,19 +165,22 @@ class SubscriptionTree(_LevelTree):
         """
         return self._count
 
-    def add(self, topicFilter, subscriber, value=None):
+    def add(self, topicFilter, subscriber, value=None, rank=0):
         """
-        Subscribe C{subscriber} to C{topicFilter} with C{value}, replacing
-        the value of an existing subscription.
+        Subscribe C{subscriber} to C{topicFilter} with C{value} and C{rank},
+        replacing the value and rank of an existing subscription.
 
         @return: C{True} if the subscription is new, C{False} if it replaced
             one.
         """
         node = self._nodeFor(topicFilter)
         if node.entry is None:
-            node.entry = {}
-        isNew = subscriber not in node.entry
-        node.entry[subscriber] = value
+            node.entry = [{} for _ in range(self._ranks)]
+        isNew = True
+        for values in node.entry:
+            if values.pop(subscriber, _ABSENT) is not _ABSENT:
+                isNew = False
+        node.entry[rank][subscriber] = value
         self._count += isNew
         return isNew
 
@@ -169,11 +193,14 @@ class SubscriptionTree(_LevelTree):
         """
         path = self._pathTo(topicFilter)
         node = path[-1][2] if path is not None else None
-        if node is None or node.entry is None or subscriber not in node.entry:
+        for values in node.entry if node is not None and node.entry is not None else ():
+            value = values.pop(subscriber, _ABSENT)
+            if value is not _ABSENT:
+                break
+        else:
             raise KeyError((topicFilter, subscriber))
-        value = node.entry.pop(subscriber)
         self._count -= 1
-        if not node.entry:
+        if not any(node.entry):
             node.entry = None
             self._prune(path)
         return value
@@ -187,6 +214,33 @@ class SubscriptionTree(_LevelTree):
             copy per subscriber even when two of its filters overlap.
         """
         found = {}
+        for entry in self._matchingEntries(topic):
+            for values in entry:
+                _collect(found, values)
+        return found
+
+    def best(self, topic):
+        """
+        The subscriptions that want a message published on C{topic}, one
+        per subscriber: of its filters that match, the highest-ranked.
+
+        @return: a C{dict} from each subscriber to that filter's value.
+        """
+        entries = self._matchingEntries(topic)
+        found = {}
+        # Lower ranks first: a higher rank's value replaces them.
+        for rank in range(self._ranks):
+            for entry in entries:
+                values = entry[rank]
+                if values:
+                    found.update(values)
+        return found
+
+    def _matchingEntries(self, topic):
+        """
+        The entries of the filters that match C{topic}.
+        """
+        found = []
         levels = topic.split(SEPARATOR)
         # Walk the levels breadth first; at each level only the exact child
         # and the '+' child go on, and a '#' child matches everything left.
@@ -202,32 +256,34 @@ class SubscriptionTree(_LevelTree):
                 return found
             nextNodes = []
             for node in nodes:
-                children = node.children
-                child = children.get(MULTI_LEVEL)
-                if child is not None:
-                    _collect(found, child.entry)
-                child = children.get(level)
+                child = node.multi
+                if child is not None and child.entry is not None:
+                    found.append(child.entry)
+                child = node.children.get(level)
                 if child is not None:
                     nextNodes.append(child)
-                child = children.get(SINGLE_LEVEL)
+                child = node.single
                 if child is not None:
                     nextNodes.append(child)
             nodes = nextNodes
         for node in nodes:
-            _collect(found, node.entry)
+            if node.entry is not None:
+                found.append(node.entry)
             # 'a/#' also matches 'a' itself.
-            child = node.children.get(MULTI_LEVEL)
-            if child is not None:
-                _collect(found, child.entry)
+            child = node.multi
+            if child is not None and child.entry is not None:
+                found.append(child.entry)
         return found
+
+
+# What a dict holds for no key.
+_ABSENT = object()
 
 
 def _collect(found, subscribers):
     """
     Add the subscribers of one matching filter to C{found}.
     """
-    if subscribers is None:
-        return
     for subscriber, value in subscribers.items():
         values = found.get(subscriber)
         if values is None:
@@ -269,10 +325,12 @@ class TopicMap(_LevelTree, MutableMapping):
         node.entry = None
         self._prune(self._pathTo(topic))
 
-    def match(self, topicFilter):
+    def match(self, topicFilter, limit=None):
         """
         The topics that a valid C{topicFilter} matches.
 
+        @param limit: stop once more than this many are found (the caller
+            refuses that many anyway), rather than walk the whole tree.
         @return: a C{list} of (topic, value) pairs, in no particular order; a
             list rather than a generator so that the caller may change the
             map while it goes through them.
@@ -285,7 +343,7 @@ class TopicMap(_LevelTree, MutableMapping):
             # Wildcards in the first level do not reach '$' topics.
             skipReserved = index == 0
             if level == MULTI_LEVEL:
-                return _entriesUnder(nodes, skipReserved)
+                return _entriesUnder(nodes, skipReserved, limit)
             nextNodes = []
             for node in nodes:
                 if level == SINGLE_LEVEL:
@@ -302,13 +360,14 @@ class TopicMap(_LevelTree, MutableMapping):
         return [node.entry for node in nodes if node.entry is not None]
 
 
-def _entriesUnder(nodes, skipReserved):
+def _entriesUnder(nodes, skipReserved, limit=None):
     """
     The entries of C{nodes} and of all their descendants: what a C{#} at
     their level matches.
 
     @param skipReserved: leave out the children whose name starts with C{$}
         (C{nodes} is the root).
+    @param limit: stop once more than this many are found.
     """
     found = []
     stack = []
@@ -324,5 +383,7 @@ def _entriesUnder(nodes, skipReserved):
         node = stack.pop()
         if node.entry is not None:
             found.append(node.entry)
+            if limit is not None and len(found) > limit:
+                break
         stack.extend(node.children.values())
     return found

@@ -62,7 +62,9 @@ def runInline(function, *arguments):
     return maybeDeferred(function, *arguments)
 
 
-def makeGatekeeper(clock, users=None, acl=None, runHash=runInline, bridgeUsers=()):
+def makeGatekeeper(
+    clock, users=None, acl=None, runHash=runInline, bridgeUsers=(), config=None
+):
     """
     A L{Gatekeeper} on C{clock}, checking passwords with cheap scrypt,
     inline unless told otherwise.
@@ -71,6 +73,7 @@ def makeGatekeeper(clock, users=None, acl=None, runHash=runInline, bridgeUsers=(
         without passwords.
     @param acl: the text of an ACL file, or C{None}.
     @param bridgeUsers: the users that may send bridge frames.
+    @param config: the broker's, whose limits on pending logins it keeps.
     """
     checker = None
     if users is not None:
@@ -78,8 +81,16 @@ def makeGatekeeper(clock, users=None, acl=None, runHash=runInline, bridgeUsers=(
             {name: PasswordHash.make(password, **CHEAP_SCRYPT) for name, password in users.items()},
             runHash=runHash,
         )
+    if config is None:
+        config = BrokerConfig()
     realm = BrokerRealm(parseAcl(acl) if acl is not None else None, bridgeUsers)
-    return Gatekeeper(clock, realm, checker)
+    return Gatekeeper(
+        clock,
+        realm,
+        checker,
+        maxPendingChecks=config.maxPendingLogins,
+        maxPendingChecksPerIp=config.maxPendingLoginsPerIp,
+    )
 
 
 # The name of a BrokerHarness's broker, unless its config gives one.
@@ -125,7 +136,9 @@ class BrokerHarness:
             config = dataclasses.replace(config, name=HARNESS_NAME)
         self.gatekeeper = None
         if users is not None or acl is not None:
-            self.gatekeeper = makeGatekeeper(self.clock, users, acl, runHash, bridgeUsers)
+            self.gatekeeper = makeGatekeeper(
+                self.clock, users, acl, runHash, bridgeUsers, config
+            )
         grace = {} if shutdownGrace is None else {"shutdownGrace": shutdownGrace}
         # No $SYS statistics: the tests that want them start their own.
         self.service = DallalService(

@@ -133,22 +133,24 @@ def test_checker(username, password, outcome):
         assert type(error) is outcome
 
 
-def test_checkerRunsAFewChecksAtATime():
+def test_gatekeeperRunsAFewChecksAtATime():
     """
     However many clients try at once, at most L{MAX_CONCURRENT_CHECKS}
     scrypt checks (16 MiB each) run; the others wait their turn.
     """
     checks = PendingChecks()
-    checker = cheapChecker(checks)
+    clock = Clock()
+    gatekeeper = makeGatekeeper(clock, USERS, runHash=checks)
     attempts = [
-        checker.requestAvatarId(UsernamePassword(b"bob", b"guess %d" % number))
+        gatekeeper.login("bob", b"guess %d" % number, "c", f"10.0.0.{number}")
         for number in range(3 * MAX_CONCURRENT_CHECKS)
     ]
     assert len(checks.waiting) == MAX_CONCURRENT_CHECKS
     while checks.waiting:
         checks.runAll()
+    clock.advance(FAILURE_DELAY)
     for attempt in attempts:
-        assert type(failureOf(attempt)) is UnauthorizedLogin
+        assert type(failureOf(attempt)) is LoginFailed
 
 
 class RecordingHash(PasswordHash):
@@ -456,6 +458,10 @@ def test_connectionLostWhileThePasswordIsChecked():
         (b"user=alice", b"a login needs both user=<name> and password=<base64>"),
         (b"password=eA==", b"a login needs both user=<name> and password=<base64>"),
         (b"user=alice password=not*base64", b"password= must be the password's bytes in base64"),
+        (
+            "user=alice password=\u00e9A==".encode(),
+            b"password= must be the password's bytes in base64",
+        ),
     ],
 )
 def test_malformedCredentials(secured, options, reason):

@@ -256,6 +256,8 @@ def test_theLastHopAllowedIsPublished(harness):
     [
         b"PUB 7 news 2 origin=leaf hops=0",
         b"PUB 7 news 2 origin=leaf oid=1 hops=many",
+        "PUB 7 news 2 origin=leaf oid=1 hops=\u00b2".encode(),
+        "PUB 7 news 2 origin=leaf oid=1 hops=\u0661".encode(),
         b"PUB 7 news 2 origin=le/af oid=1 hops=0",
         b"PUB 7 news 2 origin=leaf oid=1 hops=0 retain=1",
     ],

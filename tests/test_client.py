@@ -7,12 +7,12 @@ import re
 
 import pytest
 from twisted.internet.defer import TimeoutError
-from twisted.internet.error import ConnectionLost
+from twisted.internet.error import ConnectionDone, ConnectionLost
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
-from dallal.client import DallalClientProtocol, ServerError
+from dallal.client import ClosedUnanswered, DallalClientProtocol, ServerError
 from helpers import splitAt
 
 
@@ -125,6 +125,28 @@ def test_pendingRequestsFailWhenConnectionIsLost(connection):
     for outcome in (published, subscribed, pinged):
         assert outcome.failure is not None
         assert outcome.failure.check(ConnectionLost)
+
+
+def test_closedBeforeAnyAnswer(connection):
+    """
+    A broker that closes the connection before it sent a single frame (a
+    TLS port does so to a plain client) fails what waits with
+    L{ClosedUnanswered}, still a C{ConnectionDone}.
+    """
+    client, transport = connection
+    published = Outcome(client.publish("news", b"hi"))
+    client.connectionLost(Failure(ConnectionDone()))
+    assert published.failure.check(ClosedUnanswered)
+    assert published.failure.check(ConnectionDone)
+
+
+def test_closedAfterAnAnswer(connection):
+    client, transport = connection
+    client.ping()
+    client.dataReceived(b"PONG\r\n")
+    published = Outcome(client.publish("news", b"hi"))
+    client.connectionLost(Failure(ConnectionDone()))
+    assert published.failure.type is ConnectionDone
 
 
 def test_lateAndUnknownAcksAreIgnored(connection):

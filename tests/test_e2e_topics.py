@@ -355,13 +355,18 @@ def test_shellOnATerminalStoppedBySigterm(broker):
             or (directory / "dallal-data" / "retained.sqlite3").write_bytes(b"\0garbage" * 512),
             b"retained.sqlite3",
         ),
+        (
+            lambda directory: (directory / "dallal-data").mkdir()
+            or (directory / "dallal-data" / "retained.sqlite3").write_bytes(b""),
+            b"retained.sqlite3 is empty",
+        ),
     ],
-    ids=["not a directory", "corrupt"],
+    ids=["not a directory", "corrupt", "empty"],
 )
 def test_unusableStoreStopsTheBrokerAtStart(tmp_path, makeStore, reason):
     """
     A data directory that cannot hold the store, or a store that is not a
-    database, stops twistd at start with a one-line reason naming the path,
+    database (or an empty file), stops twistd at start with a one-line reason naming the path,
     not a traceback.
     """
     makeStore(tmp_path)

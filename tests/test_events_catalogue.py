@@ -14,7 +14,7 @@ from dallal.server import udp
 from dallal.broker.delivery import DeliveryConfig
 from dallal.modes import ALL, FIRE, LATEST
 from dallal.broker.core import BrokerConfig
-from dallal.broker.retained import StoreError
+from dallal.broker.retained import RetainedStats, StoreError
 from helpers import PING_INTERVAL, BrokerHarness, FakeDatagramTransport, resultOf
 
 # The events of a bridge's link to its remote broker.
@@ -78,6 +78,10 @@ class RetainedStub:
     def match(self, topicFilter):
         return [("kept/one", b"retained payload")]
 
+    def get(self, topic):
+        return b"retained payload" if topic == "kept/one" else None
+
+    stats = RetainedStats(1, len(b"retained payload"))
     writing = False
 
     def set(self, topic, payload):

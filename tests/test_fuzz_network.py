@@ -55,8 +55,11 @@ def vmRSS(pid):
 
 
 TOPICS = [b"fuzz/a", b"fuzz/b", b"fuzz/+", b"fuzz/#", b"#", b"$SYS/x", b"+bad", b"\xff", b"t" * 300]
-IDS = [b"1", b"2", b"77", b"x" * 70, b"\xc3\xa9"]
-OPTIONS = [b"", b" mode=all", b" mode=fire", b" mode=bogus", b" retain=1", b" to-matching=1", b" k"]
+IDS = [b"1", b"2", b"77", b"x" * 70, b"\xc3\xa9", "\u00b2".encode()]
+OPTIONS = [
+    b"", b" mode=all", b" mode=fire", b" mode=bogus", b" retain=1", b" to-matching=1", b" k",
+    " limit=\u00b2".encode(), " hops=\u0661".encode(), " user=u password=\u00e9".encode(),
+]  # fmt: skip
 
 
 def frame(rng):
@@ -64,7 +67,7 @@ def frame(rng):
     One frame of the protocol, usually well-formed.
     """
     kind = rng.randrange(12)
-    topic, requestId, options = rng.choice(TOPICS), rng.choice(IDS), rng.choice(OPTIONS)
+    topic, requestId, options = rng.choice([*TOPICS, anyText(rng)]), rng.choice(IDS), rng.choice(OPTIONS)
     if kind < 4:
         payload = rng.randbytes(rng.choice([0, 1, 10, 100, 1000, 20000]))
         size = len(payload) + rng.choice([0, 0, 0, 0, 1, -1])
@@ -79,12 +82,23 @@ def frame(rng):
             b"LIST %s\r\n" % requestId,
             b"TOPICS %s limit=%d\r\n" % (requestId, rng.randrange(-1, 5)),
             b"PING\r\nPONG\r\n",
-            b"HELLO %s me\r\n" % requestId,
+            b"HELLO %s me%s\r\n" % (requestId, options),
+            b"HELLO %s me user=u password=%s\r\n" % (requestId, anyText(rng)),
             b"BYE\r\n",
             b"PUB 9 fuzz/a 999999999\r\n",
             b"L" * rng.choice([4000, 4097, 9000]) + b"\r\n",
         ]
     )
+
+
+def anyText(rng):
+    """
+    A few characters from anywhere in Unicode, in UTF-8.
+    """
+    return "".join(
+        chr(rng.choice([rng.randrange(0x80), rng.randrange(0xD800), rng.randrange(0xE000, 0x110000)]))
+        for _ in range(rng.randrange(1, 6))
+    ).encode("utf-8")
 
 
 def mutated(rng, data):

@@ -545,6 +545,16 @@ LIMIT_OPTIONS = {
     "max-topic-levels": "maxTopicLevels",
     "max-payload": "maxPayload",
     "max-line": "maxControlLine",
+    "max-output-bytes": "maxOutputBytes",
+    "max-consecutive-errors": "maxConsecutiveErrors",
+    "max-frame-seconds": "maxFrameSeconds",
+    "max-pending-logins": "maxPendingLogins",
+    "max-pending-logins-per-ip": "maxPendingLoginsPerIp",
+    "max-udp-answer-bytes": "maxUdpAnswerBytes",
+    "max-udp-answer-bytes-total": "maxUdpAnswerBytesTotal",
+    "max-matching-topics": "maxMatchingTopics",
+    "max-retained": "maxRetained",
+    "max-retained-bytes": "maxRetainedBytes",
 }
 
 

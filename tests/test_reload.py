@@ -6,6 +6,8 @@ again by a running broker, without dropping a connection.
 import signal
 
 import pytest
+import pytest_twisted
+from twisted.internet import reactor
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import globalLogPublisher
@@ -189,21 +191,34 @@ def capturedEvents():
     globalLogPublisher.removeObserver(events.append)
 
 
-def configured(tmp_path, text, *argv):
+@pytest.fixture
+def configured():
     """
-    The service of C{twistd dallal --config dallal.toml} with C{text} in the
-    file, and the file.
+    Builds the service of C{twistd dallal --config dallal.toml} with a text
+    in the file, as C{configured(directory, text, *argv)}, returning the
+    service and the file; closes their retained stores at the end.
     """
-    path = tmp_path / "dallal.toml"
-    path.write_text(text)
-    options = Options()
-    options.parseWithConfig(
-        ["--config", str(path), "--data-dir", str(tmp_path / "data"), "--tcp", "0", *argv]
-    )
-    return makeService(options, MemoryReactorClock()), path
+    services = []
+
+    def configured(directory, text, *argv):
+        path = directory / "dallal.toml"
+        path.write_text(text)
+        options = Options()
+        options.parseWithConfig(
+            ["--config", str(path), "--data-dir", str(directory / "data"), "--tcp", "0", *argv]
+        )
+        # The real reactor, which the store's thread answers through; the
+        # service is never started.
+        service = makeService(options, reactor)
+        services.append(service)
+        return service, path
+
+    yield configured
+    for service in services:
+        pytest_twisted.blockon(service.broker.retained.close().addTimeout(10, reactor))
 
 
-def test_theConfigFileIsReadAgain(tmp_path, capturedEvents):
+def test_theConfigFileIsReadAgain(tmp_path, capturedEvents, configured):
     service, path = configured(tmp_path, "max-queued = 5\nmax-payload = 100\n")
     path.write_text(
         "max-queued = 7\nmax-payload = 100\nmessage-events = true\nshutdown-grace = 0\n"
@@ -224,7 +239,7 @@ def test_theConfigFileIsReadAgain(tmp_path, capturedEvents):
     assert capturedEvents("reloaded") == [{"file": "config"}]
 
 
-def test_anOptionThatNeedsARestartIsLoggedAndKept(tmp_path, capturedEvents):
+def test_anOptionThatNeedsARestartIsLoggedAndKept(tmp_path, capturedEvents, configured):
     service, path = configured(tmp_path, "max-connections = 50\n")
     path.write_text("max-connections = 60\nmax-line = 1024\n")
     service.reload()
@@ -236,7 +251,7 @@ def test_anOptionThatNeedsARestartIsLoggedAndKept(tmp_path, capturedEvents):
     assert service.broker.config.maxControlLine == 4096
 
 
-def test_aWrongConfigFileChangesNothing(tmp_path, capturedEvents):
+def test_aWrongConfigFileChangesNothing(tmp_path, capturedEvents, configured):
     service, path = configured(tmp_path, "max-queued = 5\n")
     path.write_text("max-queued = 'x'\n")
     service.reload()
@@ -244,7 +259,7 @@ def test_aWrongConfigFileChangesNothing(tmp_path, capturedEvents):
     assert service.broker.config.delivery.maxQueued == 5
 
 
-def test_everyReloadableOptionReachesTheBroker(tmp_path):
+def test_everyReloadableOptionReachesTheBroker(tmp_path, configured):
     """
     Each option said to be reloaded changes the running service: none is
     listed without a field of the broker's that it changes.

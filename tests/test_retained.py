@@ -271,6 +271,20 @@ def test_notADatabase(tmp_path, openStore):
     assert str(failed.value) == f"cannot open {tmp_path / FILE_NAME}: file is not a database"
 
 
+def test_emptyFile(tmp_path, openStore):
+    """
+    An empty file (which SQLite would take for a new database) is refused:
+    starting with no retained messages would lose them silently.
+    """
+    (tmp_path / FILE_NAME).write_bytes(b"")
+    with pytest.raises(StoreError) as failed:
+        openStore(tmp_path)
+    assert str(failed.value) == (
+        f"{tmp_path / FILE_NAME} is empty, not a Dallal retained message store: "
+        "remove it to start with no retained messages"
+    )
+
+
 @pytest_twisted.ensureDeferred
 async def test_corruptPages(tmp_path, openStore):
     """

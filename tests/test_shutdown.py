@@ -10,6 +10,7 @@ from twisted.internet.testing import MemoryReactorClock
 
 from dallal.broker.core import DRAIN_CHECK_INTERVAL, BrokerConfig
 from helpers import BrokerHarness, FakeDatagramTransport, decodeFrames, resultOf
+from test_topics_core import MemoryRetained
 
 GRACE = 2.0
 
@@ -119,13 +120,14 @@ def test_fireAndLatestNeedNoAcksToDrain():
     assert fire.closing and latest.closing
 
 
-class PendingStore:
+class PendingStore(MemoryRetained):
     """
     A retained store whose one write is on its way to the disk until the
     test says it is written.
     """
 
     def __init__(self):
+        MemoryRetained.__init__(self)
         self.written = Deferred()
         self.closed = False
 

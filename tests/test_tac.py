@@ -4,7 +4,7 @@ The README's C{.tac} example, run as the README says, with C{twistd -ny}.
 
 import re
 
-from helpers import REPO, TWISTD, BrokerProcess, dallal
+from helpers import REPO, TWISTD, BrokerProcess, dallal, subscriber
 
 README_PORT = "tcp:1373:"
 
@@ -30,5 +30,29 @@ def test_readmeTac(tmp_path):
         assert result.returncode == 0
         # twistd removes its pid file when it stops: look while it runs.
         assert not (tmp_path / "twistd.pid").exists()
+    finally:
+        broker.stop()
+
+
+def test_readmeTacKeepsRetainedMessages(tmp_path):
+    """
+    A retained message published to the README's broker is still there
+    after a restart.
+    """
+    (tmp_path / "dallal.tac").write_text(readmeTac())
+    argv = [TWISTD, "-ny", "dallal.tac", "--pidfile="]
+    broker = BrokerProcess(argv, tmp_path)
+    try:
+        result = dallal("127.0.0.1", broker.port, "publish", "--retain", "news", "kept")
+        assert result.stdout == b"your message published successfully\n"
+    finally:
+        broker.stop()
+    broker = BrokerProcess(argv, tmp_path)
+    try:
+        listening = subscriber(broker.port, "news")
+        try:
+            listening.waitFor(rb"news: kept\n")
+        finally:
+            listening.terminate()
     finally:
         broker.stop()

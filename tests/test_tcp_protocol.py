@@ -8,7 +8,7 @@ import re
 import pytest
 
 from dallal.broker.core import BrokerConfig
-from dallal.errors import CLOSING
+from dallal.errors import CLOSING, FRAME_TIMEOUT, TOO_MANY_ERRORS, TOO_MANY_TOPICS
 from helpers import PING_INTERVAL, REPO, BrokerHarness, decodeFrames, messages, splitAt
 from test_auth import AUTH_ERRORS
 from test_limits import TOO_MANY_CLIENTS_ERROR, TOO_MANY_SUBSCRIPTIONS_ERROR
@@ -350,6 +350,10 @@ def test_everyDocumentedErrorIsTested():
     # The limits' errors need a broker at its limits: tests/test_limits.py.
     tested[TOO_MANY_CLIENTS_ERROR.split()[2].decode()] = "**closed**"
     tested[TOO_MANY_SUBSCRIPTIONS_ERROR.split()[2].decode()] = "stays open"
+    # tests/test_bounds.py.
+    tested[TOO_MANY_ERRORS] = "**closed**"
+    tested[FRAME_TIMEOUT] = "**closed**"
+    tested[TOO_MANY_TOPICS] = "stays open"
     tested.update({error.split()[2].decode(): "stays open" for _, error in SHUTDOWN_ERRORS})
     assert documented == tested
     assert {code for code, connection in documented.items() if connection == "**closed**"} == (
@@ -557,6 +561,11 @@ def test_sessionSplitAnywhere():
         b"PUB 6 a/# 2 to-matching=1 retain=1\r\nhi\r\n",
         b"TOPICS 6 limit=-1\r\n",
         b"TOPICS 6 limit=many\r\n",
+        # Digits to str.isdigit, not to int(), or not ASCII.
+        "TOPICS 6 limit=\u00b2\r\n".encode(),
+        "TOPICS 6 limit=\u0661\r\n".encode(),
+        b"TOPICS 6 limit=+5\r\n",
+        b"TOPICS 6 limit=1_0\r\n",
     ],
 )
 def test_conflictingOrMalformedOptionsAreRefused(request_):

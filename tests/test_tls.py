@@ -215,6 +215,29 @@ def test_wrongCaFails(pki, tlsBroker):
     assert b"certificate verify failed" in result.stderr
 
 
+def test_plainClientOnATlsPort(tlsBroker):
+    """
+    Without C{--tls}, a TLS port closes the connection without a word:
+    the client says it is probably a TLS port.
+    """
+    result = dallal("127.0.0.1", tlsBroker.port, "publish", "news", "x")
+    assert (result.stdout, result.returncode) == (PUBLISH_FAILED, 1)
+    assert result.stderr == (
+        b"dallal: the broker at 127.0.0.1:%d closed the connection before answering: "
+        b"probably a TLS port (add --tls)\n" % tlsBroker.port
+    )
+
+
+def test_tlsClientOnAPlainPort(pki, broker):
+    result = tlsCommand(pki.ca, "127.0.0.1", broker.port, "publish", "news", "x")
+    assert (result.stdout, result.returncode) == (PUBLISH_FAILED, 1)
+    assert re.fullmatch(
+        rb"dallal: TLS with the broker at 127\.0\.0\.1:%d failed: .+ "
+        rb"\(probably a plain TCP port, not TLS: try without --tls\)\n" % broker.port,
+        result.stderr,
+    ), result.stderr
+
+
 def test_systemRootsDoNotTrustTheTestCa(tlsBroker):
     """
     Without C{--cafile} the system's roots are used, and they do not trust

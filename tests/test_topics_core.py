@@ -31,8 +31,8 @@ class MemoryRetained:
     def get(self, topic):
         return self.messages.get(topic)
 
-    def match(self, topicFilter):
-        return self.messages.match(topicFilter)
+    def match(self, topicFilter, limit=None):
+        return self.messages.match(topicFilter, limit)
 
     def list(self, limit):
         return [(topic, len(self.messages[topic])) for topic in sorted(self.messages)[:limit]]

@@ -169,6 +169,21 @@ def test_overlappingFiltersGiveOneEntryPerSubscriber():
     assert found["bob"] == ["bob's"]
 
 
+def test_bestGivesTheHighestRankedFilterOfEachSubscriber():
+    tree = SubscriptionTree(ranks=3)
+    tree.add("a/b", "alice", "exact", 0)
+    tree.add("a/+", "alice", "plus", 2)
+    tree.add("#", "alice", "all", 1)
+    tree.add("a/#", "bob", "bob's", 1)
+    assert tree.best("a/b") == {"alice": "plus", "bob": "bob's"}
+    # Adding again changes the rank, not the count.
+    assert tree.add("a/+", "alice", "plus", 0) is False
+    assert tree.best("a/b") == {"alice": "all", "bob": "bob's"}
+    assert len(tree) == 4
+    assert tree.remove("#", "alice") == "all"
+    assert tree.best("a/b")["alice"] in ("exact", "plus")
+
+
 def test_removeReturnsTheValue():
     tree = SubscriptionTree()
     tree.add("a/#", "alice", "options")
@@ -300,6 +315,26 @@ def test_subscriptionTreeAgreesWithReference(pairs, published):
     assert len(tree) == len(distinct)
     for topic in published:
         assert actualMatches(tree, topic) == expectedMatches(distinct, topic)
+
+
+@PROPERTY_SETTINGS
+@given(subscriptions, st.lists(topics, min_size=1, max_size=10))
+def test_bestAgreesWithReference(pairs, published):
+    """
+    L{SubscriptionTree.best} gives each subscriber the value of its
+    highest-ranked matching filter (here, the rank is the filter's length
+    modulo 3; the value, the filter).
+    """
+    tree = SubscriptionTree(ranks=3)
+    for topicFilter, subscriber in pairs:
+        tree.add(topicFilter, subscriber, topicFilter, len(topicFilter) % 3)
+    for topic in published:
+        found = tree.best(topic)
+        expected = expectedMatches(set(pairs), topic)
+        assert set(found) == set(expected)
+        for subscriber, topicFilter in found.items():
+            assert topicFilter in expected[subscriber]
+            assert len(topicFilter) % 3 == max(len(f) % 3 for f in expected[subscriber])
 
 
 @PROPERTY_SETTINGS

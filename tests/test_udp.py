@@ -19,6 +19,7 @@ from dallal.client import DallalDatagramClient, SessionLost
 from dallal.protocol.datagram import MAX_PAYLOAD
 from dallal.broker.retained import StoreError
 from helpers import PING_INTERVAL, BrokerHarness, FakeDatagramTransport, messages, resultOf
+from test_topics_core import MemoryRetained
 
 SECRET = b"a fixed secret for the tests...."
 BROKER = ("127.0.0.1", 1234)
@@ -42,6 +43,10 @@ class UdpHarness(BrokerHarness):
 
     def peer(self, port, host="127.0.0.1"):
         return Peer(self, (host, port))
+
+    @property
+    def answers(self):
+        return self.udp.answers
 
     def bytesSentTo(self, address):
         return sum(len(data) for data, to in self.transport.written if to == address)
@@ -453,12 +458,13 @@ def test_retriedPublishIsPublishedOnce(harness):
     assert (harness.counter("published"), harness.counter("duplicates")) == (1, 2)
 
 
-class SlowRetained:
+class SlowRetained(MemoryRetained):
     """
     A retained store whose writes finish when the test says so.
     """
 
     def __init__(self):
+        MemoryRetained.__init__(self)
         self.writes = []
 
     def set(self, topic, payload):

@@ -7,6 +7,7 @@ nothing of sockets, frames or ports.  Time comes from an injected
 C{IReactorTime}, so tests drive it with C{task.Clock}.
 """
 
+import heapq
 import secrets
 from collections import Counter
 from dataclasses import dataclass, field
@@ -39,12 +40,28 @@ from dallal.limits import (
     DEFAULT_MAX_CONNECTIONS_PER_IP,
     DEFAULT_MAX_HELLOS_PER_SECOND,
     DEFAULT_MAX_LINE,
+    DEFAULT_MAX_CONSECUTIVE_ERRORS,
+    DEFAULT_MAX_FRAME_SECONDS,
+    DEFAULT_MAX_OUTPUT_BYTES,
+    DEFAULT_MAX_PENDING_LOGINS,
+    DEFAULT_MAX_PENDING_LOGINS_PER_IP,
+    DEFAULT_MAX_MATCHING_TOPICS,
+    DEFAULT_MAX_RETAINED,
+    DEFAULT_MAX_RETAINED_BYTES,
+    DEFAULT_MAX_UDP_ANSWER_BYTES,
+    DEFAULT_MAX_UDP_ANSWER_BYTES_TOTAL,
     DEFAULT_MAX_SUBSCRIPTIONS,
     DEFAULT_MAX_TOPIC_LEVELS,
     DEFAULT_MAX_UDP_CLIENTS,
+    ERRORS_LOGGED_PER_CLIENT,
+    MATCHING_TOPICS,
     PAYLOAD,
+    RETAINED,
+    RETAINED_BYTES,
     SUBSCRIPTIONS,
+    ErrorLog,
     LimitLog,
+    LogWindow,
 )
 from dallal.broker.origin import MAX_HOPS, Origin, SeenMessages, generatedName, originFromOptions
 from dallal.broker.retained import StoreError
@@ -83,6 +100,17 @@ class BrokerConfig:
     maxConnectionsPerIp: int = DEFAULT_MAX_CONNECTIONS_PER_IP
     maxUdpClients: int = DEFAULT_MAX_UDP_CLIENTS
     maxHellosPerSecond: int = DEFAULT_MAX_HELLOS_PER_SECOND
+    maxOutputBytes: int = DEFAULT_MAX_OUTPUT_BYTES
+    maxConsecutiveErrors: int = DEFAULT_MAX_CONSECUTIVE_ERRORS
+    maxFrameSeconds: int = DEFAULT_MAX_FRAME_SECONDS
+    # Enforced by the gatekeeper (dallal.security.auth.CheckQueue).
+    maxPendingLogins: int = DEFAULT_MAX_PENDING_LOGINS
+    maxPendingLoginsPerIp: int = DEFAULT_MAX_PENDING_LOGINS_PER_IP
+    maxUdpAnswerBytes: int = DEFAULT_MAX_UDP_ANSWER_BYTES
+    maxUdpAnswerBytesTotal: int = DEFAULT_MAX_UDP_ANSWER_BYTES_TOTAL
+    maxMatchingTopics: int = DEFAULT_MAX_MATCHING_TOPICS
+    maxRetained: int = DEFAULT_MAX_RETAINED
+    maxRetainedBytes: int = DEFAULT_MAX_RETAINED_BYTES
     messageEvents: bool = True
     delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
     maxListed: int = 1000
@@ -142,14 +170,9 @@ _DISCARD_COUNTERS = {
 
 
 # When two filters of one session match a message, it is delivered once,
-# through the subscription whose mode promises the most.
-_MODE_STRENGTH = {ALL: 2, LATEST: 1, FIRE: 0}
-
-
-def _strongest(subscriptions):
-    if len(subscriptions) == 1:
-        return subscriptions[0]
-    return max(subscriptions, key=lambda subscription: _MODE_STRENGTH[subscription.mode])
+# through the subscription whose mode promises the most: its rank in the
+# subscription tree.
+_MODE_STRENGTH = {FIRE: 0, LATEST: 1, ALL: 2}
 
 
 class _Session:
@@ -163,6 +186,7 @@ class _Session:
         (L{dallal.security.acl.Permissions}), or C{None} when the broker has no ACL.
     @ivar mayBridge: whether it may send bridge frames: not when it logged
         in as a user that is no bridge (L{dallal.security.auth.BrokerRealm}).
+    @ivar errorWindow: the L{LogWindow} of its C{protocol_error} events.
     """
 
     __slots__ = (
@@ -174,6 +198,7 @@ class _Session:
         "clientId",
         "permissions",
         "mayBridge",
+        "errorWindow",
     )
 
     def __init__(self, sid, subscriber, outbox):
@@ -185,6 +210,7 @@ class _Session:
         self.clientId = None
         self.permissions = None
         self.mayBridge = True
+        self.errorWindow = LogWindow(ERRORS_LOGGED_PER_CLIENT)
 
 
 class Broker:
@@ -220,7 +246,7 @@ class Broker:
         self.seen = SeenMessages(clock)
         self.bridges = {}
         self._sessions = {}
-        self._tree = SubscriptionTree()
+        self._tree = SubscriptionTree(ranks=len(_MODE_STRENGTH))
         # filter -> number of sessions subscribed with it, for TOPICS; and
         # the filters without wildcards, which are topics clients named.
         self._filterCounts = Counter()
@@ -270,6 +296,7 @@ class Broker:
             bridged_refused=0,
         )
         self.limits = LimitLog(clock, self.counters, self.events)
+        self.errorLog = ErrorLog(clock, self.events)
         self.ledger = Ledger(self.counters, self.events, self.limits)
 
     # Sessions
@@ -522,6 +549,7 @@ class Broker:
         for session in list(self._sessions.values()):
             self.detach(session.subscriber, "shutdown")
             session.subscriber.disconnect("shutdown")
+        self.errorLog.reportSuppressed()
         self.logStats()
 
     def stats(self):
@@ -653,7 +681,7 @@ class Broker:
                 )
             subscription = Subscription(requestId, topicFilter, mode, session.outbox, bridge)
             session.subscriptions[topicFilter] = subscription
-            self._tree.add(topicFilter, subscriber, subscription)
+            self._tree.add(topicFilter, subscriber, subscription, _MODE_STRENGTH[mode])
             self._filterCounts[topicFilter] += 1
             if WILDCARDS.isdisjoint(topicFilter):
                 self._namedTopics[topicFilter] = self._filterCounts[topicFilter]
@@ -662,6 +690,7 @@ class Broker:
             subscription.id = requestId
             subscription.mode = mode
             subscription.bridge = bridge
+            self._tree.add(topicFilter, subscriber, subscription, _MODE_STRENGTH[mode])
         # A new filter, or a new mode, which may change which of a
         # session's filters carries a message.
         self._routes.clear()
@@ -773,7 +802,7 @@ class Broker:
             retained = dict(self.retained.list(limit))
             alsoRetained = sum(1 for name in filters if self.retained.get(name) is not None)
             total = self.retained.stats.count + len(filters) - alsoRetained
-        names = sorted(set(retained).union(sorted(filters)[:limit]))[:limit]
+        names = sorted(set(retained).union(heapq.nsmallest(limit, filters)))[:limit]
         rows = [(name, retained.get(name), filters.get(name, 0)) for name in names]
         return rows, total
 
@@ -794,6 +823,38 @@ class Broker:
             if session.permissions is not None and not session.permissions.mayWrite(topic):
                 self._forbid(session, "publish", topic, requestId)
         return self._route(subscriber, topic, payload)
+
+    def checkRetainable(self, subscriber, topic, payload, requestId):
+        """
+        Refuse a retained publish, before it is published, that would take
+        the store over C{maxRetained} messages or C{maxRetainedBytes}
+        payload bytes.  Clearing a topic, or replacing its message with one
+        no larger, is always allowed.
+        """
+        if self.retained is None or not payload:
+            return
+        held = self.retained.stats
+        previous = self.retained.get(topic)
+        config = self.config
+        if previous is None and held.count >= config.maxRetained:
+            raise self.refusedByLimit(
+                subscriber,
+                RETAINED,
+                config.maxRetained,
+                f"the broker keeps its maximum of {config.maxRetained} retained messages: "
+                "clear one first (a retained publish with no payload)",
+                requestId,
+            )
+        size = held.bytes + len(payload) - (0 if previous is None else len(previous))
+        if size > config.maxRetainedBytes and len(payload) > len(previous or b""):
+            raise self.refusedByLimit(
+                subscriber,
+                RETAINED_BYTES,
+                config.maxRetainedBytes,
+                f"the retained messages would take {size} bytes, more than the maximum "
+                f"of {config.maxRetainedBytes}",
+                requestId,
+            )
 
     def retain(self, topic, payload, requestId):
         """
@@ -841,9 +902,20 @@ class Broker:
         permissions = self._sessions[subscriber].permissions
         if permissions is not None and not permissions.mayMatch(topicFilter, WRITE):
             self._forbid(self._sessions[subscriber], "publish", topicFilter, requestId)
-        topics = {topic for topic, _ in self._namedTopics.match(topicFilter)}
+        maximum = self.config.maxMatchingTopics
+        topics = {topic for topic, _ in self._namedTopics.match(topicFilter, maximum)}
         if self.retained is not None:
-            topics.update(topic for topic, _ in self.retained.match(topicFilter))
+            topics.update(topic for topic, _ in self.retained.match(topicFilter, maximum))
+        if len(topics) > maximum:
+            # (Counted before the ACL's say: the matches were not all found.)
+            raise self.refusedByLimit(
+                subscriber,
+                MATCHING_TOPICS,
+                maximum,
+                f"{topicFilter} matches more than {maximum} topics: publish to a "
+                "narrower filter",
+                requestId,
+            )
         if permissions is not None:
             topics = {topic for topic in topics if permissions.mayWrite(topic)}
         for topic in sorted(topics):
@@ -1007,9 +1079,7 @@ class Broker:
         """
         receivers = self._routes.get(topic)
         if receivers is None:
-            receivers = [
-                _strongest(subscriptions) for subscriptions in self._tree.match(topic).values()
-            ]
+            receivers = list(self._tree.best(topic).values())
             if len(self._routes) >= TOPICS_REMEMBERED:
                 self._routes.clear()
             self._routes[topic] = receivers
@@ -1054,18 +1124,23 @@ class Broker:
 
     def protocolError(self, subscriber, code, fatal, logged=True):
         """
-        Record that a client sent something the broker refused.
+        Record that a client sent something the broker refused, and log it
+        unless too many were logged this second (L{ErrorLog}).
 
-        @param logged: whether to log it (a refusal that is only counted is
-            reported by its caller, see L{dallal.server.udp.StrangerErrorLog}).
+        @param logged: whether it may be logged (a datagram that named no
+            session may not, beyond L{dallal.server.udp.StrangerErrorLog}'s rate).
         """
         self.counters["errors"] += 1
-        if not logged:
+        session = self._sessions.get(subscriber)
+        # A fatal error closes the client: it has no more to log.
+        window = session.errorWindow if session is not None and not fatal else None
+        if not (logged and self.errorLog.allow(window)):
+            self.errorLog.suppressed(code)
             return
         self.events.emit(
             "protocol_error",
             LogLevel.warn,
-            session=self._sessionNumber(subscriber),
+            session=session.sid if session else 0,
             client=subscriber.peer,
             code=code,
             fatal=fatal,

@@ -21,6 +21,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from dallal.errors import BAD_ARGUMENTS, RequestError
+from dallal.numbers import wholeNumber
 
 # Bridges a message may cross; a full mesh of this many brokers plus one
 # never needs more.
@@ -127,17 +128,15 @@ def originFromOptions(options, requestId):
     if broker is None:
         return None
     messageId = options.get("oid", "")
-    hops = options.get("hops", "")
-    if not NAME.match(broker) or not _MESSAGE_ID.match(messageId) or not (
-        hops.isdigit() and len(hops) <= 3
-    ):
+    hops = wholeNumber(options.get("hops", ""), 3)
+    if not NAME.match(broker) or not _MESSAGE_ID.match(messageId) or hops is None:
         raise RequestError(
             BAD_ARGUMENTS,
             "a bridged message needs origin=<broker name> oid=<1 to 64 printable "
             "ASCII characters> hops=<number>",
             requestId,
         )
-    return Origin(broker, messageId, int(hops))
+    return Origin(broker, messageId, hops)
 
 
 class SeenMessages:

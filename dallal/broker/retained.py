@@ -149,8 +149,8 @@ class RetainedStore:
         started on the same data directory is refused here.
 
         @raise StoreError: if the directory cannot be created or written
-            to, or the file cannot be opened, locked or read, is not a
-            database, is corrupt, or has another schema version.
+            to, or the file cannot be opened, locked or read, is empty, is
+            not a database, is corrupt, or has another schema version.
         """
         try:
             os.makedirs(dataDir, exist_ok=True)
@@ -165,6 +165,13 @@ class RetainedStore:
                 "its write-ahead log are created there"
             )
         path = os.path.join(dataDir, FILE_NAME)
+        if os.path.isfile(path) and os.path.getsize(path) == 0:
+            # SQLite would take it for a new database and start with no
+            # retained messages: an emptied file is a store that was lost.
+            raise StoreError(
+                f"{path} is empty, not a Dallal retained message store: remove it "
+                "to start with no retained messages"
+            )
         try:
             # Used from the reactor's thread until open returns, then only
             # from the store's worker thread, never from two at once.
@@ -188,12 +195,13 @@ class RetainedStore:
         """
         return self._messages.get(topic)
 
-    def match(self, topicFilter):
+    def match(self, topicFilter, limit=None):
         """
+        @param limit: see L{TopicMap.match}.
         @return: a C{list} of the (topic, payload) pairs whose topic the
             valid C{topicFilter} matches.
         """
-        return self._messages.match(topicFilter)
+        return self._messages.match(topicFilter, limit)
 
     @property
     def writing(self):

@@ -120,6 +120,10 @@ class PipeConsole(LineReceiver):
         self._endInput()
 
     def readConnectionLost(self):
+        # The last line may have no line end.
+        rest = self.clearLineBuffer()
+        if rest:
+            self.lineReceived(rest)
         self._endInput()
 
     def writeConnectionLost(self):

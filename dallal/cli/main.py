@@ -10,20 +10,30 @@ a failure go to standard error.
 
 import argparse
 import os
+import re
+import stat
 import sys
 
 import json
 import textwrap
 
+from twisted.application.internet import backoffPolicy
 from twisted.internet import defer, error as netError
 from twisted.internet.endpoints import HostnameEndpoint
+from twisted.internet.interfaces import IReadDescriptor
+from twisted.internet.main import CONNECTION_LOST
 from twisted.internet.task import deferLater, react
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from dallal import __version__
 from dallal.cli.askpass import PASSWORD_VARIABLE, NoTerminal, askPassword, passwordFromEnvironment
 from dallal.cli.chat import Chat, checkName, defaultName
 from dallal.client import (
+    RECONNECT_FACTOR,
+    RECONNECT_INITIAL_DELAY,
+    RECONNECT_MAX_DELAY,
+    ClosedUnanswered,
     DallalClientProtocol,
     ServerError,
     SessionLost,
@@ -43,6 +53,18 @@ DEFAULT_TIMEOUT = 10.0
 PUBLISHED = "your message published successfully"
 PUBLISH_FAILED = "your message publishing failed"
 SUBSCRIBE_FAILED = "subscribing failed"
+
+# The exit status of a command whose standard output was closed under it
+# (C{dallal ... subscribe t | head -2}): that of a command SIGPIPE stops.
+OUTPUT_GONE = 128 + 13
+
+# Publishes of C{publish -l} sent and not yet acknowledged, at most: reading
+# standard input waits beyond them, so a long input costs bounded memory.
+PUBLISH_WINDOW = 100
+
+# Any argument of publish that begins with one dash (-5C) and is not one of
+# its options is a message (argparse takes only negative numbers so).
+_DASHED_MESSAGE = re.compile(r"^-[^-]")
 
 
 def _port(text):
@@ -137,7 +159,9 @@ def buildParser():
         description=f"Publish a message; prints '{PUBLISHED}' once the broker "
         "acknowledges it.  A topic is made of levels separated by '/' "
         "(weather/minnesota); the wildcards + and # only go in the filters of "
-        "subscriptions and of --to-matching.",
+        "subscriptions and of --to-matching.  A message may begin with '-' "
+        "(-5C); one that begins like an option (-h, -l, -f, --...) goes after "
+        "'--': publish news -- --all-clear.",
     )
     addTimeout(publish)
     how = publish.add_mutually_exclusive_group()
@@ -158,7 +182,7 @@ def buildParser():
     publish.add_argument(
         "--count",
         type=_positiveInt,
-        default=1,
+        default=None,
         metavar="N",
         help="publish the message N times; the success line is printed once "
         "all N are acknowledged (default 1)",
@@ -166,13 +190,32 @@ def buildParser():
     publish.add_argument(
         "--every",
         type=_nonNegative,
-        default=0.0,
+        default=None,
         metavar="SECONDS",
-        help="wait this long between publishes; 0 (the default) sends them "
-        "all at once, pipelined",
+        help="with --count: wait this long between publishes; 0 (the "
+        "default) sends them all at once, pipelined",
+    )
+    source = publish.add_mutually_exclusive_group()
+    source.add_argument(
+        "-l",
+        "--stdin-line",
+        action="store_true",
+        help="instead of <message>: publish each line read from standard "
+        "input as a message, as it is read (empty lines are skipped); the "
+        "success line is printed once the input ended and all are "
+        "acknowledged",
+    )
+    source.add_argument(
+        "-f",
+        "--file",
+        metavar="FILE",
+        help="instead of <message>: publish the content of FILE as the message",
     )
     publish.add_argument("topic", help="a topic; with --to-matching a topic filter")
-    publish.add_argument("message")
+    publish.add_argument("message", nargs="?", help="the message (or -l, or -f FILE)")
+    # Once its options are added: argparse would take those that match it
+    # (-l, -f) for negative numbers, and then no argument for one.
+    publish._negative_number_matcher = _DASHED_MESSAGE
 
     subscribe = commands.add_parser(
         "subscribe",
@@ -190,6 +233,14 @@ def buildParser():
         help="latest (the default): each message is acked, and a newer one "
         "replaces an older one not yet sent; all: every message is kept "
         "until acked; fire: no acks, fastest, may lose messages",
+    )
+    subscribe.add_argument(
+        "--reconnect",
+        action="store_true",
+        help="when the connection is lost (the broker restarts), connect and "
+        f"subscribe again, after about {RECONNECT_INITIAL_DELAY * RECONNECT_FACTOR:g} s, then "
+        f"twice as long after each failure, up to {RECONNECT_MAX_DELAY:g} s, and say "
+        "so on standard error; until interrupted",
     )
     subscribe.add_argument("topics", nargs="+", metavar="topic")
 
@@ -351,6 +402,11 @@ def describe(failure, args):
     if isinstance(failure, SessionLost):
         return f"the broker at {where} no longer knows this client: {failure}"
     if isinstance(failure, (netError.ConnectionDone, netError.ConnectionLost)):
+        if isinstance(failure, ClosedUnanswered) and not args.tls:
+            return (
+                f"the broker at {where} closed the connection before answering: "
+                "probably a TLS port (add --tls)"
+            )
         return f"the broker at {where} closed the connection"
     if isinstance(failure, ServerError) and failure.code == BAD_CREDENTIALS:
         return f"the broker at {where} refused the login: {failure.reason}"
@@ -365,10 +421,16 @@ def describe(failure, args):
         return f"the broker refused the request: {failure}"
     tls = _tlsReason(failure, args.host)
     if tls is not None:
+        if any(sign in tls for sign in _PLAIN_PORT_SIGNS):
+            tls += " (probably a plain TCP port, not TLS: try without --tls)"
         return f"TLS with the broker at {where} failed: {tls}"
     if isinstance(failure, ValueError):
         return str(failure)
     return f"{type(failure).__name__}: {failure}"
+
+
+# What OpenSSL says when the other side does not speak TLS.
+_PLAIN_PORT_SIGNS = ("wrong version number", "packet length too long", "record layer failure")
 
 
 def _tlsReason(error, host):
@@ -395,11 +457,7 @@ def _tlsReason(error, host):
 
 def _fail(line, error, args, hint=None):
     print(line, flush=True)
-    reason = describe(error, args)
-    if hint is not None:
-        reason = f"{reason} ({hint})"
-    print(f"dallal: {reason}", file=sys.stderr, flush=True)
-    raise SystemExit(1)
+    _exitWith(error, args, hint)
 
 
 def _connect(reactor, args, deadline):
@@ -471,15 +529,16 @@ def _publishHint(error, args):
 
 
 async def publishCommand(reactor, args):
-    # fsencode gives back the exact bytes the shell passed.
-    payload = os.fsencode(args.message)
+    if args.stdin_line:
+        await _publishLines(reactor, args)
+        return
     try:
         client = await _connect(reactor, args, Deadline(reactor, args.timeout))
         acks = []
-        for number in range(args.count):
+        for number in range(args.count or 1):
             if number and args.every:
                 await deferLater(reactor, args.every)
-            acks.append(_publishOnce(client, args, payload))
+            acks.append(_publishOnce(client, args, args.payload))
         # The time limit runs from the last publish sent.
         answers = await Deadline(reactor, args.timeout).wait(
             defer.gatherResults(acks, consumeErrors=True)
@@ -492,6 +551,110 @@ async def publishCommand(reactor, args):
     await client.close()
 
 
+class LinePublisher:
+    """
+    The handler of the console of C{publish -l}: publishes each line read
+    as a message as soon as it is read (empty lines are skipped), with at
+    most C{window} unacknowledged; reading from a pipe or a file waits
+    meanwhile.
+
+    @ivar finished: fires with the broker's answers once the input ended
+        and every message is acknowledged, or fails with the first
+        failure.
+    """
+
+    def __init__(self, console, publishOne, window=PUBLISH_WINDOW):
+        """
+        @param publishOne: called with a payload, returns a Deferred of the
+            broker's answer (with its own time limit).
+        """
+        self.console = console
+        self.publishOne = publishOne
+        self.window = window
+        self.finished = defer.Deferred()
+        self._answers = []
+        self._unacknowledged = 0
+        self._inputEnded = False
+        self._paused = False
+
+    def lineReceived(self, line):
+        if self.finished.called or not line:
+            return
+        self._unacknowledged += 1
+        self.publishOne(line.encode("utf-8", "surrogateescape")).addCallbacks(
+            self._acknowledged, self._failed
+        )
+        # A person typing never fills the window.
+        if self._unacknowledged >= self.window and not self.console.interactive:
+            self._paused = True
+            self.console.pauseProducing()
+
+    def _acknowledged(self, answer):
+        self._answers.append(answer)
+        self._unacknowledged -= 1
+        if self._paused:
+            self._paused = False
+            self.console.resumeProducing()
+        self._finishIfDone()
+
+    def _failed(self, failure):
+        self._unacknowledged -= 1
+        if not self.finished.called:
+            self.finished.errback(failure)
+
+    def inputEnded(self):
+        self._inputEnded = True
+        self._finishIfDone()
+
+    def _finishIfDone(self):
+        if self._inputEnded and not self._unacknowledged and not self.finished.called:
+            self.finished.callback(self._answers)
+
+
+class NothingToPublish(ValueError):
+    """
+    C{publish -l} read no line that was not empty.
+    """
+
+    def __str__(self):
+        return "standard input had no message (empty lines are skipped)"
+
+
+async def _publishLines(reactor, args):
+    """
+    C{publish -l}: each line of standard input is a message.
+    """
+    try:
+        client = await _connect(reactor, args, Deadline(reactor, args.timeout))
+    except Exception as error:
+        _fail(PUBLISH_FAILED, error, args)
+    console = openConsole(
+        reactor,
+        f"{args.topic}> ",
+        lambda console: LinePublisher(
+            console,
+            lambda payload: Deadline(reactor, args.timeout).wait(
+                _publishOnce(client, args, payload)
+            ),
+        ),
+    )
+    try:
+        answers = await console.handler.finished
+        if not answers:
+            raise NothingToPublish()
+    except Exception as error:
+        # Through the console, which owns standard output meanwhile.
+        console.printLine(PUBLISH_FAILED)
+        await console.close()
+        await client.close()
+        _exitWith(error, args, _publishHint(error, args))
+    console.printLine(PUBLISHED)
+    if args.to_matching:
+        console.printLine(describeReach(args.topic, answers))
+    await console.close()
+    await client.close()
+
+
 class MessagePrinter:
     """
     Prints C{<topic>: <message>} lines, holding back those that arrive
@@ -499,30 +662,101 @@ class MessagePrinter:
     C{subscribing on ...} line always comes first.
 
     A message is acked once its line is flushed: a held one when it is
-    released.
+    released.  One whose line cannot be written, standard output being
+    closed, is never acked.
+
+    @ivar outputGone: fires once standard output is found closed.
     """
 
     def __init__(self, output):
         self.output = output
         self.held = []
+        self.outputGone = defer.Deferred()
 
     def __call__(self, message):
         if self.held is None:
-            self.write(message)
-            return None
+            return self.write(message)
         printed = defer.Deferred()
         self.held.append((message, printed))
         return printed
 
     def write(self, message):
-        self.output.write(message.topic.encode("utf-8") + b": " + message.payload + b"\n")
-        self.output.flush()
+        """
+        Print one message.
+
+        @return: C{None} once it is written; if it cannot be, a Deferred
+            that never fires, so that the message is never acked.
+        """
+        if not self.outputGone.called:
+            try:
+                self.output.write(message.topic.encode("utf-8") + b": " + message.payload + b"\n")
+                self.output.flush()
+                return None
+            except BrokenPipeError:
+                self.closed()
+        return defer.Deferred()
+
+    def closed(self):
+        """
+        Standard output is closed: whoever read it is gone.
+        """
+        if not self.outputGone.called:
+            self.outputGone.callback(None)
 
     def release(self):
         held, self.held = self.held, None
         for message, printed in held:
-            self.write(message)
-            printed.callback(None)
+            if self.write(message) is None:
+                printed.callback(None)
+
+
+@implementer(IReadDescriptor)
+class _ReaderWatch:
+    """
+    Notices that the pipe on standard output lost its reader (C{head} has
+    its lines) without writing to it: the writing end of a pipe polls
+    readable (or in error) only then.
+    """
+
+    def __init__(self, descriptor, onGone):
+        self.descriptor = descriptor
+        self.onGone = onGone
+
+    def fileno(self):
+        return self.descriptor
+
+    def doRead(self):
+        return CONNECTION_LOST
+
+    def connectionLost(self, reason):
+        self.onGone()
+
+    def logPrefix(self):
+        return "standard output"
+
+
+def watchOutput(reactor, onGone, descriptor=1):
+    """
+    Call C{onGone} when nobody reads standard output any more, if it is a
+    pipe (a terminal or a file has no reader to lose).
+    """
+    if stat.S_ISFIFO(os.fstat(descriptor).st_mode):
+        watch = _ReaderWatch(descriptor, onGone)
+        reactor.addReader(watch)
+        # Not to be told the pipe is lost when the reactor stops.
+        reactor.addSystemEventTrigger("before", "shutdown", reactor.removeReader, watch)
+
+
+def leaveWithOutputGone():
+    """
+    Exit as a command whose standard output was closed: at once, silently,
+    with status L{OUTPUT_GONE}.  What is still buffered for standard output
+    goes nowhere (Python would fail to flush it at exit, and say so).
+    """
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    raise SystemExit(OUTPUT_GONE)
 
 
 def reportGap(topic, missed):
@@ -538,34 +772,103 @@ def reportEnded(topic, error):
     print(f"dallal: {error.reason}", file=sys.stderr, flush=True)
 
 
-async def subscribeCommand(reactor, args):
-    # Ctrl-C and SIGTERM stop the reactor, which closes the connection: that
-    # is the user's way out, not a failure to report.
-    stopping = []
-    reactor.addSystemEventTrigger("before", "shutdown", stopping.append, True)
+def _say(text):
+    print(f"dallal: {text}", file=sys.stderr, flush=True)
+
+
+async def _subscribe(reactor, args, printer):
+    """
+    Connect and subscribe on the topics of C{args}.
+
+    @return: the client, once every subscription is acknowledged.
+    """
     deadline = Deadline(reactor, args.timeout)
-    printer = MessagePrinter(sys.stdout.buffer)
+    client = await _connect(reactor, args, deadline)
     try:
-        client = await _connect(reactor, args, deadline)
         await deadline.wait(
             client.subscribe(
                 args.topics, printer, mode=args.mode, onGap=reportGap, onEnded=reportEnded
             )
         )
+    except Exception:
+        client.close()
+        raise
+    return client
+
+
+def _firstOf(*deferreds):
+    """
+    A Deferred that fires once the first of C{deferreds} fires.
+    """
+    return defer.DeferredList(list(deferreds), fireOnOneCallback=True, consumeErrors=True)
+
+
+async def subscribeCommand(reactor, args):
+    # Ctrl-C and SIGTERM stop the reactor, which closes the connection: that
+    # is the user's way out, not a failure to report.
+    stopping = []
+    reactor.addSystemEventTrigger("before", "shutdown", stopping.append, True)
+    printer = MessagePrinter(sys.stdout.buffer)
+    watchOutput(reactor, printer.closed)
+    try:
+        client = await _subscribe(reactor, args, printer)
     except Exception as error:
         _fail(SUBSCRIBE_FAILED, error, args)
     print("subscribing on " + " ".join(args.topics), flush=True)
     printer.release()
-    await client.whenDisconnected()
-    if stopping:
-        return
-    reason = client.lostReason.value if client.lostReason else None
-    print(f"dallal: {describe(reason, args)}", file=sys.stderr, flush=True)
-    raise SystemExit(1)
+    while True:
+        await _firstOf(client.whenDisconnected(), printer.outputGone)
+        if printer.outputGone.called:
+            # What could not be printed is not acked: the broker counts
+            # it dropped once the connection is closed.
+            await client.close()
+            leaveWithOutputGone()
+        if stopping:
+            return
+        reason = describe(client.lostReason.value if client.lostReason else None, args)
+        if not args.reconnect:
+            _say(reason)
+            raise SystemExit(1)
+        client = await _subscribeAgain(reactor, args, printer, reason)
 
 
-def _exitWith(error, args):
-    print(f"dallal: {describe(error, args)}", file=sys.stderr, flush=True)
+async def _subscribeAgain(reactor, args, printer, reason):
+    """
+    Connect and subscribe again after the connection was lost, trying
+    with a growing delay, until it works or the broker refuses the
+    subscriptions.
+
+    @param reason: why the connection was lost, in words.
+    @return: the new client, subscribed.
+    """
+    delay = backoffPolicy(RECONNECT_INITIAL_DELAY, RECONNECT_MAX_DELAY, RECONNECT_FACTOR)
+    attempt = 1
+    while True:
+        seconds = delay(attempt)
+        _say(f"{reason} (connecting again in {seconds:.1f} s)")
+        await _firstOf(deferLater(reactor, seconds), printer.outputGone)
+        if printer.outputGone.called:
+            leaveWithOutputGone()
+        try:
+            client = await _subscribe(reactor, args, printer)
+        except ServerError as error:
+            if error.code not in CLOSING:
+                _exitWith(error, args)
+            reason = describe(error, args)
+        except Exception as error:
+            reason = describe(error, args)
+        else:
+            topics = " ".join(args.topics)
+            _say(f"connected to {args.host}:{args.port} again, subscribed on {topics}")
+            return client
+        attempt += 1
+
+
+def _exitWith(error, args, hint=None):
+    reason = describe(error, args)
+    if hint is not None:
+        reason = f"{reason} ({hint})"
+    _say(reason)
     raise SystemExit(1)
 
 
@@ -671,6 +974,11 @@ async def chatCommand(reactor, args):
     )
 
 
+def _stopIfOutputGone(failure):
+    failure.trap(BrokenPipeError)
+    leaveWithOutputGone()
+
+
 COMMANDS = {
     "publish": publishCommand,
     "subscribe": subscribeCommand,
@@ -681,11 +989,38 @@ COMMANDS = {
 }
 
 
+def _checkPublish(parser, args):
+    """
+    Check the options of C{publish} that go together, and set
+    C{args.payload}: the message as bytes, or C{None} with C{-l}.
+    """
+    given = [args.message is not None, args.stdin_line, args.file is not None]
+    if sum(given) != 1:
+        parser.error("publish takes one of: a message, -l, -f FILE")
+    if args.every is not None and args.count is None:
+        parser.error("--every goes with --count")
+    if args.stdin_line and args.count is not None:
+        parser.error("--count goes with one message, not with -l")
+    if args.file is not None:
+        try:
+            with open(args.file, "rb") as source:
+                args.payload = source.read()
+        except OSError as error:
+            parser.error(f"-f {args.file}: {error.strerror}")
+    elif args.message is not None:
+        # fsencode gives back the exact bytes the shell passed.
+        args.payload = os.fsencode(args.message)
+    else:
+        args.payload = None
+
+
 def main(argv=None):
     parser = buildParser()
     args = parser.parse_args(argv)
     if args.cafile is not None and not args.tls:
         parser.error("--cafile goes with --tls")
+    if args.command == "publish":
+        _checkPublish(parser, args)
     args.credentials = None
     if args.user is not None:
         password = passwordFromEnvironment()
@@ -701,6 +1036,7 @@ def main(argv=None):
         args.credentials = (args.user, password)
 
     def run(reactor):
-        return defer.ensureDeferred(COMMANDS[args.command](reactor, args))
+        running = defer.ensureDeferred(COMMANDS[args.command](reactor, args))
+        return running.addErrback(_stopIfOutputGone)
 
     react(run)

@@ -20,6 +20,7 @@ from twisted.internet.error import ConnectionDone, ConnectionLost
 from dallal.client import ServerError, SessionLost
 from dallal.modes import MODES
 from dallal.topics import WILDCARDS
+from dallal.numbers import wholeNumber
 
 
 def plural(count, word):
@@ -330,9 +331,12 @@ class Shell(ConsoleSession):
             self.console.printLine(line)
 
     async def _topics(self, limit=None):
-        if limit is not None and not (limit.isdigit() and int(limit) > 0):
-            raise UsageError(f"the limit must be a positive number, not {limit!r}")
-        document = await self.answer(self.client.topics(None if limit is None else int(limit)))
+        if limit is not None:
+            number = wholeNumber(limit, 18)
+            if not number:
+                raise UsageError(f"the limit must be a positive number, not {limit!r}")
+            limit = number
+        document = await self.answer(self.client.topics(limit))
         for line in formatTopics(document):
             self.console.printLine(line)
 

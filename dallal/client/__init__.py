@@ -47,6 +47,7 @@ from dallal.protocol import datagram
 from dallal.protocol import wire
 from dallal.errors import BAD_TOKEN, CLOSING, NO_SESSION, RequestError
 from dallal.protocol.framing import FrameReceiver
+from dallal.numbers import wholeNumber
 from dallal.names import checkUserName
 from dallal.topics import MAX_TOPIC_LENGTH
 
@@ -54,6 +55,13 @@ from dallal.topics import MAX_TOPIC_LENGTH
 # each time, up to RETRY_MAX_DELAY.
 RETRY_FIRST_DELAY = 0.25
 RETRY_MAX_DELAY = 1.0
+# Reconnecting (a bridge, `dallal subscribe --reconnect`): 1 s after losing
+# an established connection, then twice as long after each failure, at most
+# 15 s, plus up to 1 s of jitter so that the clients of a restarted broker do
+# not all come back in the same instant.
+RECONNECT_INITIAL_DELAY = 0.5
+RECONNECT_FACTOR = 2.0
+RECONNECT_MAX_DELAY = 15.0
 # A HELLO is padded to this size: the broker answers an address that has
 # not yet proved it receives with at most three times what it sent.
 HELLO_SIZE = 64
@@ -79,6 +87,16 @@ class ClientProtocolError(Exception):
     """
 
 
+def _topicsReached(options):
+    """
+    The number of topics a PUBACK to a C{to-matching} publish says it reached.
+    """
+    reached = wholeNumber(options.get("topics", ""), 18)
+    if reached is None:
+        raise ClientProtocolError(f"unexpected answer to a to-matching publish: {options}")
+    return reached
+
+
 class SessionLost(ConnectionLost):
     """
     The broker no longer knows this UDP client: its session expired, or the
@@ -87,6 +105,13 @@ class SessionLost(ConnectionLost):
 
     def __str__(self):
         return " ".join(map(str, self.args))
+
+
+class ClosedUnanswered(ConnectionDone):
+    """
+    The broker closed the connection before it sent a single frame: what a
+    TLS listener does to a client that speaks plain TCP to it.
+    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,9 +330,7 @@ class _ClientSession:
         frame = wire.encodePublishOptions(
             requestId, topicFilter, payload, {"to-matching": "1"}
         )
-        return self._request(frame, requestId).addCallback(
-            lambda options: int(options["topics"])
-        )
+        return self._request(frame, requestId).addCallback(_topicsReached)
 
     def unsubscribe(self, topicFilter):
         """
@@ -604,6 +627,7 @@ class DallalClientProtocol(FrameReceiver, _ClientSession):
         self._receiving = None
         # The error the broker closes the connection for, once it sent one.
         self._closedFor = None
+        self._heardFrom = False
 
     def connectionMade(self):
         self.connected = True
@@ -612,6 +636,8 @@ class DallalClientProtocol(FrameReceiver, _ClientSession):
         if self._closedFor is not None:
             # What waits for an answer fails with why, not just "closed".
             reason = Failure(self._closedFor)
+        elif not self._heardFrom and type(reason.value) is ConnectionDone:
+            reason = Failure(ClosedUnanswered())
         self._lost(reason)
 
     def _sendFrame(self, frame):
@@ -681,6 +707,7 @@ class DallalClientProtocol(FrameReceiver, _ClientSession):
         return closed
 
     def lineReceived(self, line):
+        self._heardFrom = True
         try:
             reply = wire.parseReply(line)
         except RequestError as error:

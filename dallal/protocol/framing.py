@@ -11,7 +11,9 @@ This one walks the buffer with an offset and copies each line once.
 It adds the one thing the Dallal wire format needs on top of lines: after a
 control line announcing C{N} bytes, L{FrameReceiver.expectPayload} makes the
 next C{N} bytes (whatever they contain, newlines included) and the line end
-after them a single payload, handed to C{payloadReceived}.
+after them a single payload, handed to C{payloadReceived}.  A payload that
+arrives over many reads is gathered in one C{bytearray}: what a slow sender
+makes it hold is the bytes it sent, not an object per read.
 """
 
 from twisted.protocols.basic import LineReceiver
@@ -34,12 +36,14 @@ class FrameReceiver(LineReceiver):
     MAX_LENGTH = 4096
 
     # Payload state: bytes still wanted, whether they are kept or thrown away,
-    # and the pieces kept so far (a payload may span many reads).
+    # and what was kept so far (a payload may span many reads).
     _payloadWanted = 0
     _payloadSize = 0
     _payloadDiscard = False
-    _payloadParts = None
+    _payloadKept = None
     _awaitingTerminator = False
+    # Frames (lines and payloads) received so far.
+    framesReceived = 0
 
     def expectPayload(self, size, discard=False):
         """
@@ -53,7 +57,7 @@ class FrameReceiver(LineReceiver):
         self._payloadWanted = size
         self._payloadSize = size
         self._payloadDiscard = discard
-        self._payloadParts = []
+        self._payloadKept = bytearray()
         self._awaitingTerminator = True
 
     def payloadReceived(self, payload):
@@ -66,6 +70,13 @@ class FrameReceiver(LineReceiver):
         """
         Called when a payload read with C{discard=True} has been skipped.
         """
+
+    def partialFrame(self):
+        """
+        Whether part of a frame (a line without its end, a payload not
+        complete) has been received.
+        """
+        return self._awaitingTerminator or bool(self._buffer)
 
     def payloadTerminatorMissing(self):
         """
@@ -128,7 +139,8 @@ class FrameReceiver(LineReceiver):
                     payload = buffer[position : position + wanted]
                     position += wanted + 2
                     self._awaitingTerminator = False
-                    self._payloadParts = None
+                    self._payloadKept = None
+                    self.framesReceived += 1
                     why = self.payloadReceived(payload)
                     if why or self._closing():
                         return None, why
@@ -136,7 +148,7 @@ class FrameReceiver(LineReceiver):
                 if wanted:
                     take = min(wanted, end - position)
                     if not self._payloadDiscard:
-                        self._payloadParts.append(buffer[position : position + take])
+                        self._payloadKept += memoryview(buffer)[position : position + take]
                     position += take
                     self._payloadWanted -= take
                     continue
@@ -154,12 +166,12 @@ class FrameReceiver(LineReceiver):
                     self._awaitingTerminator = False
                     return None, self.payloadTerminatorMissing()
                 self._awaitingTerminator = False
-                parts, self._payloadParts = self._payloadParts, None
+                kept, self._payloadKept = self._payloadKept, None
+                self.framesReceived += 1
                 if self._payloadDiscard:
                     why = self.payloadDiscarded(self._payloadSize)
                 else:
-                    payload = parts[0] if len(parts) == 1 else b"".join(parts)
-                    why = self.payloadReceived(payload)
+                    why = self.payloadReceived(bytes(kept))
                 if why or self._closing():
                     return None, why
             elif self.line_mode:
@@ -175,6 +187,7 @@ class FrameReceiver(LineReceiver):
                 position = lineEnd + 1
                 if len(line) > self.MAX_LENGTH:
                     return None, self.lineLengthExceeded(line)
+                self.framesReceived += 1
                 why = self.lineReceived(line)
                 if why or self._closing():
                     return None, why

@@ -12,6 +12,7 @@ import base64
 import binascii
 from dataclasses import dataclass, field
 
+from dallal.numbers import wholeNumber
 from dallal.errors import (
     BAD_ARGUMENTS,
     BAD_COMMAND,
@@ -121,12 +122,15 @@ def _options(tokens, requestId):
     return options
 
 
+
+
 def _size(token, requestId):
-    if not token.isdigit() or len(token) > 12:
+    size = wholeNumber(token, 12)
+    if size is None:
         raise RequestError(
             BAD_ARGUMENTS, f"payload size must be a byte count, got {token!r}", requestId
         )
-    return int(token)
+    return size
 
 
 def _parsePub(tokens):
@@ -291,8 +295,8 @@ def credentialsOf(hello):
             BAD_ARGUMENTS, "a login needs both user=<name> and password=<base64>", hello.id
         )
     try:
-        return user, base64.b64decode(password, validate=True)
-    except binascii.Error:
+        return user, base64.b64decode(password.encode("ascii"), validate=True)
+    except (UnicodeEncodeError, binascii.Error):
         raise RequestError(
             BAD_ARGUMENTS, "password= must be the password's bytes in base64", hello.id
         )

@@ -7,14 +7,16 @@ The pieces are Twisted's:
  - L{PasswordFileChecker}, an C{ICredentialsChecker} of user names and
    passwords (C{IUsernamePassword}) against the password file
    (L{dallal.security.passwords}).  The scrypt check costs some tens of
-   milliseconds and 16 MiB, so it runs in the reactor's thread pool, at
-   most L{MAX_CONCURRENT_CHECKS} at a time: a client trying passwords never
-   holds up the others' traffic, and a crowd of them cannot make the
-   broker's memory grow past those few checks.
+   milliseconds and 16 MiB, so it runs in the reactor's thread pool: a
+   client trying passwords never holds up the others' traffic.
  - L{BrokerRealm}, the C{IRealm} whose avatars (L{IBrokerUser}) carry the
    user's name and what the ACL lets it do (L{dallal.security.acl}).
  - A C{Portal} joining them, which L{Gatekeeper} wraps for the transports:
-   it logs clients in, answers a failed login only after
+   it logs clients in, at most L{MAX_CONCURRENT_CHECKS} at a time, the
+   others waiting in a L{CheckQueue} bounded per address and in all and
+   served an address at a time in turn (so a crowd of wrong passwords from
+   one address neither grows the broker's memory nor delays another
+   address's login by more than a few checks), answers a failed login only after
    L{FAILURE_DELAY} seconds (so guessing passwords over one connection
    goes at one guess a second, as Mosquitto and SSH slow it), and hands
    anonymous clients their avatar when the broker takes no passwords.
@@ -23,16 +25,23 @@ The pieces are Twisted's:
 """
 
 import ipaddress
+from collections import Counter, deque
 
 from twisted.cred.checkers import ANONYMOUS, ICredentialsChecker
 from twisted.cred.credentials import IUsernamePassword, UsernamePassword
 from twisted.cred.error import UnauthorizedLogin
 from twisted.cred.portal import IRealm, Portal
-from twisted.internet.defer import DeferredSemaphore
+from twisted.internet.defer import Deferred, fail, maybeDeferred
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from zope.interface import Attribute, Interface, implementer
 
+from dallal.limits import (
+    DEFAULT_MAX_PENDING_LOGINS,
+    DEFAULT_MAX_PENDING_LOGINS_PER_IP,
+    PENDING_LOGINS,
+    PENDING_LOGINS_PER_IP,
+)
 from dallal.security.acl import AclError, loadAcl
 from dallal.security.passwords import (
     DEFAULT_N,
@@ -127,9 +136,8 @@ class PasswordFileChecker:
 
     credentialInterfaces = (IUsernamePassword,)
 
-    def __init__(self, users, runHash=deferToThread, concurrent=MAX_CONCURRENT_CHECKS):
+    def __init__(self, users, runHash=deferToThread):
         self._runHash = runHash
-        self._slots = DeferredSemaphore(concurrent)
         self.replaceUsers(users)
 
     def replaceUsers(self, users):
@@ -155,7 +163,7 @@ class PasswordFileChecker:
             name = None
         stored = self.users.get(name)
         expected = stored if stored is not None else self._decoy
-        checked = self._slots.run(self._runHash, expected.verify, credentials.password)
+        checked = self._runHash(expected.verify, credentials.password)
         return checked.addCallback(self._checked, name, stored is not None)
 
     def _checked(self, matches, name, known):
@@ -164,6 +172,119 @@ class PasswordFileChecker:
         if not matches:
             raise UnauthorizedLogin()
         return name
+
+
+class TooManyChecks(Exception):
+    """
+    A login was refused unchecked: as many are waiting for their check as
+    the broker allows, from the client's address or in all.
+
+    @ivar limit: the L{dallal.limits.Limit}, and C{maximum} its value.
+    """
+
+    def __init__(self, limit, maximum, reason):
+        Exception.__init__(self, reason)
+        self.limit = limit
+        self.maximum = maximum
+        self.reason = reason
+
+
+class CheckQueue:
+    """
+    Runs password checks at most C{concurrent} at a time; the others wait,
+    at most C{maxPendingPerSource} from one source (the client's IP
+    address) and C{maxPending} in all, counting those running.
+
+    The sources take turns: each turn runs the next check of the source
+    whose last turn is the oldest (a new one first), so a client waits for
+    at most a check of each other source, however many one of them sent.  A check
+    cancelled while it waits leaves the queue; one cancelled while it runs
+    (its thread cannot be stopped) still holds its place until it ends.
+    """
+
+    def __init__(self, concurrent, maxPending, maxPendingPerSource):
+        self.concurrent = concurrent
+        self.maxPending = maxPending
+        self.maxPendingPerSource = maxPendingPerSource
+        # source -> its checks waiting, [deferred, function, arguments].
+        self._waiting = {}
+        # source -> its checks waiting or running, and the number of its
+        # last turn (turns are numbered from 1).
+        self._pending = Counter()
+        self._lastTurn = {}
+        self._turns = 0
+        self._running = 0
+
+    def __len__(self):
+        return sum(self._pending.values())
+
+    def run(self, source, function, *arguments):
+        """
+        Call C{function(*arguments)}, which returns a Deferred, in its turn.
+
+        @return: a Deferred of its result, which may be cancelled, or one
+            that fails with L{TooManyChecks} at once.
+        """
+        if len(self) >= self.maxPending:
+            return fail(
+                TooManyChecks(
+                    PENDING_LOGINS,
+                    self.maxPending,
+                    f"the broker is checking its maximum of {self.maxPending} logins: "
+                    "try again later",
+                )
+            )
+        if self._pending[source] >= self.maxPendingPerSource:
+            return fail(
+                TooManyChecks(
+                    PENDING_LOGINS_PER_IP,
+                    self.maxPendingPerSource,
+                    f"the broker is checking its maximum of {self.maxPendingPerSource} "
+                    f"logins from {source}: try again later",
+                )
+            )
+        check = [None, function, arguments]
+        check[0] = Deferred(lambda _: self._cancel(source, check))
+        self._waiting.setdefault(source, deque()).append(check)
+        self._pending[source] += 1
+        self._startChecks()
+        return check[0]
+
+    def _startChecks(self):
+        lastTurn = self._lastTurn
+        while self._running < self.concurrent and self._waiting:
+            source = min(self._waiting, key=lambda source: lastTurn.get(source, 0))
+            checks = self._waiting[source]
+            check = checks.popleft()
+            if not checks:
+                del self._waiting[source]
+            self._turns += 1
+            lastTurn[source] = self._turns
+            self._running += 1
+            deferred, function, arguments = check
+            maybeDeferred(function, *arguments).addBoth(self._checked, source, deferred)
+
+    def _checked(self, result, source, deferred):
+        self._running -= 1
+        self._release(source)
+        if not deferred.called:
+            deferred.callback(result)
+        # Else it was cancelled: nobody waits for the result.
+        self._startChecks()
+
+    def _cancel(self, source, check):
+        checks = self._waiting.get(source)
+        if checks is not None and check in checks:
+            checks.remove(check)
+            if not checks:
+                del self._waiting[source]
+            self._release(source)
+
+    def _release(self, source):
+        self._pending[source] -= 1
+        if not self._pending[source]:
+            del self._pending[source]
+            self._lastTurn.pop(source, None)
 
 
 class LoginFailed(Exception):
@@ -190,6 +311,9 @@ class Gatekeeper:
         the connections that have yet to log in.
     @param passwordsPath: the password file the checker's users came
         from, read again by L{reload}; likewise C{aclPath}, the realm's ACL.
+    @param maxPendingChecks: logins waiting for their password check (or
+        being checked) at once, in all; C{maxPendingChecksPerIp}, from one
+        address.
     """
 
     def __init__(
@@ -201,6 +325,8 @@ class Gatekeeper:
         loginTimeout=LOGIN_TIMEOUT,
         passwordsPath=None,
         aclPath=None,
+        maxPendingChecks=DEFAULT_MAX_PENDING_LOGINS,
+        maxPendingChecksPerIp=DEFAULT_MAX_PENDING_LOGINS_PER_IP,
     ):
         self.clock = clock
         self.realm = realm
@@ -210,15 +336,19 @@ class Gatekeeper:
         self.loginTimeout = loginTimeout
         self.passwordsPath = passwordsPath
         self.aclPath = aclPath
+        self.checks = CheckQueue(MAX_CONCURRENT_CHECKS, maxPendingChecks, maxPendingChecksPerIp)
 
     @classmethod
-    def fromFiles(cls, clock, passwords=None, acl=None, bridgeUsers=()):
+    def fromFiles(cls, clock, passwords=None, acl=None, bridgeUsers=(), **limits):
         """
         The gatekeeper of C{twistd dallal --passwords FILE --acl FILE
         --bridge-users NAME,...}.
 
         @param bridgeUsers: users of the password file that may send bridge
             frames (L{BrokerRealm}).
+        @param limits: the bounds of its L{CheckQueue} (C{maxPendingChecks},
+            C{maxPendingChecksPerIp}).
+
         @return: a L{Gatekeeper}, or C{None} when neither file is given.
         @raise dallal.security.passwords.PasswordFileError: the password file is
             wrong, or lacks one of C{bridgeUsers}.
@@ -230,7 +360,7 @@ class Gatekeeper:
         if passwords is not None:
             checker = PasswordFileChecker(_loadUsers(passwords, bridgeUsers))
         realm = BrokerRealm(loadAcl(acl) if acl is not None else None, bridgeUsers)
-        return cls(clock, realm, checker, passwordsPath=passwords, aclPath=acl)
+        return cls(clock, realm, checker, passwordsPath=passwords, aclPath=acl, **limits)
 
     def reload(self):
         """
@@ -269,15 +399,23 @@ class Gatekeeper:
         """
         return self.realm.requestAvatar(ANONYMOUS, clientId, IBrokerUser)[1]
 
-    def login(self, user, password, clientId):
+    def login(self, user, password, clientId, source=None):
         """
-        Check a user name (text) and password (bytes).
+        Check a user name (text) and password (bytes), in the turn of the
+        client's address.
 
+        @param source: the client's IP address, for L{CheckQueue}.
         @return: a Deferred that fires with the user's L{IBrokerUser}, or
-            fails with L{LoginFailed} after L{FAILURE_DELAY} seconds.
+            fails with L{LoginFailed} after L{FAILURE_DELAY} seconds, or
+            with L{TooManyChecks} at once.  Cancel it when the client goes:
+            a check still waiting is dropped.
         """
-        attempt = self.portal.login(
-            UsernamePassword(user.encode("utf-8"), password), clientId, IBrokerUser
+        attempt = self.checks.run(
+            source,
+            self.portal.login,
+            UsernamePassword(user.encode("utf-8"), password),
+            clientId,
+            IBrokerUser,
         )
         return attempt.addCallbacks(lambda result: result[1], self._refused, errbackArgs=(user,))
 

@@ -53,7 +53,13 @@ from twisted.internet.protocol import Factory
 from twisted.logger import Logger, LogLevel
 from zope.interface import implementer
 
-from dallal.client import DallalClientProtocol, ServerError
+from dallal.client import (
+    RECONNECT_FACTOR,
+    RECONNECT_INITIAL_DELAY,
+    RECONNECT_MAX_DELAY,
+    DallalClientProtocol,
+    ServerError,
+)
 from dallal.broker.delivery import BRIDGE_REFUSED, DROP_OLDEST
 from dallal.modes import ALL
 from dallal.errors import NO_ID, SHUTTING_DOWN, RequestError
@@ -74,12 +80,6 @@ CONNECTING = "connecting"
 UP = "up"
 DOWN = "down"
 
-# Waiting to reconnect: 1 s after losing an established link, then twice as
-# long after each failure, at most 15 s, plus up to 1 s of jitter so that
-# the leaves of a restarted hub do not all come back in the same instant.
-RETRY_INITIAL_DELAY = 0.5
-RETRY_FACTOR = 2.0
-RETRY_MAX_DELAY = 15.0
 # How long the remote may take to acknowledge the link's subscriptions.
 SETUP_TIMEOUT = 10.0
 
@@ -313,7 +313,7 @@ class BridgeLink(Service):
         if endpoint is None:
             endpoint = clientFromString(clock, spec.endpoint)
         self._backoff = retryPolicy or backoffPolicy(
-            RETRY_INITIAL_DELAY, RETRY_MAX_DELAY, RETRY_FACTOR
+            RECONNECT_INITIAL_DELAY, RECONNECT_MAX_DELAY, RECONNECT_FACTOR
         )
         factory = Factory.forProtocol(DallalClientProtocol)
         # The link logs its own events; "Starting factory" at each attempt

@@ -12,6 +12,7 @@ import json
 
 from dallal.protocol import wire
 from dallal.modes import LATEST
+from dallal.numbers import wholeNumber
 from dallal.errors import BAD_ARGUMENTS, FORBIDDEN, RequestError
 
 
@@ -97,6 +98,8 @@ class RequestHandler:
                 reached = self.broker.publishToMatching(self, request.topic, payload, request.id)
                 self.sendFrame(wire.encodePubAck(request.id, {"topics": str(reached)}))
                 return
+            if retain:
+                self.broker.checkRetainable(self, request.topic, payload, request.id)
             self.broker.publish(self, request.topic, payload, request.id)
             stored = self.broker.retain(request.topic, payload, request.id) if retain else None
         except RequestError as error:
@@ -199,13 +202,13 @@ class RequestHandler:
 
     def _handleTopics(self, request):
         maxListed = self.broker.config.maxListed
-        limit = request.options.get("limit", str(maxListed))
-        if not limit.isdigit():
+        limit = wholeNumber(request.options.get("limit", str(maxListed)), 18)
+        if limit is None:
             self.refuse(
                 RequestError(BAD_ARGUMENTS, "limit must be a whole number", request.id)
             )
             return
-        rows, total = self.broker.topics(min(int(limit), maxListed))
+        rows, total = self.broker.topics(min(limit, maxListed))
         self._sendData(
             b"TOPICS",
             request.id,

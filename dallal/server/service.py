@@ -8,10 +8,13 @@ one resolver).
 """
 
 import dataclasses
+import os
 import signal
+import sys
 
 from twisted.application.service import MultiService, Service
 from twisted.internet.defer import gatherResults, maybeDeferred
+from twisted.internet.error import CannotListenError
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger, LogLevel
 
@@ -70,6 +73,50 @@ def withBacklog(description, backlog=DEFAULT_BACKLOG):
     return description
 
 
+class ListenFailed(Exception):
+    """
+    A listener could not listen; its message says where and why, in one
+    line (C{cannot listen on 127.0.0.1:1373: address already in use}).
+    """
+
+
+def _describeListenError(error, transportName):
+    """
+    The sentence of a L{ListenFailed}, from the reactor's
+    C{CannotListenError}.
+    """
+    if isinstance(error.port, (str, bytes)):
+        # A UNIX socket's path.
+        where = os.fsdecode(error.port)
+    else:
+        host = error.interface or "0.0.0.0"
+        if ":" in host:
+            host = f"[{host}]"
+        where = f"{host}:{error.port}"
+    if transportName != "tcp":
+        where += f" ({transportName.upper()})"
+    reason = error.socketError
+    number = getattr(reason, "errno", None)
+    reason = os.strerror(number) if number else str(reason)
+    return f"cannot listen on {where}: {reason[:1].lower()}{reason[1:]}"
+
+
+def _endWithoutTraceback(kind):
+    """
+    Have an uncaught exception of C{kind} end the program with its message
+    alone on standard error, and the others as usual.
+    """
+    report = sys.excepthook
+
+    def reportBriefly(type, value, traceback):
+        if issubclass(type, kind):
+            sys.stderr.write(f"{value}\n")
+        else:
+            report(type, value, traceback)
+
+    sys.excepthook = reportBriefly
+
+
 class _Listener(Service):
     """
     Listens on one port while running, and logs where.
@@ -95,12 +142,15 @@ class _Listener(Service):
     def privilegedStartService(self):
         Service.privilegedStartService(self)
         self._listenCalled = True
-        self._listen()
+        try:
+            self._listen()
+        except CannotListenError as error:
+            raise ListenFailed(_describeListenError(error, self.transportName)) from error
 
     def _listen(self):
         """
-        Start listening, and call L{_listening} with the port; raise if the
-        port cannot be bound.
+        Start listening, and call L{_listening} with the port; raise
+        C{CannotListenError} if the port cannot be bound.
         """
         raise NotImplementedError
 
@@ -327,6 +377,22 @@ class DallalService(MultiService):
         link = BridgeLink(spec, self.broker, self.reactor, self.sweep, endpoint)
         link.setServiceParent(self)
         return link
+
+    def privilegedStartService(self):
+        """
+        Listen on every port, as twistd does before it runs the reactor.
+
+        @raise ListenFailed: a listener could not listen.  If nothing
+            catches it, the program ends with its one line on standard
+            error (twistd's log), not a traceback.
+        """
+        try:
+            MultiService.privilegedStartService(self)
+        except ListenFailed:
+            # An exception still, not SystemExit: twistd then removes its
+            # pid file, and a daemon tells the parent waiting for it why.
+            _endWithoutTraceback(ListenFailed)
+            raise
 
     def startService(self):
         MultiService.startService(self)

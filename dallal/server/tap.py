@@ -3,11 +3,18 @@ C{twistd dallal}: command-line options and the service they build.
 """
 
 import math
+import os
 import resource
 import sys
 from dataclasses import replace
 
-from twisted.logger import LogLevel
+from twisted.logger import (
+    FilteringLogObserver,
+    LogLevel,
+    LogLevelFilterPredicate,
+    formatEvent,
+    globalLogPublisher,
+)
 from twisted.python import usage
 
 from dallal.security.acl import AclError
@@ -280,6 +287,88 @@ class Options(usage.Options):
             "LINE_TOO_LONG and closes the connection.",
             _whole("max-line", MIN_CONTROL_LINE, MAX_CONTROL_LINE),
         ],
+        [
+            "max-output-bytes",
+            None,
+            _config.maxOutputBytes,
+            "Bytes written to a TCP client whose socket buffer is already full "
+            "(answers it does not read); over it the connection is closed. The "
+            "broker stops reading its requests meanwhile.",
+            _whole("max-output-bytes"),
+        ],
+        [
+            "max-consecutive-errors",
+            None,
+            _config.maxConsecutiveErrors,
+            "Requests refused in a row on one TCP connection; the last is "
+            "answered ERR - TOO_MANY_ERRORS and the connection closed.",
+            _whole("max-consecutive-errors"),
+        ],
+        [
+            "max-frame-seconds",
+            None,
+            _config.maxFrameSeconds,
+            "Seconds a TCP client has to complete a frame (a control line, a "
+            "payload) once it has sent part of it; then it is answered ERR - "
+            "FRAME_TIMEOUT and closed.",
+            _whole("max-frame-seconds"),
+        ],
+        [
+            "max-pending-logins",
+            None,
+            _config.maxPendingLogins,
+            "Logins waiting for their password check at once (with --passwords); "
+            "one more is answered ERR TOO_MANY_CLIENTS.",
+            _whole("max-pending-logins"),
+        ],
+        [
+            "max-pending-logins-per-ip",
+            None,
+            _config.maxPendingLoginsPerIp,
+            "Logins waiting for their password check at once from one IP address; "
+            "addresses take turns, so a crowd from one delays another's login by "
+            "a few checks at most.",
+            _whole("max-pending-logins-per-ip"),
+        ],
+        [
+            "max-udp-answer-bytes",
+            None,
+            _config.maxUdpAnswerBytes,
+            "Bytes a UDP session's remembered answers (which answer retried "
+            "requests) may take, each counted with 256 of bookkeeping; the "
+            "oldest are forgotten first.",
+            _whole("max-udp-answer-bytes"),
+        ],
+        [
+            "max-udp-answer-bytes-total",
+            None,
+            _config.maxUdpAnswerBytesTotal,
+            "Bytes the remembered answers of all UDP sessions may take.",
+            _whole("max-udp-answer-bytes-total"),
+        ],
+        [
+            "max-matching-topics",
+            None,
+            _config.maxMatchingTopics,
+            "Topics one publish to every matching topic (to-matching=1) may "
+            "reach; a filter matching more is refused (ERR TOO_MANY_TOPICS).",
+            _whole("max-matching-topics"),
+        ],
+        [
+            "max-retained",
+            None,
+            _config.maxRetained,
+            "Retained messages kept; a retained publish on one more topic is "
+            "refused (ERR STORE_FAILED) and not published.",
+            _whole("max-retained"),
+        ],
+        [
+            "max-retained-bytes",
+            None,
+            _config.maxRetainedBytes,
+            "Payload bytes of all the retained messages kept, likewise.",
+            _whole("max-retained-bytes"),
+        ],
     ]
     del _config
 
@@ -417,6 +506,7 @@ class Options(usage.Options):
         self["bridge"].append(value)
 
     def postOptions(self):
+        self._checkLogFolder()
         if self["slow-consumer"] not in SLOW_CONSUMER_POLICIES:
             raise usage.UsageError(
                 f"--slow-consumer must be one of {', '.join(SLOW_CONSUMER_POLICIES)}, "
@@ -446,6 +536,21 @@ class Options(usage.Options):
         if not names:
             raise usage.UsageError("--bridge-users: no user name given")
         return names
+
+    def _checkLogFolder(self):
+        """
+        Stop at once, with one line, when twistd's C{--logfile} is in a
+        folder that does not exist: twistd would only find out after the
+        data directory and the pid file are made, with a traceback.
+        """
+        logFile = _twistdOption(self, "logfile")
+        if not logFile or logFile == "-":
+            return
+        folder = os.path.dirname(os.path.abspath(logFile))
+        if not os.path.isdir(folder):
+            raise SystemExit(
+                f"dallal: cannot start: --logfile {logFile}: there is no folder {folder}"
+            )
 
     def _bridges(self, values):
         # twistd has installed its reactor by now: the endpoints are checked
@@ -482,6 +587,43 @@ class Options(usage.Options):
         return value
 
 
+def _twistdOption(options, name):
+    """
+    The value of one of twistd's own options, or C{None} when C{options}
+    was not parsed by twistd (tests, other programs).
+    """
+    parent = getattr(options, "parent", None)
+    return None if parent is None else parent.get(name)
+
+
+def _logsToTerminal(options):
+    """
+    Whether twistd writes its log where the operator started it: with
+    C{-n} and no C{--logfile}, C{--syslog} or C{--logger}.
+    """
+    if not _twistdOption(options, "nodaemon"):
+        return False
+    return _twistdOption(options, "logfile") in (None, "-") and not (
+        _twistdOption(options, "syslog") or _twistdOption(options, "logger")
+    )
+
+
+def reportStartFailures(reactor, terminal, publisher=globalLogPublisher):
+    """
+    Until the reactor runs, also write every error logged to C{terminal}
+    (the standard error twistd is started with): a broker that cannot
+    start says why where it was started, not only in its log file.
+    """
+
+    def write(event):
+        terminal.write(formatEvent(event) + "\n")
+        terminal.flush()
+
+    observer = FilteringLogObserver(write, [LogLevelFilterPredicate(LogLevel.error)])
+    publisher.addObserver(observer)
+    reactor.callWhenRunning(publisher.removeObserver, observer)
+
+
 def brokerConfig(options):
     """
     The broker's configuration from parsed L{Options}.
@@ -496,6 +638,16 @@ def brokerConfig(options):
         maxTopicLevels=options["max-topic-levels"],
         maxPayload=options["max-payload"],
         maxControlLine=options["max-line"],
+        maxOutputBytes=options["max-output-bytes"],
+        maxConsecutiveErrors=options["max-consecutive-errors"],
+        maxFrameSeconds=options["max-frame-seconds"],
+        maxPendingLogins=options["max-pending-logins"],
+        maxPendingLoginsPerIp=options["max-pending-logins-per-ip"],
+        maxUdpAnswerBytes=options["max-udp-answer-bytes"],
+        maxUdpAnswerBytesTotal=options["max-udp-answer-bytes-total"],
+        maxMatchingTopics=options["max-matching-topics"],
+        maxRetained=options["max-retained"],
+        maxRetainedBytes=options["max-retained-bytes"],
         messageEvents=bool(options["message-events"]),
         name=options["name"],
         delivery=DeliveryConfig(
@@ -547,13 +699,20 @@ def makeService(options, reactor=None, rlimit=resource):
     """
     if reactor is None:
         from twisted.internet import reactor
+    if getattr(options, "parent", None) is not None and not _logsToTerminal(options):
+        reportStartFailures(reactor, sys.stderr)
     config = brokerConfig(options)
     requested = config.maxConnections
     allowed, descriptors = fitToDescriptors(requested, rlimit)
     config = replace(config, maxConnections=allowed)
     try:
         gatekeeper = Gatekeeper.fromFiles(
-            reactor, options["passwords"], options["acl"], options["bridge-users"]
+            reactor,
+            options["passwords"],
+            options["acl"],
+            options["bridge-users"],
+            maxPendingChecks=config.maxPendingLogins,
+            maxPendingChecksPerIp=config.maxPendingLoginsPerIp,
         )
         service = DallalService(
             reactor,

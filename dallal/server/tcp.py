@@ -11,18 +11,19 @@ C{PING}, C{PONG} and C{BYE} until its C{HELLO} logs it in
 (L{dallal.security.auth.Gatekeeper}).
 """
 
+from twisted.internet.defer import CancelledError
 from twisted.internet.interfaces import IPushProducer, ISSLTransport
 from twisted.internet.protocol import Protocol, ServerFactory
 from twisted.logger import Logger
 from zope.interface import implementer
 
 from dallal import __version__
-
 from dallal.protocol import wire
-from dallal.security.auth import LoginFailed
+from dallal.security.auth import LoginFailed, TooManyChecks
 from dallal.errors import (
     BAD_ARGUMENTS,
     BAD_CREDENTIALS,
+    BROKER_STATE,
     BAD_FRAMING,
     LOGIN_TIMEOUT,
     NO_ID,
@@ -32,12 +33,36 @@ from dallal.errors import (
 from dallal.protocol.framing import FrameReceiver
 from dallal.broker.interfaces import ISubscriber
 from dallal.server.keepalive import IPingable
-from dallal.limits import LINE, ConnectionTable
+from dallal.limits import (
+    CONSECUTIVE_ERRORS,
+    FRAME_SECONDS,
+    LINE,
+    OUTPUT_BYTES,
+    ConnectionTable,
+)
 from dallal.server.addresses import formatAddress
 from dallal.server.requests import RequestHandler, helloLimits
 
 # Seconds a refused connection is given to read its ERR and close.
 REFUSAL_GRACE = 2.0
+
+# Bytes a connection may collect in one read's batch before they are written
+# at once: Twisted's transport buffers as much (its bufferSize) before it
+# says it is full, which stops the broker reading the connection's requests
+# until its client has read the answers.
+OUTPUT_SOFT_MARK = 65536
+
+# Seconds of work one connection's pipelined requests get in a turn of the
+# reactor: then the rest waits for the next turn, after the other
+# connections' reads, so that a client pipelining costly requests delays
+# the others by this much rather than by a whole read's worth.
+TURN_SECONDS = 0.01
+
+# Why a connection's reading is held: its password is being checked, its
+# transport is full, or it had its turn.
+_CHECKING_PASSWORD = "password"
+_OUTPUT_FULL = "output"
+_TURN_OVER = "turn"
 
 
 
@@ -57,10 +82,9 @@ class WriteBatch:
     read costs a few percent of that.  Frames keep their order: everything a
     connection writes goes through its own list while a batch is open.
 
-    The delivery valve learns that a connection's buffer is full only when
-    its batch is written, so a slow subscriber can be handed one read's
-    worth of messages beyond the transport's limit (a read is at most
-    64 KiB of PUBs) before the broker queues for it instead.
+    A connection whose share grows past L{OUTPUT_SOFT_MARK} writes it at
+    once (L{BrokerProtocol.sendFrame}), so that its transport can say it is
+    full before the read is over.
     """
 
     def __init__(self):
@@ -95,10 +119,13 @@ class _DeliveryValve:
     """
     Registered with the transport so that the broker stops writing to a
     client whose write buffer is full, and holds what waits in its own
-    bounded queues instead (L{dallal.broker.delivery.Outbox}).
+    bounded queues instead (L{dallal.broker.delivery.Outbox}); it also stops
+    reading the client's requests until the buffer has drained
+    (L{BrokerProtocol.outputFull}).
 
     The protocol itself cannot be the producer: as a L{LineReceiver} its
-    C{pauseProducing} pauses I{reading} from the client.
+    C{pauseProducing} pauses I{reading} from the client, which is only
+    part of what a full buffer calls for.
     """
 
     def __init__(self, protocol):
@@ -106,13 +133,13 @@ class _DeliveryValve:
 
     def pauseProducing(self):
         if self.protocol._attached:
-            self.protocol.broker.pauseDelivery(self.protocol)
+            self.protocol.outputFull()
 
     def resumeProducing(self):
         protocol = self.protocol
         if protocol._attached:
             # What waited in the outbox goes out in one write.
-            protocol.batch.run(protocol.broker.resumeDelivery, protocol)
+            protocol.batch.run(protocol.outputDrained)
 
     def stopProducing(self):
         # The connection is closing; connectionLost detaches the session.
@@ -162,9 +189,27 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         # passwords; then from a successful login on.
         self._loggedIn = gatekeeper is None or not gatekeeper.loginRequired
         self._userName = None
-        # Frames written while a batch is open, in order.
+        # Frames written while a batch is open, in order, and their size.
         self._output = []
+        self._batched = 0
+        # Whether the transport's buffer is full, and the bytes written to
+        # it since then (L{BrokerConfig.maxOutputBytes} bounds them).
+        self._full = False
+        self._overflow = 0
+        # Why reading from the client is held (_CHECKING_PASSWORD,
+        # _OUTPUT_FULL): it resumes when nothing holds it.
+        self._readingHeld = set()
+        # Requests refused since the last one carried out.
+        self._errorStreak = 0
         self._loginDeadline = None
+        # The login whose password is being checked (a Deferred).
+        self._checking = None
+        # When the partial frame received must be complete by (a delayed
+        # call), and how many frames were complete when it was set.
+        self._frameDeadline = None
+        self._framesBeforeDeadline = 0
+        # When this connection's turn began (see TURN_SECONDS).
+        self._turnStarted = 0.0
 
     def connectionMade(self):
         if self._connections is not None:
@@ -185,12 +230,17 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
 
     def connectionLost(self, reason):
         self._output = []
+        self._batched = 0
         # However the connection ended, it frees its place (the broker's
         # shutdown detaches the session first).
         connections, self._connections = self._connections, None
         if connections is not None:
             connections.closed(self._host)
         self._stopLoginDeadline()
+        self._stopFrameDeadline()
+        if self._checking is not None:
+            # Nobody is left to log in: a check still waiting is dropped.
+            self._checking.cancel()
         if self._attached:
             self._attached = False
             self.sweep.remove(self)
@@ -203,28 +253,115 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
             self._write(chunks)
 
     def _write(self, chunks):
+        size = 0
+        for chunk in chunks:
+            size += len(chunk)
         if self.batch.open:
             if not self._output:
                 self.batch.holdFor(self)
             self._output.extend(chunks)
-        elif len(chunks) == 1:
+            self._batched += size
+            if self._batched > OUTPUT_SOFT_MARK:
+                self.flushOutput()
+            return
+        full = self._full
+        if len(chunks) == 1:
             self.transport.write(chunks[0])
         else:
             self.transport.writeSequence(chunks)
+        if full:
+            self._writtenWhileFull(size)
 
     def flushOutput(self):
         """
         Write what this connection collected during a L{WriteBatch}.
         """
         output, self._output = self._output, []
+        size, self._batched = self._batched, 0
         if output and not self.transport.disconnecting:
+            full = self._full
             self.transport.write(b"".join(output))
+            if full:
+                self._writtenWhileFull(size)
+
+    # Output: the transport buffers up to its bufferSize (64 KiB), then says
+    # it is full.  From then on, the broker holds this client's messages in
+    # its bounded outbox, stops reading its requests, and counts what it
+    # still writes (the answers to requests read before, pings) against
+    # maxOutputBytes: a client that does not read its answers makes the
+    # broker hold no more than that for it.
+
+    def outputFull(self):
+        """
+        The transport's buffer is full: hold messages, stop reading.
+        """
+        self._full = True
+        self.broker.pauseDelivery(self)
+        self._holdReading(_OUTPUT_FULL)
+
+    def outputDrained(self):
+        """
+        The transport has written everything it held.
+        """
+        self._full = False
+        self._overflow = 0
+        self.broker.resumeDelivery(self)
+        if not self._full:
+            self._releaseReading(_OUTPUT_FULL)
+
+    def _writtenWhileFull(self, size):
+        self._overflow += size
+        maximum = self.broker.config.maxOutputBytes
+        if self._overflow > maximum and not self.transport.disconnecting:
+            self.broker.refusedByLimit(self, OUTPUT_BYTES, maximum)
+            self.disconnect("output_limit")
+
+    def _holdReading(self, why):
+        if not self._readingHeld:
+            self.pauseProducing()
+            self._stopFrameDeadline()
+        self._readingHeld.add(why)
+
+    def _releaseReading(self, why):
+        if why in self._readingHeld:
+            self._readingHeld.discard(why)
+            if not self._readingHeld and not self.transport.disconnecting:
+                self.resumeProducing()
 
     def refuse(self, error, fatal=False):
         RequestHandler.refuse(self, error, fatal)
         if fatal:
             self._closeReason = "protocol_error"
             self._close()
+            return
+        if error.code in BROKER_STATE:
+            return
+        self._errorStreak += 1
+        maximum = self.broker.config.maxConsecutiveErrors
+        if self._errorStreak >= maximum and not self.transport.disconnecting:
+            self.refuse(
+                self.broker.refusedByLimit(
+                    self,
+                    CONSECUTIVE_ERRORS,
+                    maximum,
+                    f"the last {maximum} requests were all refused: closing the connection",
+                ),
+                fatal=True,
+            )
+
+    def _carriedOut(self, streak):
+        """
+        A request was handled: if nothing of it was refused (the streak is
+        still C{streak}), the client's run of errors is over.  If this
+        connection's turn is over, the rest of what it sent waits for the
+        next turn of the reactor.
+        """
+        if self._errorStreak == streak:
+            self._errorStreak = 0
+        clock = self.broker.clock
+        if clock.seconds() - self._turnStarted > TURN_SECONDS and not self._readingHeld:
+            self._holdReading(_TURN_OVER)
+            clock.callLater(0, self._releaseReading, _TURN_OVER)
 
     def pongReceived(self):
         self.sweep.pongReceived(self)
@@ -247,9 +384,52 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
     # Incoming frames
 
     def dataReceived(self, data):
-        # Any bytes prove the client alive: the sweep need not ping it.
-        self.sweep.heardFrom(self)
-        return self.batch.run(FrameReceiver.dataReceived, self, data)
+        # Any bytes prove the client alive: the sweep need not ping it.  (A
+        # resumed reading hands over what was read before, as b"".)
+        if data:
+            self.sweep.heardFrom(self)
+        self._turnStarted = self.broker.clock.seconds()
+        why = self.batch.run(FrameReceiver.dataReceived, self, data)
+        self._watchPartialFrame()
+        return why
+
+    def _watchPartialFrame(self):
+        """
+        Give a frame begun C{maxFrameSeconds} to be complete.  The time
+        runs from the end of the last complete frame, and only while the
+        broker reads from the client: a read held (for a password check, or
+        a full transport) is the broker's doing.
+        """
+        if self.paused or self.transport.disconnecting or not self.partialFrame():
+            self._stopFrameDeadline()
+        elif self._frameDeadline is None:
+            self._framesBeforeDeadline = self.framesReceived
+            self._frameDeadline = self.broker.clock.callLater(
+                self.broker.config.maxFrameSeconds, self._frameTimedOut
+            )
+        elif self.framesReceived != self._framesBeforeDeadline:
+            self._framesBeforeDeadline = self.framesReceived
+            self._frameDeadline.reset(self.broker.config.maxFrameSeconds)
+
+    def _stopFrameDeadline(self):
+        if self._frameDeadline is not None:
+            if self._frameDeadline.active():
+                self._frameDeadline.cancel()
+            self._frameDeadline = None
+
+    def _frameTimedOut(self):
+        self._frameDeadline = None
+        maximum = self.broker.config.maxFrameSeconds
+        self.refuse(
+            self.broker.refusedByLimit(
+                self,
+                FRAME_SECONDS,
+                maximum,
+                f"a frame begun was not complete within {maximum} seconds",
+                self._publishing.id if self._publishing else NO_ID,
+            ),
+            fatal=True,
+        )
 
     def lineReceived(self, line):
         if not self._attached:
@@ -267,14 +447,18 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         if not self._loggedIn and kind not in _BEFORE_LOGIN:
             self._refuseBeforeLogin(request)
             return
+        streak = self._errorStreak
         if kind is wire.Publish:
+            # Carried out, or not, once its payload is read.
             self._publishReceived(request)
-        elif kind is wire.Hello:
+            return
+        if kind is wire.Hello:
             self._helloReceived(request)
         elif kind is wire.Bye:
             self._byeReceived()
         else:
             self.handleRequest(request)
+        self._carriedOut(streak)
 
     def _refuseBeforeLogin(self, request):
         self.refuse(
@@ -327,10 +511,15 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         else:
             # Read nothing more until the password is checked: requests
             # pipelined after the HELLO are then served, or not, as the
-            # login decides.
-            self.pauseProducing()
+            # login decides.  Its pongs are not read meanwhile, so the
+            # sweep leaves it alone until then.
+            self._holdReading(_CHECKING_PASSWORD)
+            self.sweep.remove(self)
             user, password = credentials
-            gatekeeper.login(user, password, hello.clientId).addCallbacks(
+            checking = self._checking = gatekeeper.login(
+                user, password, hello.clientId, self._host
+            )
+            checking.addCallbacks(
                 self._loginSucceeded,
                 self._loginFailed,
                 callbackArgs=(hello,),
@@ -338,6 +527,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
             )
 
     def _loginSucceeded(self, user, hello):
+        self._checking = None
         if not self._attached:
             return
         self._stopLoginDeadline()
@@ -345,13 +535,28 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         self._userName = user.name
         self.broker.login(self, user)
         self._answerHello(hello)
-        self.resumeProducing()
+        self.sweep.add(self)
+        self._releaseReading(_CHECKING_PASSWORD)
 
     def _loginFailed(self, failure, hello):
         """
         Refuse the login and close the connection, as Mosquitto does: a
         client has one try per connection.
         """
+        self._checking = None
+        if failure.check(CancelledError):
+            # The connection was lost while its check waited.
+            return
+        if failure.check(TooManyChecks):
+            error = failure.value
+            self._stopLoginDeadline()
+            self.refuse(
+                self.broker.refusedByLimit(
+                    self, error.limit, error.maximum, error.reason, hello.id
+                ),
+                fatal=True,
+            )
+            return
         refused = failure.check(LoginFailed)
         if not refused:
             self._log.failure("checking a password failed", failure)
@@ -367,7 +572,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
 
     def _loginTimedOut(self):
         self._loginDeadline = None
-        if self.paused or not self._attached:
+        if _CHECKING_PASSWORD in self._readingHeld or not self._attached:
             # Its password is being checked: the check decides.
             return
         self.refuse(
@@ -419,7 +624,9 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         request, self._publishing = self._publishing, None
         if not self._attached:
             return
+        streak = self._errorStreak
         self.publish(request, payload)
+        self._carriedOut(streak)
 
     def payloadTerminatorMissing(self):
         self.refuse(

@@ -44,15 +44,12 @@ from math import ceil
 
 from twisted.internet.error import MessageLengthError
 from twisted.internet.protocol import DatagramProtocol
-from twisted.logger import Logger, LogLevel
+from twisted.logger import Logger
 from zope.interface import implementer
 
 from dallal import __version__
-
-from dallal.protocol import datagram
-
-from dallal.protocol import wire
-from dallal.security.auth import LoginFailed
+from dallal.protocol import datagram, wire
+from dallal.security.auth import LoginFailed, TooManyChecks
 from dallal.errors import (
     BAD_CREDENTIALS,
     BAD_TOKEN,
@@ -65,7 +62,15 @@ from dallal.errors import (
 )
 from dallal.broker.interfaces import ISubscriber
 from dallal.server.keepalive import IPingable
-from dallal.limits import HELLO_RATE, LINE, UDP_CLIENTS, LogWindow, RateTable
+from dallal.limits import (
+    HELLO_RATE,
+    LINE,
+    UDP_ANSWER_BYTES,
+    UDP_ANSWER_BYTES_TOTAL,
+    UDP_CLIENTS,
+    LogWindow,
+    RateTable,
+)
 from dallal.server.requests import RequestHandler, helloLimits
 from dallal.server.addresses import formatDatagramAddress
 
@@ -81,6 +86,9 @@ MAX_UNPROVEN_ADDRESSES = 10_000
 # Answers remembered per client, so that a retried request is answered
 # again instead of being carried out twice.
 REMEMBERED_ANSWERS = 1024
+# What a remembered answer costs beyond its bytes: its id, the bytes
+# object and the two dictionaries' entries.
+ANSWER_BOOKKEEPING = 256
 # What is remembered for a retained PUB whose answer waits for the store.
 AWAITING_STORE = object()
 # 96 bits of HMAC-SHA256: a forger gets one guess per datagram.
@@ -90,9 +98,6 @@ SESSION_KEY_BYTES = 16
 # Refusals of datagrams that named no session logged per second, at most.
 STRANGER_ERRORS_LOGGED_PER_SECOND = 10
 
-# Logins being checked at once; a HELLO beyond that is not answered, and
-# its client's resend tries again.
-MAX_PENDING_LOGINS = 256
 
 
 
@@ -134,41 +139,93 @@ class _Stranger:
 class StrangerErrorLog:
     """
     Counts and logs the refusals of datagrams that named no session.  Their
-    source address may be forged and they can come at any rate, so at most
-    C{perSecond} of them are logged each second: a flood of datagrams must
-    not become a flood of log lines.  The others are counted all the same,
-    and reported together in one C{protocol_errors_suppressed} event a second
-    after the first of them.
+    source address may be forged, so they have a window of their own, of
+    C{perSecond} events a second, within the broker's for all errors
+    (L{dallal.limits.ErrorLog}, which reports those it did not log).
     """
 
     def __init__(self, broker, perSecond=STRANGER_ERRORS_LOGGED_PER_SECOND):
         self._broker = broker
         self._window = LogWindow(perSecond, seconds=1)
-        self._suppressed = Counter()
-        self._report = None
 
     def refused(self, address, code):
         logged = self._window.allow(self._broker.clock.seconds())
         self._broker.protocolError(_Stranger(address), code, False, logged=logged)
-        if logged:
-            return
-        self._suppressed[code] += 1
-        if self._report is None:
-            self._report = self._broker.clock.callLater(1, self.reportSuppressed)
 
-    def reportSuppressed(self):
+
+class AnswerCache:
+    """
+    The answers UDP sessions remember by request id: the last
+    L{REMEMBERED_ANSWERS} of each session, within C{maxBytesPerSession}
+    bytes per session and C{maxBytes} in all (each answer counted with
+    L{ANSWER_BOOKKEEPING}).  The oldest are forgotten first, a session's
+    own for its bound and anyone's for the total: a retry comes within
+    seconds of its request.
+
+    @param forgotten: called with C{(session, limit, maximum)} for each
+        answer forgotten for a byte bound.
+    """
+
+    def __init__(self, maxBytesPerSession, maxBytes, forgotten):
+        self.maxBytesPerSession = maxBytesPerSession
+        self.maxBytes = maxBytes
+        self._forgotten = forgotten
+        # session -> (request id -> answer), oldest first.
+        self._sessions = {}
+        # (session, request id) -> bytes counted, oldest first.
+        self._order = OrderedDict()
+        self._sessionBytes = Counter()
+        self.bytes = 0
+
+    def get(self, session, requestId):
+        answers = self._sessions.get(session)
+        return None if answers is None else answers.get(requestId)
+
+    def remember(self, session, requestId, answer):
         """
-        Log how many refusals were counted but not logged since the last
-        report, by code.
+        Remember C{answer} (bytes, or L{AWAITING_STORE}) as the newest.
         """
-        if self._report is not None and self._report.active():
-            self._report.cancel()
-        self._report = None
-        for code, count in sorted(self._suppressed.items()):
-            self._broker.events.emit(
-                "protocol_errors_suppressed", LogLevel.warn, code=code, count=count
-            )
-        self._suppressed.clear()
+        self._forget(session, requestId)
+        size = ANSWER_BOOKKEEPING + (0 if answer is AWAITING_STORE else len(answer))
+        answers = self._sessions.setdefault(session, OrderedDict())
+        answers[requestId] = answer
+        self._order[session, requestId] = size
+        self._sessionBytes[session] += size
+        self.bytes += size
+        if len(answers) > REMEMBERED_ANSWERS:
+            self._forget(session, next(iter(answers)))
+        while self._sessionBytes[session] > self.maxBytesPerSession:
+            self._forget(session, next(iter(answers)))
+            self._forgotten(session, UDP_ANSWER_BYTES, self.maxBytesPerSession)
+        while self.bytes > self.maxBytes:
+            oldest = next(iter(self._order))
+            self._forget(*oldest)
+            self._forgotten(oldest[0], UDP_ANSWER_BYTES_TOTAL, self.maxBytes)
+
+    def replace(self, session, requestId, answer):
+        """
+        Remember a late answer in place of the one remembered, if it still
+        is.
+        """
+        answers = self._sessions.get(session)
+        if answers is not None and requestId in answers:
+            self.remember(session, requestId, answer)
+
+    def forgetSession(self, session):
+        for requestId in list(self._sessions.get(session, ())):
+            self._forget(session, requestId)
+
+    def _forget(self, session, requestId):
+        size = self._order.pop((session, requestId), None)
+        if size is None:
+            return
+        answers = self._sessions[session]
+        del answers[requestId]
+        self._sessionBytes[session] -= size
+        self.bytes -= size
+        if not answers:
+            del self._sessions[session]
+            del self._sessionBytes[session]
 
 
 @implementer(ISubscriber, IPingable)
@@ -198,8 +255,8 @@ class UdpSession(RequestHandler):
         self.userName = None
         self.loginFingerprint = None
         self.moveTo(address)
-        # Request id -> the answer sent, for retries of that request.
-        self._answers = OrderedDict()
+        # The answers sent, for retries of their requests.
+        self._answers = protocol.answers
         # The id of the request being carried out, and whether to remember
         # its answer.
         self._answering = NO_ID
@@ -227,7 +284,7 @@ class UdpSession(RequestHandler):
         @param rest: what followed the control line in the datagram.
         """
         requestId = getattr(request, "id", None)
-        answer = self._answers.get(requestId)
+        answer = self._answers.get(self, requestId)
         if answer is not None:
             self.broker.counters["duplicates"] += 1
             if answer is not AWAITING_STORE:
@@ -273,9 +330,7 @@ class UdpSession(RequestHandler):
         self.protocol.sendTo(data, self.address)
 
     def _rememberAnswer(self, requestId, answer):
-        self._answers[requestId] = answer
-        if len(self._answers) > REMEMBERED_ANSWERS:
-            self._answers.popitem(last=False)
+        self._answers.remember(self, requestId, answer)
 
     def answerWhenStored(self, requestId, stored):
         # The message is already published; its answer comes once the store
@@ -301,8 +356,7 @@ class UdpSession(RequestHandler):
         self.broker.protocolError(self, error.code, False)
 
     def _sendLateAnswer(self, requestId, answer):
-        if requestId in self._answers:
-            self._answers[requestId] = answer
+        self._answers.replace(self, requestId, answer)
         self.protocol.sendTo(answer, self.address)
 
     def refuse(self, error, fatal=False):
@@ -381,11 +435,16 @@ class BrokerDatagramProtocol(DatagramProtocol):
         self._unproven = OrderedDict()
         # Hellos each source host may still say (each costs an HMAC).
         self._hellos = RateTable(broker.clock, broker.config.maxHellosPerSecond)
+        self.answers = AnswerCache(
+            broker.config.maxUdpAnswerBytes,
+            broker.config.maxUdpAnswerBytesTotal,
+            self._answerForgotten,
+        )
         self._strangerErrors = StrangerErrorLog(broker)
 
     def stopProtocol(self):
         # The broker's final counters follow: report what they include.
-        self._strangerErrors.reportSuppressed()
+        self.broker.errorLog.reportSuppressed()
 
     # Tokens
 
@@ -451,6 +510,9 @@ class BrokerDatagramProtocol(DatagramProtocol):
             self._unproven.move_to_end(address)
         counts[0] += size
 
+    def _answerForgotten(self, session, limit, maximum):
+        self.broker.refusedByLimit(session, limit, maximum)
+
     def _refuse(self, error, address, proven=False):
         """
         Refuse a datagram that named no session.
@@ -490,6 +552,7 @@ class BrokerDatagramProtocol(DatagramProtocol):
         del self._sessions[session.clientId]
         self._leave(session.address)
         self.sweep.remove(session)
+        self.answers.forgetSession(session)
 
     def endSession(self, session, reason):
         """
@@ -715,12 +778,12 @@ class BrokerDatagramProtocol(DatagramProtocol):
                 self._startSession(hello, address)
                 return
         attempt = (hello.clientId, address)
-        if attempt in self._loggingIn or len(self._loggingIn) >= MAX_PENDING_LOGINS:
-            # A resend while its password is checked (the first gets the
-            # answer), or too many checks already: the client resends.
+        if attempt in self._loggingIn:
+            # A resend while its password is checked: the first gets the
+            # answer.
             return
         self._loggingIn.add(attempt)
-        self.gatekeeper.login(user, password, hello.clientId).addCallbacks(
+        self.gatekeeper.login(user, password, hello.clientId, address[0]).addCallbacks(
             self._loginSucceeded,
             self._loginFailed,
             callbackArgs=(hello, address, fingerprint),
@@ -748,6 +811,16 @@ class BrokerDatagramProtocol(DatagramProtocol):
 
     def _loginFailed(self, failure, hello, address):
         self._loggingIn.discard((hello.clientId, address))
+        if failure.check(TooManyChecks):
+            error = failure.value
+            self._refuse(
+                self.broker.refusedByLimit(
+                    _Stranger(address), error.limit, error.maximum, error.reason, hello.id
+                ),
+                address,
+                proven=True,
+            )
+            return
         refused = failure.check(LoginFailed)
         if refused:
             reason = "bad user name or password"
