@@ -10,6 +10,7 @@ import json
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.address import IPv4Address
+from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.logger import Logger, formatEvent
@@ -18,10 +19,10 @@ from twisted.python.failure import Failure
 from dallal.broker import core
 from dallal.broker.core import BrokerConfig
 from dallal.broker.delivery import DeliveryConfig
-from dallal.security.auth import FAILURE_DELAY
+from dallal.security.auth import FAILURE_DELAY, MAX_CONCURRENT_CHECKS
 from dallal.server import web
 from dallal.server.tap import Options
-from helpers import BrokerHarness
+from helpers import BrokerHarness, runInline
 
 USERS = {"alice": b"wonderland"}
 
@@ -32,8 +33,9 @@ class Response:
     """
 
     def __init__(self, site, path, headers=()):
-        self.transport = StringTransport()
-        self.channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000))
+        client = IPv4Address("TCP", "127.0.0.1", 50000)
+        self.transport = StringTransport(peerAddress=client)
+        self.channel = site.buildProtocol(client)
         self.channel.makeConnection(self.transport)
         lines = [b"GET " + path + b" HTTP/1.0", *headers, b"", b""]
         self.channel.dataReceived(b"\r\n".join(lines))
@@ -45,9 +47,8 @@ class Response:
     @property
     def headers(self):
         head = self.transport.value().split(b"\r\n\r\n", 1)[0]
-        return dict(
-            line.lower().split(b": ", 1) for line in head.split(b"\r\n")[1:]
-        )
+        fields = (line.split(b": ", 1) for line in head.split(b"\r\n")[1:])
+        return {name.lower(): value for name, value in fields}
 
     @property
     def body(self):
@@ -68,8 +69,8 @@ def basic(user, password):
     return b"Authorization: Basic " + base64.b64encode(f"{user}:{password}".encode())
 
 
-def siteOf(harness, checker=None):
-    return web.webSite(harness.broker, harness.clock, checker)
+def siteOf(harness, gatekeeper=None):
+    return web.webSite(harness.broker, harness.clock, gatekeeper)
 
 
 def metricsOf(site, *headers):
@@ -305,28 +306,23 @@ def test_stop_ends_the_streams():
 # Passwords
 
 
-class CountingChecker:
+class CountingChecks:
     """
-    The broker's password checker, counting its scrypt checks.
+    Runs the broker's password checks inline, counting them.
     """
 
-    def __init__(self, checker):
-        self.checker = checker
+    def __init__(self):
         self.checks = 0
 
-    @property
-    def users(self):
-        return self.checker.users
-
-    def requestAvatarId(self, credentials):
+    def __call__(self, function, *arguments):
         self.checks += 1
-        return self.checker.requestAvatarId(credentials)
+        return runInline(function, *arguments)
 
 
-def guardedSite():
-    harness = BrokerHarness(users=USERS)
-    checker = CountingChecker(harness.gatekeeper.checker)
-    return harness, checker, siteOf(harness, checker)
+def guardedSite(**config):
+    checker = CountingChecks()
+    harness = BrokerHarness(users=USERS, runHash=checker, **config)
+    return harness, checker, siteOf(harness, harness.gatekeeper)
 
 
 def test_health_needs_no_password():
@@ -344,15 +340,64 @@ def test_the_rest_needs_the_password(path):
     _, _, site = guardedSite()
     response = Response(site, path)
     assert response.status == 401
-    assert response.headers[b"www-authenticate"] == b'basic realm="dallal"'
+    assert response.headers[b"www-authenticate"] == b'Basic realm="dallal", charset="UTF-8"'
 
 
 def test_wrong_password_is_refused_after_the_failure_delay():
+    """
+    A wrong password is answered 401 after the failure delay, counted and
+    logged as a client's failed login.
+    """
     harness, _, site = guardedSite()
     response = Response(site, b"/metrics", [basic("alice", "guess")])
     assert response.transport.value() == b""
     harness.clock.advance(FAILURE_DELAY)
     assert response.status == 401
+    assert harness.broker.counters["logins_failed"] == 1
+    assert harness.logLines("login_failed") == [
+        "event=login_failed session=0 client=127.0.0.1:50000 user=alice "
+        f"t={harness.clock.seconds():.6f}"
+    ]
+
+
+@pytest.mark.parametrize(
+    "header",
+    [b"Authorization: Bearer abc", b"Authorization: Basic !!!", b"Authorization: Basic YWxpY2U="],
+)
+def test_malformed_credentials_are_asked_again(header):
+    harness, checker, site = guardedSite()
+    assert Response(site, b"/metrics", [header]).status == 401
+    assert checker.checks == 0
+
+
+def test_a_client_gone_leaves_the_check_queue():
+    """
+    A web client that goes while its password waits for its check is
+    checked no more.
+    """
+    harness, _, site = guardedSite()
+    for n in range(MAX_CONCURRENT_CHECKS):
+        harness.gatekeeper.checks.run(f"10.0.0.{n}", Deferred)
+    response = Response(site, b"/metrics", [basic("alice", "wonderland")])
+    assert len(harness.gatekeeper.checks) == MAX_CONCURRENT_CHECKS + 1
+    response.channel.connectionLost(Failure(ConnectionDone()))
+    assert len(harness.gatekeeper.checks) == MAX_CONCURRENT_CHECKS
+
+
+def test_too_many_logins_waiting_are_answered_503():
+    """
+    Web logins wait in the same bounded queue as the clients': over its
+    bound, a request is answered 503 at once, counted and logged as a
+    refusal of the limit.
+    """
+    harness, _, site = guardedSite(
+        config=BrokerConfig(maxPendingLoginsPerIp=1)
+    )
+    harness.gatekeeper.checks.run("127.0.0.1", lambda: Deferred())
+    response = Response(site, b"/metrics", [basic("alice", "wonderland")])
+    assert response.status == 503
+    assert response.headers[b"retry-after"] == b"1"
+    assert harness.broker.counters["refused_pending_logins_per_ip"] == 1
 
 
 def test_a_password_that_passed_is_remembered():

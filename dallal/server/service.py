@@ -335,12 +335,9 @@ class DallalService(MultiService):
 
         @return: the child L{WebListenerService}.
         """
-        checker = None
-        if self.gatekeeper is not None and self.gatekeeper.loginRequired:
-            checker = self.gatekeeper.checker
         listener = WebListenerService(
             serverFromString(self.reactor, withBacklog(description)),
-            webSite(self.broker, self.reactor, checker),
+            webSite(self.broker, self.reactor, self.gatekeeper),
             self.broker.events,
         )
         listener.setServiceParent(self)

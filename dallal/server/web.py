@@ -10,7 +10,8 @@ a health check and a live dashboard, on C{twisted.web}.
    keeps live with a server-sent event a second.
 
 When the broker takes passwords, everything but C{/health} is behind HTTP
-Basic authentication against the same password file; a health check
+Basic authentication against the same password file, checked as a
+client's login is (L{WebLogins}); a health check
 reveals nothing but whether the broker serves, and load balancers and
 orchestrators seldom log in.
 """
@@ -27,23 +28,22 @@ from importlib import resources
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
-from twisted.cred.checkers import ICredentialsChecker
-from twisted.cred.credentials import IUsernamePassword
-from twisted.cred.error import UnauthorizedLogin
-from twisted.cred.portal import IRealm, Portal
-from twisted.internet.defer import succeed
+from twisted.cred import error as cred
+from twisted.internet.defer import CancelledError
 from twisted.internet.interfaces import IPushProducer
-from twisted.internet.task import LoopingCall, deferLater
+from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.web import pages
-from twisted.web.guard import BasicCredentialFactory, HTTPAuthSessionWrapper
-from twisted.web.resource import IResource, Resource
+from twisted.web.guard import BasicCredentialFactory
+from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
+from twisted.web.util import DeferredResource
 from zope.interface import implementer
 
 from dallal.broker.delivery import DROP_REASONS
 from dallal.limits import LIMITS
-from dallal.security.auth import FAILURE_DELAY
+from dallal.security.auth import LoginFailed, TooManyChecks
+from dallal.server.addresses import formatAddress
 
 # The realm browsers show when they ask for a user name and password.
 AUTH_REALM = "dallal"
@@ -489,55 +489,151 @@ def _digest(source):
     return "sha256-" + base64.b64encode(hashlib.sha256(source).digest()).decode()
 
 
-@implementer(ICredentialsChecker)
-class RememberingChecker:
+class WebClient:
     """
-    Checks user names and passwords with another checker (the broker's
-    L{dallal.security.auth.PasswordFileChecker}), remembering each that
-    passed for L{LOGIN_REMEMBERED} seconds, until the password file is
-    read again; a failed check is answered after L{FAILURE_DELAY}
-    seconds, as a failed login of the broker's clients is.
-
-    The passwords are remembered as keyed hashes, with a key of this
-    process's.
+    The client of one web request, as the broker's counters and log name
+    it (L{Broker.loginFailed}, L{Broker.refusedByLimit}).
     """
 
-    credentialInterfaces = (IUsernamePassword,)
+    transportName = "http"
 
-    def __init__(self, checker, clock, remember=LOGIN_REMEMBERED, failureDelay=FAILURE_DELAY):
-        self.checker = checker
-        self.clock = clock
+    def __init__(self, request):
+        address = request.getClientAddress()
+        self.host = getattr(address, "host", None)
+        self.peer = formatAddress(address)
+
+
+class LoginRequired(Resource):
+    """
+    401: the request needs a user name and password of the broker's.
+    """
+
+    isLeaf = True
+
+    def render(self, request):
+        request.setResponseCode(401)
+        request.setHeader("www-authenticate", f'Basic realm="{AUTH_REALM}", charset="UTF-8"')
+        request.setHeader("content-type", "text/plain; charset=utf-8")
+        return b"a user name and password of the broker's are needed\n"
+
+
+class _Busy(Resource):
+    """
+    503: too many logins wait for their password check; try again soon.
+    """
+
+    isLeaf = True
+
+    def __init__(self, reason):
+        Resource.__init__(self)
+        self.reason = reason
+
+    def render(self, request):
+        request.setResponseCode(503)
+        request.setHeader("retry-after", "1")
+        request.setHeader("content-type", "text/plain; charset=utf-8")
+        return self.reason.encode("utf-8") + b"\n"
+
+
+def basicCredentials(request):
+    """
+    The user name (text) and password (bytes) of a request's HTTP Basic
+    C{Authorization} header, or C{None} if it has none that is valid.
+    """
+    scheme, _, encoded = (request.getHeader("authorization") or "").partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        credentials = BasicCredentialFactory(AUTH_REALM).decode(encoded.encode(), request)
+        return credentials.username.decode("utf-8"), credentials.password
+    except (cred.LoginFailed, UnicodeDecodeError):
+        return None
+
+
+class WebLogins:
+    """
+    Admits a web request once its HTTP Basic credentials are a user's of
+    the broker's password file, checked by the broker's gatekeeper as a
+    client's login is: in the turn of its address, within the same bounds
+    on the checks waiting, a failure answered after
+    L{dallal.security.auth.FAILURE_DELAY} seconds, counted and logged.
+
+    A user name and password that passed are taken again without a check
+    for L{LOGIN_REMEMBERED} seconds, until the password file is read
+    again: a scraper every few seconds would otherwise cost the broker a
+    scrypt check each time.  They are remembered as keyed hashes, with a
+    key of this process's.
+    """
+
+    _log = Logger()
+
+    def __init__(self, gatekeeper, broker, remember=LOGIN_REMEMBERED):
+        self.gatekeeper = gatekeeper
+        self.broker = broker
         self.remember = remember
-        self.failureDelay = failureDelay
         self._key = secrets.token_bytes(32)
-        # (user name, keyed hash of the password) -> (avatar id, the users
-        # it was checked against, until when it is remembered).
+        # (user name, keyed hash of the password) -> (the users it was
+        # checked against, until when it is remembered).
         self._passed = {}
 
-    def requestAvatarId(self, credentials):
-        key = (
-            credentials.username,
-            hmac.digest(self._key, credentials.password, hashlib.sha256),
-        )
-        users = self.checker.users
+    def admit(self, request, resource):
+        """
+        C{resource} if the request may have it, else what it gets instead:
+        a 401, or a 503 while too many logins wait for their check.
+        """
+        credentials = basicCredentials(request)
+        if credentials is None:
+            return LoginRequired()
+        user, password = credentials
+        key = (user, hmac.digest(self._key, password, hashlib.sha256))
+        users = self.gatekeeper.checker.users
         passed = self._passed.get(key)
         if passed is not None:
-            avatarId, checkedAgainst, until = passed
-            if checkedAgainst is users and self.clock.seconds() < until:
-                return succeed(avatarId)
-        return self.checker.requestAvatarId(credentials).addCallbacks(
-            self._passedCheck, self._failedCheck, callbackArgs=(key, users)
+            checkedAgainst, until = passed
+            if checkedAgainst is users and self.broker.clock.seconds() < until:
+                return resource
+        client = WebClient(request)
+        checking = self.gatekeeper.login(user, password, None, client.host)
+        # A client gone while its check waits leaves the queue.
+        request.notifyFinish().addErrback(lambda _: checking.cancel())
+        checking.addCallbacks(
+            self._passedCheck,
+            self._failedCheck,
+            callbackArgs=(key, users, resource),
+            errbackArgs=(client,),
         )
+        return DeferredResource(checking)
 
-    def _passedCheck(self, avatarId, key, users):
+    def _passedCheck(self, user, key, users, resource):
         if len(self._passed) >= LOGINS_REMEMBERED:
             self._passed.clear()
-        self._passed[key] = (avatarId, users, self.clock.seconds() + self.remember)
-        return avatarId
+        self._passed[key] = (users, self.broker.clock.seconds() + self.remember)
+        return resource
 
-    def _failedCheck(self, failure):
-        failure.trap(UnauthorizedLogin)
-        return deferLater(self.clock, self.failureDelay, failure.raiseException)
+    def _failedCheck(self, failure, client):
+        if failure.check(LoginFailed):
+            self.broker.loginFailed(client, failure.value.shownUser)
+            return LoginRequired()
+        if failure.check(TooManyChecks):
+            error = failure.value
+            self.broker.refusedByLimit(client, error.limit, error.maximum, error.reason)
+            return _Busy(error.reason)
+        if failure.check(CancelledError):
+            return _Gone()
+        self._log.failure("checking a web client's password failed", failure)
+        return pages.errorPage(500, "Error", "The broker could not check the password.")
+
+
+class _Gone(Resource):
+    """
+    What a client gone while its password waited for its check gets:
+    nothing, its connection is closed.
+    """
+
+    isLeaf = True
+
+    def render(self, request):
+        return NOT_DONE_YET
 
 
 class Pages(Resource):
@@ -549,25 +645,10 @@ class Pages(Resource):
         return pages.notFound()
 
 
-@implementer(IRealm)
-class _OneResourceRealm:
-    """
-    Gives every user who logged in the same resource.
-    """
-
-    def __init__(self, resource):
-        self.resource = resource
-
-    def requestAvatar(self, avatarId, mind, *interfaces):
-        if IResource not in interfaces:
-            raise NotImplementedError("the web listener only has IResource avatars")
-        return IResource, self.resource, lambda: None
-
-
 class WebRoot(Pages):
     """
     The web listener's root: C{/health} for anyone, and every other path
-    under L{guarded}, behind the broker's passwords if it has any.
+    under L{guarded}, behind the broker's passwords if it takes any.
 
     @ivar guarded: the resource whose children are behind the passwords
         (C{/metrics}, C{/events}, the dashboard).  A child that logs its
@@ -575,34 +656,29 @@ class WebRoot(Pages):
         with C{putChild}.
     """
 
-    def __init__(self, guarded, checker=None, clock=None):
+    def __init__(self, guarded, logins=None):
         """
-        @param checker: the broker's password checker, or C{None} when it
-            takes no passwords.
-        @param clock: the C{IReactorTime} of the checker's delays.
+        @param logins: the L{WebLogins} of a broker that takes passwords,
+            or C{None}.
         """
         Pages.__init__(self)
         self.guarded = guarded
-        if checker is None:
-            self._gate = guarded
-        else:
-            portal = Portal(
-                _OneResourceRealm(guarded), [RememberingChecker(checker, clock)]
-            )
-            self._gate = HTTPAuthSessionWrapper(
-                portal, [BasicCredentialFactory(AUTH_REALM)]
-            )
+        self.logins = logins
 
     def getChild(self, path, request):
-        return self._gate.getChildWithDefault(path, request)
+        # The guarded resource finds the child, once the request may have it.
+        request.postpath.insert(0, request.prepath.pop())
+        if self.logins is None:
+            return self.guarded
+        return self.logins.admit(request, self.guarded)
 
 
-def webSite(broker, clock, checker=None):
+def webSite(broker, clock, gatekeeper=None):
     """
     The web listener's site for a broker.
 
-    @param checker: the broker's password checker, or C{None} when it
-        takes no passwords.
+    @param gatekeeper: the broker's L{dallal.security.auth.Gatekeeper}, or
+        C{None}: its passwords, if it takes any, guard all but C{/health}.
     @return: a C{Site}; its C{resource} is the L{WebRoot}, and its
         C{figures} the dashboard's L{LiveFigures}, to L{LiveFigures.stop}
         when the listener stops.
@@ -612,7 +688,10 @@ def webSite(broker, clock, checker=None):
     guarded.putChild(b"", DashboardResource())
     guarded.putChild(b"metrics", MetricsResource(broker))
     guarded.putChild(b"events", EventsResource(figures))
-    root = WebRoot(guarded, checker, clock)
+    logins = None
+    if gatekeeper is not None and gatekeeper.loginRequired:
+        logins = WebLogins(gatekeeper, broker)
+    root = WebRoot(guarded, logins)
     root.putChild(b"health", HealthResource(broker))
     site = _QuietSite(root, reactor=clock)
     site.figures = figures
