@@ -39,6 +39,7 @@ DALLAL = BIN / "dallal"
 # The broker's own address on the loopback, with an ephemeral port.
 LOOPBACK_ANY_PORT = "tcp:0:interface=127.0.0.1"
 LISTENING = re.compile(rb"event=listening transport=tcp address=127\.0\.0\.1:(\d+)")
+HTTP_LISTENING = re.compile(rb"event=listening transport=http address=127\.0\.0\.1:(\d+)")
 
 # Generous bounds: the machine is small and shared, and a bound only has to
 # turn a hang into a failure.

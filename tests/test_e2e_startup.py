@@ -55,6 +55,7 @@ def failureLines(output, sentence):
         (["--tcp", "{port}"], "127.0.0.1:{port}"),
         (["--tcp", "tcp:{port}:interface=127.0.0.1"], "127.0.0.1:{port}"),
         (["--tcp", "0", "--udp", "{port}"], "127.0.0.1:{port} (UDP)"),
+        (["--tcp", "0", "--http", "{port}"], "127.0.0.1:{port} (HTTP)"),
     ],
 )
 def test_portInUse(tmp_path, busyPort, options, where):

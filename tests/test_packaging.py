@@ -7,10 +7,18 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
-from helpers import REPO, BrokerProcess, dallal, environmentWithout
+from helpers import (
+    HTTP_LISTENING,
+    LOOPBACK_ANY_PORT,
+    REPO,
+    BrokerProcess,
+    dallal,
+    environmentWithout,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -87,10 +95,16 @@ def test_installedBrokerRuns(tmp_path, editable):
 
     broker = BrokerProcess.plugin(
         elsewhere,
+        "--http",
+        LOOPBACK_ANY_PORT,
         twistd=venv / "bin" / "twistd",
         env=environmentWithout("PYTHONPATH", "PYTHONHOME"),
     )
     try:
+        # The dashboard's page is installed with the package.
+        httpPort = int(broker.waitFor(HTTP_LISTENING).group(1))
+        with urllib.request.urlopen(f"http://127.0.0.1:{httpPort}/", timeout=30) as page:
+            assert b"<title>Dallal broker</title>" in page.read()
         result = dallal(
             "127.0.0.1",
             broker.port,

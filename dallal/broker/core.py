@@ -267,6 +267,10 @@ class Broker:
         # subscriber (the strongest of its filters that match), before the
         # ACL's say.
         self._routes = {}
+        # topic -> messages published on it (as counted in published),
+        # for the dashboard's busiest topics; it starts again empty past
+        # TOPICS_REMEMBERED topics, as the memos do.
+        self.topicCounts = {}
         self.shuttingDown = False
         self.started = clock.seconds()
         # A plain dict: every counter is set here or by the ledger, and a
@@ -560,6 +564,15 @@ class Broker:
         if self.bridges:
             stats["bridges"] = {name: link.status() for name, link in self.bridges.items()}
         return stats
+
+    def connectionsByTransport(self):
+        """
+        The sessions now, by the name of their transport (C{tcp}, C{udp},
+        C{bridge}): they add up to the C{connections} counter.
+
+        @return: a C{Counter}.
+        """
+        return Counter(session.subscriber.transportName for session in self._sessions.values())
 
     def logStats(self):
         self.events.emit("stats", **self.counters)
@@ -1045,6 +1058,13 @@ class Broker:
         """
         if self._restricted and receivers:
             receivers = self._readers(receivers, message.topic)
+        topicCounts = self.topicCounts
+        count = topicCounts.get(message.topic)
+        if count is None:
+            if len(topicCounts) >= TOPICS_REMEMBERED:
+                topicCounts.clear()
+            count = 0
+        topicCounts[message.topic] = count + 1
         events = self.events
         if events.messageEvents:
             events.emit(

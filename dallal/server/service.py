@@ -29,6 +29,7 @@ from dallal.broker.sysstats import DEFAULT_INTERVAL as DEFAULT_SYS_INTERVAL, Sys
 from dallal.server.addresses import formatAddress
 from dallal.server.tcp import BrokerFactory
 from dallal.server.udp import DEFAULT_ACK_TIMEOUT, BrokerDatagramProtocol
+from dallal.server.web import webSite
 
 DEFAULT_INTERFACE = "127.0.0.1"
 # Seconds a stopping broker gives what is in flight to be acked.
@@ -126,9 +127,12 @@ class _Listener(Service):
     serves nothing.
 
     @cvar transportName: C{tcp} or C{udp}, for the C{listening} event.
+    @cvar openToAll: what anyone who reaches it may do when the broker
+        takes no passwords, for the warning about it.
     """
 
     transportName = None
+    openToAll = "publish and subscribe"
 
     def __init__(self, events):
         self.events = events
@@ -174,9 +178,14 @@ class _Listener(Service):
 class ListenerService(_Listener):
     """
     Serves TCP clients (or TLS, or any stream) on one server endpoint.
+
+    @cvar closesFirst: whether a stopping broker stops listening here
+        before it drains what is in flight (its clients' listeners), or
+        only after (the web listener, whose C{/health} says it drains).
     """
 
     transportName = "tcp"
+    closesFirst = True
 
     def __init__(self, endpoint, factory, events):
         _Listener.__init__(self, events)
@@ -190,6 +199,28 @@ class ListenerService(_Listener):
         )
         if failures:
             failures[0].raiseException()
+
+
+class WebListenerService(ListenerService):
+    """
+    Serves the broker's web pages (L{dallal.server.web}) on one server
+    endpoint, until the broker has drained.
+
+    @ivar site: the C{Site}; its C{resource} is the
+        L{dallal.server.web.WebRoot}, where more resources may be put.
+    """
+
+    transportName = "http"
+    closesFirst = False
+    openToAll = "read the broker's metrics and dashboard"
+
+    def __init__(self, endpoint, site, events):
+        ListenerService.__init__(self, endpoint, site, events)
+        self.site = site
+
+    def stopService(self):
+        self.site.figures.stop()
+        return ListenerService.stopService(self)
 
 
 class DatagramListenerService(_Listener):
@@ -291,6 +322,22 @@ class DallalService(MultiService):
         listener = ListenerService(
             serverFromString(self.reactor, withBacklog(description)),
             self.factory,
+            self.broker.events,
+        )
+        listener.setServiceParent(self)
+        return listener
+
+    def listenHTTP(self, description):
+        """
+        Serve the broker's metrics, health and dashboard over HTTP
+        (L{dallal.server.web}) on a server endpoint description, behind the
+        broker's passwords if it takes any.
+
+        @return: the child L{WebListenerService}.
+        """
+        listener = WebListenerService(
+            serverFromString(self.reactor, withBacklog(description)),
+            webSite(self.broker, self.reactor, self.gatekeeper),
             self.broker.events,
         )
         listener.setServiceParent(self)
@@ -422,10 +469,11 @@ class DallalService(MultiService):
             if port is not None and beyondLoopback(port.getHost()):
                 self._log.warn(
                     "WARNING: listening on {address} ({transport}) beyond the loopback "
-                    "without --passwords: anyone who can reach it may publish and "
-                    "subscribe (README.md, Security)",
+                    "without --passwords: anyone who can reach it may {what} "
+                    "(README.md, Security)",
                     address=formatAddress(port.getHost()),
                     transport=listener.transportName,
+                    what=listener.openToAll,
                 )
 
     def stopService(self):
@@ -447,7 +495,9 @@ class DallalService(MultiService):
             self.sysPublisher.stop()
         # UDP ports stay open while draining: UDP clients' acks come
         # through them.  Stream listeners only take new connections.
-        streams = [child for child in self if isinstance(child, ListenerService)]
+        streams = [
+            child for child in self if isinstance(child, ListenerService) and child.closesFirst
+        ]
         stopped = [maybeDeferred(child.stopService) for child in streams]
         drained = self.broker.drain(self.shutdownGrace)
         drained.addCallback(lambda _: self._closeSessions(streams))

@@ -161,6 +161,15 @@ class Options(usage.Options):
             _port("--udp"),
         ],
         [
+            "http",
+            None,
+            None,
+            "Serve Prometheus metrics (/metrics), a health check (/health) and "
+            "a live dashboard (/) over HTTP on this port (on --interface) or "
+            "server endpoint description (ssl:8443:privateKey=...), behind "
+            "--passwords if given.",
+        ],
+        [
             "udp-ack-timeout",
             None,
             DEFAULT_UDP_ACK_TIMEOUT,
@@ -515,7 +524,9 @@ class Options(usage.Options):
             )
         if not self["tcp"]:
             self["tcp"] = [str(DEFAULT_TCP_PORT)]
-        self["tcp"] = [self._endpoint(value) for value in self["tcp"]]
+        self["tcp"] = [self._endpoint(value, "--tcp") for value in self["tcp"]]
+        if self["http"] is not None:
+            self["http"] = self._endpoint(self["http"], "--http")
         if self["name"] is not None:
             try:
                 checkName(self["name"])
@@ -567,16 +578,20 @@ class Options(usage.Options):
             bridges.append(bridge)
         return bridges
 
-    def _endpoint(self, value):
+    def _endpoint(self, value, option):
+        """
+        The server endpoint description of a port number (on
+        C{--interface}) or of a description, given to C{option}.
+        """
         if value.isdigit():
             port = int(value)
             if not 0 <= port <= 65535:
-                raise usage.UsageError(f"--tcp: port {port} is not in 0-65535")
+                raise usage.UsageError(f"{option}: port {port} is not in 0-65535")
             interface = self["interface"].replace(":", "\\:")
             return f"tcp:{port}:interface={interface}"
         if ":" not in value:
             raise usage.UsageError(
-                f"--tcp: {value!r} is neither a port number nor an endpoint "
+                f"{option}: {value!r} is neither a port number nor an endpoint "
                 "description such as tcp:1373:interface=0.0.0.0"
             )
         return value
@@ -740,6 +755,8 @@ def makeService(options, reactor=None, rlimit=resource):
         service.listenUDP(
             options["udp"], options["interface"], ackTimeout=options["udp-ack-timeout"]
         )
+    if options["http"] is not None:
+        service.listenHTTP(options["http"])
     for bridge in options["bridge"]:
         service.addBridge(bridge)
     return service
