@@ -104,6 +104,12 @@ class Message:
     @ivar origin: for a message that came over a bridge, the L{Origin} it
         came with, its C{hops} counting that bridge; C{None} for a message
         published here.
+    @ivar properties: what the publisher's transport attached to it, opaque
+        to the core and passed through to every subscriber's transport (an
+        MQTT message's QoS, retain flag and properties), or C{None}.
+    @ivar source: the L{ISubscriber} that published it, or C{None} (the
+        broker's own, a retained message), for the subscriptions that do
+        not want their own messages back.
     """
 
     __slots__ = (
@@ -116,10 +122,21 @@ class Message:
         "retained",
         "encoded",
         "origin",
+        "properties",
+        "source",
     )
 
     def __init__(
-        self, mid, topic, payload, publisher, published, retained=False, origin=None
+        self,
+        mid,
+        topic,
+        payload,
+        publisher,
+        published,
+        retained=False,
+        origin=None,
+        properties=None,
+        source=None,
     ):
         self.mid = mid
         self.topic = topic
@@ -130,6 +147,8 @@ class Message:
         self.retained = retained
         self.encoded = None
         self.origin = origin
+        self.properties = properties
+        self.source = source
 
 
 # Why a bridged message is discarded on arrival -> what counts it: its own
@@ -764,11 +783,13 @@ class Broker:
         rows = [(name, retained.get(name), filters.get(name, 0)) for name in names]
         return rows, total
 
-    def publish(self, subscriber, topic, payload, requestId):
+    def publish(self, subscriber, topic, payload, requestId, properties=None):
         """
         Publish a message and hand it to every subscription matching its
         topic.
 
+        @param properties: the transport's own attributes of the message
+            (L{Message.properties}), passed through to the subscribers'.
         @return: the L{Message}.
         @raise RequestError: the topic or the payload is refused, or the
             broker is shutting down.
@@ -780,7 +801,7 @@ class Broker:
             session = self._sessions[subscriber]
             if session.permissions is not None and not session.permissions.mayWrite(topic):
                 self._forbid(session, "publish", topic, requestId)
-        return self._route(subscriber, topic, payload)
+        return self._route(subscriber, topic, payload, properties)
 
     def retain(self, topic, payload, requestId):
         """
@@ -837,9 +858,15 @@ class Broker:
             self._route(subscriber, topic, payload)
         return len(topics)
 
-    def _route(self, subscriber, topic, payload):
+    def _route(self, subscriber, topic, payload, properties=None):
         message = Message(
-            self._nextMid, topic, payload, subscriber.peer, self.clock.seconds()
+            self._nextMid,
+            topic,
+            payload,
+            subscriber.peer,
+            self.clock.seconds(),
+            properties=properties,
+            source=subscriber,
         )
         self._nextMid += 1
         counters = self.counters

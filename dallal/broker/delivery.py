@@ -42,6 +42,7 @@ REDELIVERY_LIMIT = "redelivery_limit"
 SUPERSEDED = "superseded"
 TOO_LARGE = "too_large"
 BRIDGE_REFUSED = "bridge_refused"
+EXPIRED = "expired"
 DROP_REASONS = (
     QUEUE_FULL,
     SLOW_CONSUMER,
@@ -50,6 +51,7 @@ DROP_REASONS = (
     SUPERSEDED,
     TOO_LARGE,
     BRIDGE_REFUSED,
+    EXPIRED,
 )
 
 
@@ -129,6 +131,8 @@ class DeliveryConfig:
         subscriber, or C{None} for no limit beyond the broker's own: a UDP
         datagram carries less than the largest message a TCP client may
         publish.
+    @ivar ackTimeout: seconds before an unacked message is sent again, or
+        C{None} for a transport that never resends within a session.
     """
 
     __slots__ = (
@@ -373,7 +377,13 @@ class Outbox:
         Put C{delivery} at the end of the in-flight table, its ack due one
         ack timeout from now, and make sure the ack timer is armed.
         """
-        delivery.deadline = self.clock.seconds() + self.config.ackTimeout
+        ackTimeout = self.config.ackTimeout
+        if ackTimeout is None:
+            # The transport resends nothing within a session (MQTT): the
+            # delivery waits for its ack for as long as the session lasts.
+            self._inflight[delivery.deliveryId] = delivery
+            return
+        delivery.deadline = self.clock.seconds() + ackTimeout
         # Re-inserting moves a delivery that was in the table to its end,
         # which keeps the table in the order of the deadlines.
         self._inflight.pop(delivery.deliveryId, None)

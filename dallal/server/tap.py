@@ -361,6 +361,7 @@ class Options(usage.Options):
     def __init__(self):
         usage.Options.__init__(self)
         self["tcp"] = []
+        self["mqtt"] = []
         self["bridge"] = []
 
     def parseOptions(self, options=None):
@@ -401,6 +402,12 @@ class Options(usage.Options):
         """
         self["tcp"].append(value)
 
+    def opt_mqtt(self, value):
+        """
+        Also serve MQTT 3.1.1 and 5.0 clients here: a port number (on --interface) or a Twisted endpoint description such as tcp:1883:interface=0.0.0.0 or ssl:8883:privateKey=key.pem:certKey=cert.pem. Repeat it to listen on several. [default: none]
+        """
+        self["mqtt"].append(value)
+
     def opt_bridge(self, value):
         """
         Connect to another Dallal broker as a client and carry messages between them: NAME=ENDPOINT[,topics=FILTER;FILTER...][,direction=in|out|both][,user=USER,password-file=PATH|password-env=VARIABLE], such as hub=tcp:hub.example:1373,topics=news/#;alerts/+,direction=both (the default: every topic, both ways); user= logs in to a remote that takes passwords. Repeatable.
@@ -415,7 +422,8 @@ class Options(usage.Options):
             )
         if not self["tcp"]:
             self["tcp"] = [str(DEFAULT_TCP_PORT)]
-        self["tcp"] = [self._endpoint(value) for value in self["tcp"]]
+        self["tcp"] = [self._endpoint(value, "--tcp") for value in self["tcp"]]
+        self["mqtt"] = [self._endpoint(value, "--mqtt") for value in self["mqtt"]]
         if self["name"] is not None:
             try:
                 checkName(self["name"])
@@ -452,16 +460,16 @@ class Options(usage.Options):
             bridges.append(bridge)
         return bridges
 
-    def _endpoint(self, value):
+    def _endpoint(self, value, option):
         if value.isdigit():
             port = int(value)
             if not 0 <= port <= 65535:
-                raise usage.UsageError(f"--tcp: port {port} is not in 0-65535")
+                raise usage.UsageError(f"{option}: port {port} is not in 0-65535")
             interface = self["interface"].replace(":", "\\:")
             return f"tcp:{port}:interface={interface}"
         if ":" not in value:
             raise usage.UsageError(
-                f"--tcp: {value!r} is neither a port number nor an endpoint "
+                f"{option}: {value!r} is neither a port number nor an endpoint "
                 "description such as tcp:1373:interface=0.0.0.0"
             )
         return value
@@ -566,6 +574,8 @@ def makeService(options, reactor=None, rlimit=resource):
         service.rereadConfig = lambda service: rereadConfig(options, service)
     for description in options["tcp"]:
         service.listenTCP(description)
+    for description in options["mqtt"]:
+        service.listenMQTT(description)
     if options["udp"] is not None:
         service.listenUDP(
             options["udp"], options["interface"], ackTimeout=options["udp-ack-timeout"]
