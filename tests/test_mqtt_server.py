@@ -1,0 +1,588 @@
+"""
+The MQTT protocol (L{dallal.server.mqtt}) on in-memory connections and a
+clock: packets in, packets out, and what the broker core makes of them.
+"""
+
+import pytest
+from twisted.internet.defer import succeed
+
+from dallal.broker.core import BrokerConfig
+from dallal.broker.delivery import DeliveryConfig
+from dallal.protocol.mqtt import (
+    MQTT_3_1_1,
+    MQTT_5,
+    ConnAck,
+    Connect,
+    Disconnect,
+    MQTTDecoder,
+    PingReq,
+    PingResp,
+    Property,
+    PubAck,
+    PubComp,
+    PubRec,
+    PubRel,
+    Publish,
+    ReasonCode,
+    SubAck,
+    Subscribe,
+    Subscription,
+    UnsubAck,
+    Unsubscribe,
+    Will,
+)
+from dallal.server.mqtt import TOPIC_ALIAS_MAXIMUM
+from dallal.topictree import TopicMap
+from helpers import BrokerHarness, countersAddUp, messages
+
+
+class MemoryRetained:
+    """
+    A retained store in memory, enough for the core's retained messages.
+    """
+
+    writing = False
+
+    def __init__(self):
+        self.topics = TopicMap()
+
+    def set(self, topic, payload):
+        if payload:
+            self.topics[topic] = payload
+        else:
+            self.topics.pop(topic, None)
+        return succeed(None)
+
+    def get(self, topic):
+        return self.topics.get(topic)
+
+    def match(self, topicFilter):
+        return self.topics.match(topicFilter)
+
+    def close(self):
+        return succeed(None)
+
+
+class MQTTClient:
+    """
+    A fake MQTT client of a L{BrokerHarness}: sends packets, decodes what
+    the broker wrote.
+    """
+
+    def __init__(self, harness, version=MQTT_3_1_1):
+        self.harness = harness
+        self.version = version
+        self.connection = harness.connectMQTT()
+        self.decoder = MQTTDecoder(version)
+
+    def send(self, *packets):
+        self.connection.send(b"".join(packet.encode(self.version) for packet in packets))
+
+    def received(self):
+        return list(self.decoder.feed(self.connection.received()))
+
+    def connect(self, clientId="c1", **fields):
+        self.send(Connect(clientId, self.version, **fields))
+        return self.received()
+
+    def subscribe(self, *filters, packetId=1):
+        self.send(
+            Subscribe(
+                packetId,
+                [f if isinstance(f, Subscription) else Subscription(*f) for f in filters],
+            )
+        )
+        return self.received()
+
+    @property
+    def closing(self):
+        return self.connection.closing
+
+    def lose(self):
+        self.connection.lose()
+
+
+@pytest.fixture
+def harness():
+    harness = BrokerHarness()
+    harness.broker.retained = MemoryRetained()
+    return harness
+
+
+def connected(harness, clientId="c1", version=MQTT_3_1_1, **fields):
+    client = MQTTClient(harness, version)
+    (answer,) = client.connect(clientId, **fields)
+    assert answer.reasonCode == 0, answer
+    return client
+
+
+# CONNECT
+
+
+def test_connectIsAnsweredInTheClientsVersion(harness):
+    old = MQTTClient(harness, MQTT_3_1_1)
+    assert old.connect("a") == [ConnAck()]
+    new = MQTTClient(harness, MQTT_5)
+    (answer,) = new.connect("b")
+    assert answer.reasonCode == 0 and not answer.sessionPresent
+    assert answer.properties[Property.TOPIC_ALIAS_MAXIMUM] == TOPIC_ALIAS_MAXIMUM
+    assert answer.properties[Property.SHARED_SUBSCRIPTION_AVAILABLE] == 0
+    (event,) = [e for e in harness.fields("connect")][-1:]
+    assert event["transport"] == "mqtt"
+
+
+def test_anEmptyClientIdIsAssignedOne(harness):
+    client = MQTTClient(harness, MQTT_5)
+    (answer,) = client.connect("")
+    assigned = answer.properties[Property.ASSIGNED_CLIENT_IDENTIFIER]
+    assert assigned.startswith("auto-")
+    assert client.connection.protocol.clientId == assigned
+
+
+def test_anEmptyClientIdCannotKeepASessionIn311(harness):
+    client = MQTTClient(harness)
+    assert client.connect("", cleanStart=False) == [ConnAck(reasonCode=2)]
+    assert client.closing
+
+
+def test_aPersistentSessionIsRefusedPolitely(harness):
+    """
+    Sessions end with their connection: an MQTT 5 client asking for one is
+    told its Session Expiry Interval is 0.
+    """
+    client = MQTTClient(harness, MQTT_5)
+    (answer,) = client.connect("p", cleanStart=False, properties={Property.SESSION_EXPIRY_INTERVAL: 60})
+    assert not answer.sessionPresent
+    assert answer.properties[Property.SESSION_EXPIRY_INTERVAL] == 0
+
+
+def test_aSecondConnectionWithTheClientIdTakesItOver(harness):
+    first = connected(harness, "same", MQTT_5)
+    connected(harness, "same", MQTT_5)
+    assert first.received() == [Disconnect(ReasonCode.SESSION_TAKEN_OVER)]
+    assert first.closing
+    first.lose()
+    assert harness.fields("disconnect")[-1]["reason"] == "taken_over"
+
+
+def test_pingreqIsAnswered(harness):
+    client = connected(harness)
+    client.send(PingReq())
+    assert client.received() == [PingResp()]
+
+
+def test_keepAliveClosesASilentClientAfterOneAndAHalfTimes(harness):
+    client = connected(harness, keepAlive=10)
+    harness.clock.advance(14)
+    client.send(PingReq())
+    harness.clock.advance(14)
+    assert not client.closing
+    harness.clock.advance(1.1)
+    assert client.closing
+    assert harness.broker.counters["clients_dropped"] == 1
+
+
+def test_noConnectWithinTheLoginTimeoutCloses(harness):
+    client = MQTTClient(harness)
+    harness.clock.advance(59)
+    assert not client.closing
+    harness.clock.advance(1)
+    assert client.closing
+
+
+# Logins and the ACL
+
+
+def test_aLoginIsCheckedByTheBrokersCheckers():
+    harness = BrokerHarness(users={"alice": b"secret"})
+    anonymous = MQTTClient(harness)
+    assert anonymous.connect("x") == [ConnAck(reasonCode=5)]
+    wrong = MQTTClient(harness, MQTT_5)
+    assert wrong.connect("y", username="alice", password=b"nope") == []
+    harness.clock.advance(1)
+    (answer,) = wrong.received()
+    assert answer.reasonCode == ReasonCode.BAD_USER_NAME_OR_PASSWORD
+    assert wrong.closing
+    right = MQTTClient(harness)
+    assert right.connect("z", username="alice", password=b"secret") == [ConnAck()]
+    assert harness.broker.counters["logins"] == 1
+    assert harness.broker.counters["logins_failed"] == 1
+
+
+def test_theAclAppliesWithTheClientIdAsPercentC():
+    harness = BrokerHarness(acl="pattern readwrite devices/%c/#\n")
+    client = connected(harness, "d1", MQTT_5)
+    assert client.subscribe(("devices/d1/#", 1), ("devices/d2/#", 1)) == [
+        SubAck(1, [1, ReasonCode.NOT_AUTHORIZED])
+    ]
+    client.send(Publish("devices/d2/x", b"no", qos=1, packetId=7))
+    (answer,) = client.received()
+    assert answer.reasonCode == ReasonCode.NOT_AUTHORIZED
+    client.send(Publish("devices/d1/x", b"yes", qos=1, packetId=8))
+    assert [type(p) for p in client.received()] == [Publish, PubAck]
+
+
+def test_anAclRefusalIsAckedIn311AsMosquittoDoes():
+    harness = BrokerHarness(acl="pattern readwrite devices/%c/#\n")
+    client = connected(harness, "d1")
+    client.send(Publish("elsewhere", b"no", qos=1, packetId=7))
+    assert client.received() == [PubAck(7)]
+    assert harness.broker.counters["denied"] == 1
+
+
+# PUBLISH both ways
+
+
+def test_qosIsTheLowerOfThePublishAndTheSubscription(harness):
+    subscriber = connected(harness, "s")
+    assert subscriber.subscribe(("q0", 0), ("q1", 1), ("q2", 2)) == [SubAck(1, [0, 1, 2])]
+    publisher = connected(harness, "p")
+    packetIds = iter(range(1, 100))
+    for topic in ("q0", "q1", "q2"):
+        for qos in (0, 1, 2):
+            publisher.send(Publish(topic, b"%d" % qos, qos=qos, packetId=next(packetIds) if qos else None))
+    got = [(p.topic, p.qos) for p in subscriber.received()]
+    assert got == [
+        ("q0", 0), ("q0", 0), ("q0", 0),
+        ("q1", 0), ("q1", 1), ("q1", 1),
+        ("q2", 0), ("q2", 1), ("q2", 2),
+    ]
+
+
+def test_qos1IsAckedByPuback(harness):
+    subscriber = connected(harness, "s")
+    subscriber.subscribe(("t", 1))
+    publisher = connected(harness, "p")
+    publisher.send(Publish("t", b"x", qos=1, packetId=5))
+    assert publisher.received() == [PubAck(5)]
+    (message,) = subscriber.received()
+    assert harness.broker.counters["acked"] == 0
+    subscriber.send(PubAck(message.packetId))
+    assert harness.broker.counters["acked"] == 1
+    assert countersAddUp(harness.broker.counters)
+
+
+def test_qos2FromTheClientIsPublishedOnceAndReleased(harness):
+    subscriber = connected(harness, "s")
+    subscriber.subscribe(("t", 0))
+    publisher = connected(harness, "p")
+    publisher.send(Publish("t", b"once", qos=2, packetId=9))
+    assert publisher.received() == [PubRec(9)]
+    publisher.send(Publish("t", b"once", qos=2, packetId=9, dup=True))
+    assert publisher.received() == [PubRec(9)]
+    assert [p.payload for p in subscriber.received()] == [b"once"]
+    publisher.send(PubRel(9))
+    assert publisher.received() == [PubComp(9)]
+    # Released: the identifier may carry a new message.
+    publisher.send(Publish("t", b"again", qos=2, packetId=9))
+    assert [p.payload for p in subscriber.received()] == [b"again"]
+
+
+def test_anUnknownPubrelIsAnsweredWithNotFoundInMQTT5(harness):
+    client = connected(harness, "p", MQTT_5)
+    client.send(PubRel(3))
+    assert client.received() == [PubComp(3, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND)]
+
+
+def test_qos2ToTheClientIsAckedAtPubcomp(harness):
+    subscriber = connected(harness, "s")
+    subscriber.subscribe(("t", 2))
+    publisher = connected(harness, "p")
+    publisher.send(Publish("t", b"x", qos=2, packetId=1), PubRel(1))
+    (message,) = subscriber.received()
+    assert message.qos == 2
+    subscriber.send(PubRec(message.packetId))
+    assert subscriber.received() == [PubRel(message.packetId)]
+    assert harness.broker.counters["acked"] == 0
+    subscriber.send(PubComp(message.packetId))
+    assert harness.broker.counters["acked"] == 1
+    assert countersAddUp(harness.broker.counters)
+
+
+def test_theReceiveMaximumIsTheWindow(harness):
+    subscriber = connected(harness, "s", MQTT_5, properties={Property.RECEIVE_MAXIMUM: 2})
+    subscriber.subscribe(("t", 1))
+    publisher = connected(harness, "p")
+    for number in range(3):
+        publisher.send(Publish("t", b"%d" % number, qos=1, packetId=number + 1))
+    first = subscriber.received()
+    assert [p.payload for p in first] == [b"0", b"1"]
+    subscriber.send(PubAck(first[0].packetId))
+    assert [p.payload for p in subscriber.received()] == [b"2"]
+
+
+def test_nothingIsResentWithinAConnection(harness):
+    subscriber = connected(harness, "s")
+    subscriber.subscribe(("t", 1))
+    connected(harness, "p").send(Publish("t", b"x", qos=1, packetId=1))
+    assert len(subscriber.received()) == 1
+    harness.clock.advance(3600)
+    assert subscriber.received() == []
+    subscriber.lose()
+    assert harness.broker.counters["dropped_disconnected"] == 1
+
+
+def test_aDallalPublishReachesAnMQTTSubscriberAndBack(harness):
+    mqtt = connected(harness, "m")
+    mqtt.subscribe(("news/#", 1))
+    tcp = harness.connect()
+    tcp.send(b"SUB s1 news/# mode=all\r\n")
+    tcp.received()
+    tcp.send(b"PUB p1 news/a 5\r\nhello\r\n")
+    (message,) = mqtt.received()
+    assert (message.topic, message.payload, message.qos) == ("news/a", b"hello", 1)
+    mqtt.send(Publish("news/b", b"back", qos=0))
+    assert messages(tcp.received()) == [(b"news/a", b"hello"), (b"news/b", b"back")]
+
+
+# Subscriptions
+
+
+def test_retainedMessagesAreSentWithTheRetainFlag(harness):
+    publisher = connected(harness, "p")
+    publisher.send(Publish("r/a", b"kept", qos=1, packetId=1, retain=True))
+    assert publisher.received() == [PubAck(1)]
+    subscriber = connected(harness, "s")
+    received = subscriber.subscribe(("r/#", 1))
+    assert received[0] == SubAck(1, [1])
+    assert [(p.topic, p.payload, p.retain) for p in received[1:]] == [("r/a", b"kept", True)]
+    # An empty retained payload deletes it, and is published as such.
+    publisher.send(Publish("r/a", b"", retain=True))
+    assert [(p.payload, p.retain) for p in subscriber.received()] == [(b"", False)]
+    late = connected(harness, "l")
+    assert late.subscribe(("r/#", 0)) == [SubAck(1, [0])]
+
+
+def test_retainHandlingAndRetainAsPublished(harness):
+    connected(harness, "p").send(Publish("r", b"kept", retain=True))
+    subscriber = connected(harness, "s", MQTT_5)
+    never = Subscription("r", 0, retainHandling=2)
+    assert subscriber.subscribe(never) == [SubAck(1, [0])]
+    onlyNew = Subscription("r", 0, retainHandling=1, retainAsPublished=True)
+    assert subscriber.subscribe(onlyNew) == [SubAck(1, [0])]
+    connected(harness, "q").send(Publish("r", b"live", retain=True))
+    (message,) = subscriber.received()
+    assert message.retain
+
+
+def test_wildcardsAtTheFirstLevelDoNotMatchDollarTopics(harness):
+    subscriber = connected(harness, "s")
+    subscriber.subscribe(("#", 0), ("+/broker/x", 0))
+    harness.broker.publishOwn("$SYS/broker/x", b"1")
+    assert subscriber.received() == []
+    subscriber.subscribe(("$SYS/#", 0))
+    harness.broker.publishOwn("$SYS/broker/x", b"2")
+    assert [p.payload for p in subscriber.received()] == [b"2"]
+
+
+def test_overlappingSubscriptionsDeliverOnce(harness):
+    subscriber = connected(harness, "s")
+    subscriber.subscribe(("a/#", 0), ("a/+", 1), ("a/b", 1))
+    connected(harness, "p").send(Publish("a/b", b"x", qos=1, packetId=1))
+    (message,) = subscriber.received()
+    assert message.qos == 1
+
+
+def test_invalidAndSharedFiltersAreRefusedInTheSuback(harness):
+    old = connected(harness, "o")
+    assert old.subscribe(("a/#/b", 0), ("$share/g/t", 0), ("ok", 2)) == [
+        SubAck(1, [0x80, 0x80, 2])
+    ]
+    new = connected(harness, "n", MQTT_5)
+    assert new.subscribe(("a/#/b", 0), ("$share/g/t", 0)) == [
+        SubAck(1, [ReasonCode.TOPIC_FILTER_INVALID, ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED])
+    ]
+
+
+def test_unsubscribe(harness):
+    client = connected(harness, "n", MQTT_5)
+    client.subscribe(("a", 0))
+    client.send(Unsubscribe(2, ["a", "b"]))
+    assert client.received() == [UnsubAck(2, [0, ReasonCode.NO_SUBSCRIPTION_EXISTED])]
+    old = connected(harness, "o")
+    old.send(Unsubscribe(3, ["x"]))
+    assert old.received() == [UnsubAck(3)]
+
+
+# MQTT 5 extras
+
+
+def test_propertiesArePassedThrough(harness):
+    subscriber = connected(harness, "s", MQTT_5)
+    subscriber.subscribe(("req", 1))
+    properties = {
+        Property.RESPONSE_TOPIC: "resp/1",
+        Property.CORRELATION_DATA: b"\x01\x02",
+        Property.CONTENT_TYPE: "text/plain",
+        Property.PAYLOAD_FORMAT_INDICATOR: 1,
+        Property.USER_PROPERTY: [("k", "v"), ("k", "w")],
+    }
+    connected(harness, "p", MQTT_5).send(Publish("req", b"?", qos=1, packetId=1, properties=properties))
+    (message,) = subscriber.received()
+    assert message.properties == properties
+
+
+def test_topicAliases(harness):
+    subscriber = connected(harness, "s")
+    subscriber.subscribe(("long/topic/name", 0))
+    publisher = connected(harness, "p", MQTT_5)
+    publisher.send(Publish("long/topic/name", b"1", properties={Property.TOPIC_ALIAS: 1}))
+    publisher.send(Publish("", b"2", properties={Property.TOPIC_ALIAS: 1}))
+    assert [(p.topic, p.payload) for p in subscriber.received()] == [
+        ("long/topic/name", b"1"),
+        ("long/topic/name", b"2"),
+    ]
+    publisher.send(Publish("", b"3", properties={Property.TOPIC_ALIAS: 2}))
+    (answer,) = publisher.received()
+    assert answer.reasonCode == ReasonCode.PROTOCOL_ERROR
+    assert publisher.closing
+
+
+def test_noLocal(harness):
+    client = connected(harness, "c", MQTT_5)
+    client.subscribe(Subscription("t", 1, noLocal=True))
+    client.send(Publish("t", b"mine", qos=1, packetId=1))
+    assert client.received() == [PubAck(1)]
+    connected(harness, "o").send(Publish("t", b"theirs"))
+    assert [p.payload for p in client.received()] == [b"theirs"]
+    harness.clock.advance(0)
+    assert countersAddUp(harness.broker.counters)
+    assert harness.broker.counters["inflight"] == 0
+
+
+def test_anExpiredMessageIsNotDelivered(harness):
+    subscriber = connected(harness, "s", MQTT_5, properties={Property.RECEIVE_MAXIMUM: 1})
+    subscriber.subscribe(("t", 1))
+    publisher = connected(harness, "p", MQTT_5)
+    for number in range(2):
+        publisher.send(
+            Publish("t", b"%d" % number, qos=1, packetId=number + 1,
+                    properties={Property.MESSAGE_EXPIRY_INTERVAL: 10})
+        )
+    (first,) = subscriber.received()
+    harness.clock.advance(10)
+    subscriber.send(PubAck(first.packetId))
+    harness.clock.advance(0)
+    assert subscriber.received() == []
+    assert harness.broker.counters["dropped_expired"] == 1
+
+
+def test_theClientsMaximumPacketSizeIsRespected(harness):
+    subscriber = connected(harness, "s", MQTT_5, properties={Property.MAXIMUM_PACKET_SIZE: 64})
+    subscriber.subscribe(("t", 1))
+    publisher = connected(harness, "p")
+    publisher.send(Publish("t", b"x" * 100, qos=1, packetId=1), Publish("t", b"small", qos=1, packetId=2))
+    assert [p.payload for p in subscriber.received()] == [b"small"]
+    harness.clock.advance(0)
+    assert harness.broker.counters["dropped_too_large"] == 1
+
+
+# Wills
+
+
+def test_theWillIsPublishedWhenTheConnectionIsLost(harness):
+    watcher = connected(harness, "w")
+    watcher.subscribe(("status/#", 1))
+    dying = connected(harness, "d", will=Will("status/d", b"gone", qos=1))
+    dying.lose()
+    (will,) = watcher.received()
+    assert (will.topic, will.payload, will.qos) == ("status/d", b"gone", 1)
+
+
+def test_theWillIsNotPublishedAfterDisconnect(harness):
+    watcher = connected(harness, "w")
+    watcher.subscribe(("status/#", 1))
+    leaving = connected(harness, "d", will=Will("status/d", b"gone"))
+    leaving.send(Disconnect())
+    assert leaving.closing
+    leaving.lose()
+    assert watcher.received() == []
+
+
+def test_disconnectWithWillMessagePublishesIt(harness):
+    watcher = connected(harness, "w")
+    watcher.subscribe(("status/#", 1))
+    leaving = connected(harness, "d", MQTT_5, will=Will("status/d", b"gone", retain=True))
+    leaving.send(Disconnect(ReasonCode.DISCONNECT_WITH_WILL_MESSAGE))
+    leaving.lose()
+    assert [p.payload for p in watcher.received()] == [b"gone"]
+    assert harness.broker.retained.get("status/d") == b"gone"
+
+
+def test_theWillIsPublishedWhenTheKeepAliveExpires(harness):
+    watcher = connected(harness, "w")
+    watcher.subscribe(("status/#", 0))
+    silent = connected(harness, "d", keepAlive=2, will=Will("status/d", b"gone"))
+    harness.clock.advance(3)
+    assert silent.closing
+    silent.lose()
+    assert [p.payload for p in watcher.received()] == [b"gone"]
+
+
+# Malformed packets
+
+
+def test_aMalformedPacketClosesWithItsReasonInMQTT5(harness):
+    client = connected(harness, "c", MQTT_5)
+    # SUBSCRIBE's reserved flags must be 0010.
+    client.connection.send(b"\x80\x06\x00\x01\x00\x01a\x00")
+    (answer,) = client.received()
+    assert isinstance(answer, Disconnect) and answer.reasonCode == ReasonCode.MALFORMED_PACKET
+    assert client.closing
+    (error,) = harness.fields("protocol_error")
+    assert error["code"] == "MALFORMED_PACKET" and error["fatal"] is True
+    client.lose()
+    assert harness.fields("disconnect")[-1]["reason"] == "protocol_error"
+
+
+def test_aFirstPacketThatIsNoConnectCloses(harness):
+    client = MQTTClient(harness)
+    client.connection.send(b"\xc0\x00")
+    assert client.closing
+    assert harness.broker.counters["errors"] == 1
+
+
+def test_anUnsupportedProtocolLevelIsAnsweredInTheOldForm(harness):
+    client = MQTTClient(harness)
+    client.connection.send(b"\x10\x0c\x00\x04MQTT\x03\x02\x00\x3c\x00\x00")
+    assert client.connection.received() == b"\x20\x02\x00\x01"
+    assert client.closing
+
+
+def test_aServerPacketFromTheClientIsAProtocolError(harness):
+    client = connected(harness, "c", MQTT_5)
+    client.send(SubAck(1, [0]))
+    (answer,) = client.received()
+    assert answer.reasonCode == ReasonCode.PROTOCOL_ERROR
+    assert client.closing
+
+
+def test_aPacketOverTheLimitIsRefusedBeforeItIsRead():
+    harness = BrokerHarness(BrokerConfig(maxPayload=1000, messageEvents=True))
+    client = connected(harness, "c", MQTT_5)
+    # A PUBLISH announcing 200,000 bytes: refused from its header.
+    client.connection.send(b"\x30\xc0\x9a\x0c\x00\x01t")
+    (answer,) = client.received()
+    assert answer.reasonCode == ReasonCode.PACKET_TOO_LARGE
+    assert client.closing
+
+
+def test_shutdownTellsMQTT5ClientsWhy(harness):
+    client = connected(harness, "c", MQTT_5)
+    stopped = harness.service.stopService()
+    harness.clock.advance(harness.service.shutdownGrace)
+    assert client.received() == [Disconnect(ReasonCode.SERVER_SHUTTING_DOWN)]
+    assert client.closing
+    del stopped
+
+
+def test_aSlowConsumerIsDisconnected():
+    harness = BrokerHarness(
+        BrokerConfig(delivery=DeliveryConfig(maxQueued=1, slowConsumer="disconnect"))
+    )
+    subscriber = connected(harness, "s", MQTT_5, properties={Property.RECEIVE_MAXIMUM: 1})
+    subscriber.subscribe(("t", 1))
+    publisher = connected(harness, "p")
+    for number in range(3):
+        publisher.send(Publish("t", b"x", qos=1, packetId=number + 1))
+    assert subscriber.closing
