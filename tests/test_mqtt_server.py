@@ -201,7 +201,7 @@ def test_aLoginIsCheckedByTheBrokersCheckers():
     assert wrong.connect("y", username="alice", password=b"nope") == []
     harness.clock.advance(1)
     (answer,) = wrong.received()
-    assert answer.reasonCode == ReasonCode.BAD_USER_NAME_OR_PASSWORD
+    assert answer.reasonCode == ReasonCode.NOT_AUTHORIZED
     assert wrong.closing
     right = MQTTClient(harness)
     assert right.connect("z", username="alice", password=b"secret") == [ConnAck()]

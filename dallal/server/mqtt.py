@@ -451,9 +451,11 @@ class MQTTProtocol(Protocol):
             return
         if refused:
             self.broker.loginFailed(self, failure.value.shownUser)
+            # Mosquitto (2.0) answers a wrong password as "not authorized",
+            # which tells a guesser nothing more.
             self._refuseConnect(
-                ReasonCode.BAD_USER_NAME_OR_PASSWORD,
-                ConnectReturnCode.BAD_USER_NAME_OR_PASSWORD,
+                ReasonCode.NOT_AUTHORIZED,
+                ConnectReturnCode.NOT_AUTHORIZED,
                 "bad user name or password",
             )
         else:
