@@ -17,10 +17,9 @@ import time
 
 import paho.mqtt.client as paho
 import pytest
+from helpers import COMMAND_TIMEOUT, BrokerProcess, OutputCollector, dallal, subscriber
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
-
-from helpers import COMMAND_TIMEOUT, BrokerProcess, OutputCollector, dallal, subscriber
 from test_e2e_auth import PASSWORDS, writeSecurityFiles
 
 MOSQUITTO = "/usr/sbin/mosquitto"

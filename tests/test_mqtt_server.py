@@ -4,6 +4,7 @@ clock: packets in, packets out, and what the broker core makes of them.
 """
 
 import pytest
+from helpers import BrokerHarness, countersAddUp, messages
 from twisted.internet.defer import succeed
 
 from dallal.broker.core import BrokerConfig
@@ -20,9 +21,9 @@ from dallal.protocol.mqtt import (
     Property,
     PubAck,
     PubComp,
+    Publish,
     PubRec,
     PubRel,
-    Publish,
     ReasonCode,
     SubAck,
     Subscribe,
@@ -33,7 +34,6 @@ from dallal.protocol.mqtt import (
 )
 from dallal.server.mqtt import TOPIC_ALIAS_MAXIMUM
 from dallal.topictree import TopicMap
-from helpers import BrokerHarness, countersAddUp, messages
 
 
 class MemoryRetained:
@@ -375,12 +375,35 @@ def test_wildcardsAtTheFirstLevelDoNotMatchDollarTopics(harness):
     assert [p.payload for p in subscriber.received()] == [b"2"]
 
 
-def test_overlappingSubscriptionsDeliverOnce(harness):
+def test_overlappingSubscriptionsDeliverOnceAtTheirHighestQos(harness):
     subscriber = connected(harness, "s")
-    subscriber.subscribe(("a/#", 0), ("a/+", 1), ("a/b", 1))
-    connected(harness, "p").send(Publish("a/b", b"x", qos=1, packetId=1))
+    subscriber.subscribe(("a/#", 0), ("a/+", 2), ("a/b", 1))
+    publisher = connected(harness, "p")
+    publisher.send(Publish("a/b", b"x", qos=2, packetId=1))
+    (message,) = subscriber.received()
+    assert message.qos == 2
+    publisher.send(Publish("a/c", b"y", qos=2, packetId=2))
+    (message,) = subscriber.received()
+    assert message.qos == 2
+    subscriber.send(Unsubscribe(3, ["a/+"]))
+    subscriber.received()
+    publisher.send(Publish("a/b", b"z", qos=2, packetId=3))
     (message,) = subscriber.received()
     assert message.qos == 1
+
+
+def test_subscriptionIdentifiersOfEveryMatchingSubscription(harness):
+    subscriber = connected(harness, "s", MQTT_5)
+    subscriber.send(
+        Subscribe(1, [Subscription("a/#", 1)], {Property.SUBSCRIPTION_IDENTIFIER: [7]}),
+        Subscribe(2, [Subscription("a/b", 0)], {Property.SUBSCRIPTION_IDENTIFIER: [9]}),
+        Subscribe(3, [Subscription("a/+", 0)]),
+    )
+    assert subscriber.received() == [SubAck(1, [1]), SubAck(2, [0]), SubAck(3, [0])]
+    connected(harness, "p").send(Publish("a/b", b"x", qos=1, packetId=1), Publish("a/c", b"y"))
+    first, second = subscriber.received()
+    assert sorted(first.properties[Property.SUBSCRIPTION_IDENTIFIER]) == [7, 9]
+    assert second.properties[Property.SUBSCRIPTION_IDENTIFIER] == [7]
 
 
 def test_invalidAndSharedFiltersAreRefusedInTheSuback(harness):
@@ -420,6 +443,11 @@ def test_propertiesArePassedThrough(harness):
     connected(harness, "p", MQTT_5).send(Publish("req", b"?", qos=1, packetId=1, properties=properties))
     (message,) = subscriber.received()
     assert message.properties == properties
+    # And to an MQTT 3.1.1 subscriber, without them.
+    old = connected(harness, "o")
+    old.subscribe(("req", 1))
+    connected(harness, "q", MQTT_5).send(Publish("req", b"!", properties=properties))
+    assert [p.payload for p in old.received()] == [b"!"]
 
 
 def test_topicAliases(harness):
@@ -565,6 +593,7 @@ def test_aPacketOverTheLimitIsRefusedBeforeItIsRead():
     (answer,) = client.received()
     assert answer.reasonCode == ReasonCode.PACKET_TOO_LARGE
     assert client.closing
+    assert harness.broker.counters["refused_payload"] == 1
 
 
 def test_shutdownTellsMQTT5ClientsWhy(harness):

@@ -39,7 +39,7 @@ from twisted.internet.protocol import Protocol, ServerFactory
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from dallal.broker.delivery import TOO_LARGE, EXPIRED
+from dallal.broker.delivery import EXPIRED, TOO_LARGE
 from dallal.broker.interfaces import ISubscriber
 from dallal.errors import (
     BAD_TOPIC,
@@ -50,6 +50,7 @@ from dallal.errors import (
     TOO_MANY_SUBSCRIPTIONS,
     RequestError,
 )
+from dallal.limits import PAYLOAD, ConnectionTable
 from dallal.modes import ALL, FIRE
 from dallal.protocol.mqtt import (
     MQTT_3_1_1,
@@ -68,9 +69,9 @@ from dallal.protocol.mqtt import (
     Property,
     PubAck,
     PubComp,
+    Publish,
     PubRec,
     PubRel,
-    Publish,
     ReasonCode,
     SubAck,
     Subscribe,
@@ -79,10 +80,10 @@ from dallal.protocol.mqtt import (
     encodeProperties,
     encodePublishHeader,
 )
-from dallal.limits import ConnectionTable
 from dallal.security.auth import LOGIN_TIMEOUT, LoginFailed
 from dallal.server.addresses import formatAddress
 from dallal.server.tcp import WriteBatch, _DeliveryValve
+from dallal.topictree import SubscriptionTree
 
 # What a packet may carry beyond the largest payload the broker takes: its
 # topic (at most 65,535 bytes) and properties.  A larger packet is refused
@@ -93,6 +94,10 @@ TOPIC_ALIAS_MAXIMUM = 10
 # A client's Receive Maximum when it gives none (3.1.2.11.3).
 DEFAULT_RECEIVE_MAXIMUM = 65535
 SHARED_SUBSCRIPTION_PREFIX = "$share/"
+# Topics whose matching filters a connection remembers, past which it
+# starts again: a message is matched against the connection's own filters
+# only when they overlap.
+TOPICS_REMEMBERED = 1000
 
 # The properties of a PUBLISH (or will) that belong to one hop, or to the
 # will, not to the message: not passed on to subscribers.
@@ -135,21 +140,28 @@ class PublishAttributes:
         self.properties = properties
         self._encoded = None
 
-    def encodedProperties(self, published, now):
+    def encodedProperties(self, published, now, identifiers):
         """
         The properties as an MQTT 5 PUBLISH to a subscriber carries them,
-        encoded once for every subscriber.  The Message Expiry Interval
-        counts down from C{published} to C{now} [MQTT-3.3.2-6].
+        encoded once for every subscriber that adds none.  The Message
+        Expiry Interval counts down from C{published} to C{now}
+        [MQTT-3.3.2-6].
+
+        @param identifiers: the subscription identifiers of the
+            subscriber's matching subscriptions [MQTT-3.3.4-3].
         """
         properties = self.properties
         expiry = properties.get(Property.MESSAGE_EXPIRY_INTERVAL)
+        if expiry is None and not identifiers:
+            if self._encoded is None:
+                self._encoded = encodeProperties(properties, PacketType.PUBLISH)
+            return self._encoded
+        properties = dict(properties)
         if expiry is not None:
-            properties = dict(properties)
             properties[Property.MESSAGE_EXPIRY_INTERVAL] = max(1, int(expiry - (now - published)))
-            return encodeProperties(properties, PacketType.PUBLISH)
-        if self._encoded is None:
-            self._encoded = encodeProperties(properties, PacketType.PUBLISH)
-        return self._encoded
+        if identifiers:
+            properties[Property.SUBSCRIPTION_IDENTIFIER] = identifiers
+        return encodeProperties(properties, PacketType.PUBLISH)
 
     def expired(self, published, now):
         expiry = self.properties.get(Property.MESSAGE_EXPIRY_INTERVAL)
@@ -163,15 +175,32 @@ _PLAIN = {(qos, retain): PublishAttributes(qos, retain) for qos in (0, 1, 2) for
 class _Granted:
     """
     A subscription as its client asked for it: the QoS granted and the
-    MQTT 5 subscription options the protocol applies.
+    MQTT 5 subscription options the protocol applies, and its subscription
+    identifiers (none, or the one its SUBSCRIBE gave).
     """
 
-    __slots__ = ("qos", "noLocal", "retainAsPublished")
+    __slots__ = ("qos", "noLocal", "retainAsPublished", "identifiers")
 
-    def __init__(self, qos, noLocal, retainAsPublished):
+    def __init__(self, qos, noLocal=False, retainAsPublished=False, identifiers=()):
         self.qos = qos
         self.noLocal = noLocal
         self.retainAsPublished = retainAsPublished
+        self.identifiers = identifiers
+
+    @classmethod
+    def combined(cls, matching):
+        """
+        What a message matching several subscriptions of one client gets,
+        sent once: the highest QoS [MQTT-3.3.4-2], every identifier; it is
+        not sent back to its publisher only if no matching subscription
+        wants it back.
+        """
+        return cls(
+            max(granted.qos for granted in matching),
+            all(granted.noLocal for granted in matching),
+            any(granted.retainAsPublished for granted in matching),
+            [identifier for granted in matching for identifier in granted.identifiers],
+        )
 
 
 class _Outgoing:
@@ -232,6 +261,10 @@ class MQTTProtocol(Protocol):
         self._closeReason = "closed"
         self._will = None
         self._granted = {}
+        # The same subscriptions by filter, and what a topic's message gets
+        # from those that match it, when they overlap.
+        self._filters = SubscriptionTree()
+        self._combined = {}
         # Outgoing QoS 1 and 2 messages by packet identifier.
         self._outgoing = {}
         self._nextPacketId = 1
@@ -357,6 +390,9 @@ class MQTTProtocol(Protocol):
         (before its CONNECT is answered, in a CONNACK).
         """
         self._closeReason = "protocol_error"
+        if reasonCode == ReasonCode.PACKET_TOO_LARGE:
+            maximum = self.broker.config.maxPayload
+            self.broker.refusedByLimit(self, PAYLOAD, maximum, why)
         self.broker.protocolError(self, ReasonCode(reasonCode).name, True)
         self._log.debug("closing MQTT connection from {peer}: {why}", peer=self.peer, why=why)
         if not self._accepted:
@@ -503,7 +539,6 @@ class MQTTProtocol(Protocol):
             properties = {
                 Property.MAXIMUM_PACKET_SIZE: self._decoder.maxPacketSize,
                 Property.TOPIC_ALIAS_MAXIMUM: TOPIC_ALIAS_MAXIMUM,
-                Property.SUBSCRIPTION_IDENTIFIER_AVAILABLE: 0,
                 Property.SHARED_SUBSCRIPTION_AVAILABLE: 0,
             }
             if self.broker.retained is None:
@@ -719,11 +754,7 @@ class MQTTProtocol(Protocol):
     # SUBSCRIBE and UNSUBSCRIBE
 
     def _subscribeReceived(self, packet):
-        if Property.SUBSCRIPTION_IDENTIFIER in packet.properties:
-            raise ProtocolViolation(
-                "this broker has no subscription identifiers",
-                ReasonCode.SUBSCRIPTION_IDENTIFIERS_NOT_SUPPORTED,
-            )
+        identifiers = packet.properties.get(Property.SUBSCRIPTION_IDENTIFIER, ())
         codes, retainedFor = [], []
         for wanted in packet.subscriptions:
             topicFilter = wanted.topicFilter
@@ -743,9 +774,10 @@ class MQTTProtocol(Protocol):
                     )
                 )
                 continue
-            self._granted[topicFilter] = _Granted(
-                wanted.qos, wanted.noLocal, wanted.retainAsPublished
-            )
+            granted = _Granted(wanted.qos, wanted.noLocal, wanted.retainAsPublished, identifiers)
+            self._granted[topicFilter] = granted
+            self._filters.add(topicFilter, self, granted)
+            self._combined.clear()
             codes.append(wanted.qos)
             # Retain Handling (3.8.3.1): 0 always, 1 if new, 2 never.
             if wanted.retainHandling == 0 or (wanted.retainHandling == 1 and not existed):
@@ -765,7 +797,7 @@ class MQTTProtocol(Protocol):
             except RequestError:
                 codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
             else:
-                self._granted.pop(topicFilter, None)
+                self._forget(topicFilter)
                 codes.append(ReasonCode.SUCCESS)
         self._send(UnsubAck(packet.packetId, codes if self.version == MQTT_5 else []))
 
@@ -785,7 +817,7 @@ class MQTTProtocol(Protocol):
     def sendMessage(self, message, subscriptionId, seq, deliveryId, redelivered):
         if self._closing or self.transport.disconnecting:
             return
-        granted = self._granted.get(subscriptionId)
+        granted = self._grantedFor(message.topic, subscriptionId)
         attributes = message.properties
         if not isinstance(attributes, PublishAttributes):
             attributes = None
@@ -806,7 +838,10 @@ class MQTTProtocol(Protocol):
             and attributes.retain
         )
         if self.version == MQTT_5:
-            properties = b"\x00" if attributes is None else attributes.encodedProperties(message.published, now)
+            identifiers = () if granted is None else granted.identifiers
+            if attributes is None:
+                attributes = _PLAIN[qos, False]
+            properties = attributes.encodedProperties(message.published, now, identifiers)
         else:
             properties = None
         packetId = self._allocatePacketId() if qos else None
@@ -824,6 +859,32 @@ class MQTTProtocol(Protocol):
             self._settleLater(deliveryId, None)
         self._write(header)
         self._write(message.payload)
+
+    def _grantedFor(self, topic, subscriptionId):
+        """
+        What a message on C{topic} gets from this client's subscriptions:
+        that of the subscription the core delivers it through, or, when
+        several of the client's filters match it, their combination.
+        """
+        granted = self._granted
+        if len(granted) < 2:
+            return granted.get(subscriptionId)
+        combined = self._combined.get(topic)
+        if combined is None:
+            matching = self._filters.match(topic).get(self)
+            if not matching:
+                # A message still queued for a subscription since ended.
+                return granted.get(subscriptionId)
+            combined = matching[0] if len(matching) == 1 else _Granted.combined(matching)
+            if len(self._combined) >= TOPICS_REMEMBERED:
+                self._combined.clear()
+            self._combined[topic] = combined
+        return combined
+
+    def _forget(self, topicFilter):
+        if self._granted.pop(topicFilter, None) is not None:
+            self._filters.remove(topicFilter, self)
+            self._combined.clear()
 
     def _allocatePacketId(self):
         """
@@ -866,7 +927,7 @@ class MQTTProtocol(Protocol):
         connection closes (MQTT 5: Administrative action) and the client
         learns the ACL when it subscribes again.
         """
-        self._granted.pop(subscriptionId, None)
+        self._forget(subscriptionId)
         self._closeReason = "revoked"
         if self.version == MQTT_5:
             self._send(Disconnect(ReasonCode.ADMINISTRATIVE_ACTION, self._reasonString(reason)))
