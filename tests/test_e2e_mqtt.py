@@ -21,6 +21,7 @@ from helpers import COMMAND_TIMEOUT, BrokerProcess, OutputCollector, dallal, sub
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from test_e2e_auth import PASSWORDS, writeSecurityFiles
+from test_tls import PKI
 
 MOSQUITTO = "/usr/sbin/mosquitto"
 MOSQUITTO_PUB = shutil.which("mosquitto_pub")
@@ -42,9 +43,9 @@ class DallalMQTT:
 
     name = "dallal"
 
-    def __init__(self, folder, *options):
+    def __init__(self, folder, *options, endpoint=LOOPBACK_MQTT):
         self.process = BrokerProcess.plugin(
-            folder, "--mqtt", LOOPBACK_MQTT, "--data-dir", folder / "data", *options
+            folder, "--mqtt", endpoint, "--data-dir", folder / "data", *options
         )
         try:
             self.port = int(self.process.waitFor(MQTT_LISTENING).group(1))
@@ -352,3 +353,27 @@ def test_pahoRequestResponseWithProperties(mqttBroker):
         for client in (responder, requester):
             client.disconnect()
             client.loop_stop()
+
+
+@needsClients
+def test_mqttOverTls(tmp_path):
+    pki = PKI(tmp_path)
+    broker = DallalMQTT(
+        tmp_path,
+        endpoint=f"ssl:0:interface=127.0.0.1:privateKey={pki.key}:certKey={pki.certificate}",
+    )
+    try:
+        tls = ("-h", "localhost", "--cafile", str(pki.ca))
+        sub = mosquittoSub(broker.port, *tls, "-t", "secure/#", "-q", "1")
+        try:
+            result = mosquittoPub(broker.port, *tls, "-t", "secure/a", "-m", "over tls", "-q", "1")
+            assert result.returncode == 0, result.stderr
+            received(sub, b"secure/a over tls")
+        finally:
+            sub.kill()
+        untrusted = mosquittoPub(
+            broker.port, "-h", "localhost", "--cafile", str(pki.otherCA), "-t", "x", "-m", "y"
+        )
+        assert untrusted.returncode != 0
+    finally:
+        broker.stop()
