@@ -615,3 +615,12 @@ def test_aSlowConsumerIsDisconnected():
     for number in range(3):
         publisher.send(Publish("t", b"x", qos=1, packetId=number + 1))
     assert subscriber.closing
+
+
+def test_nothingIsReadAfterDisconnect(harness):
+    watcher = connected(harness, "w")
+    watcher.subscribe(("t", 0))
+    leaving = connected(harness, "d")
+    leaving.send(Disconnect(), Publish("t", b"same read"))
+    leaving.send(Publish("t", b"next read"))
+    assert watcher.received() == []

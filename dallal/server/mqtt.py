@@ -298,6 +298,8 @@ class MQTTProtocol(Protocol):
         return LOGIN_TIMEOUT if self.gatekeeper is None else self.gatekeeper.loginTimeout
 
     def connectionLost(self, reason):
+        # Nothing more is written, not even to this client's own will.
+        self._closing = True
         self._output = []
         self._cancel("_connectDeadline")
         self._cancel("_keepAliveTimer")
@@ -353,6 +355,9 @@ class MQTTProtocol(Protocol):
     # Incoming packets
 
     def dataReceived(self, data):
+        if self._closing or self.transport.disconnecting:
+            # Whatever follows a DISCONNECT or a refusal is not read.
+            return
         self._lastHeard = self.clock.seconds()
         self._decoder.feed(data)
         self.batch.run(self._readPackets)
@@ -552,10 +557,6 @@ class MQTTProtocol(Protocol):
 
     def _connectTimedOut(self):
         self._connectDeadline = None
-        if self._suspended:
-            # Its password is being checked: the check decides.
-            return
-        self._closeReason = "login_timeout"
         self._close()
 
     def sessionTakenOver(self):
