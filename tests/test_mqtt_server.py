@@ -4,6 +4,9 @@ clock: packets in, packets out, and what the broker core makes of them.
 """
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from twisted.python import usage
 from helpers import BrokerHarness, countersAddUp, messages
 from twisted.internet.defer import succeed
 
@@ -33,6 +36,7 @@ from dallal.protocol.mqtt import (
     Will,
 )
 from dallal.server.mqtt import TOPIC_ALIAS_MAXIMUM
+from dallal.server.tap import Options
 from dallal.topictree import TopicMap
 
 
@@ -624,3 +628,105 @@ def test_nothingIsReadAfterDisconnect(harness):
     leaving.send(Disconnect(), Publish("t", b"same read"))
     leaving.send(Publish("t", b"next read"))
     assert watcher.received() == []
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    version=st.sampled_from([MQTT_3_1_1, MQTT_5]),
+    garbage=st.lists(st.binary(min_size=1, max_size=40), min_size=1, max_size=5),
+)
+def test_anyBytesAfterAConnectNeverRaise(version, garbage):
+    """
+    Whatever a client sends after its CONNECT is served or refused: no
+    exception escapes the protocol, and a refusal closes the connection.
+    """
+    harness = BrokerHarness(BrokerConfig(messageEvents=False))
+    client = connected(harness, "fuzz", version)
+    client.subscribe(("#", 2))
+    for chunk in garbage:
+        if client.closing:
+            break
+        client.connection.send(chunk)
+    client.lose()
+    harness.clock.advance(0)
+    assert harness.broker.counters["connections"] == 0
+
+
+_topics = st.sampled_from(["t", "a/b", "$SYS/x", "a b", "x" * 300, "é/ü"])
+_filters = st.sampled_from(["#", "+/b", "a/#", "$share/g/t", "a/#/b", "$SYS/#", "t"])
+_ids = st.integers(1, 5)
+_packets = st.one_of(
+    st.builds(
+        lambda topic, qos, packetId, retain, alias: Publish(
+            topic if alias is None or topic != "t" else "",
+            b"p",
+            qos,
+            retain,
+            packetId=packetId if qos else None,
+            properties={} if alias is None else {Property.TOPIC_ALIAS: alias},
+        ),
+        _topics,
+        st.integers(0, 2),
+        _ids,
+        st.booleans(),
+        st.one_of(st.none(), st.integers(1, 12)),
+    ),
+    st.builds(PubAck, _ids),
+    st.builds(PubRec, _ids),
+    st.builds(PubRel, _ids),
+    st.builds(PubComp, _ids),
+    st.builds(
+        lambda packetId, topicFilter, qos, noLocal: Subscribe(
+            packetId, [Subscription(topicFilter, qos, noLocal=noLocal)]
+        ),
+        _ids,
+        _filters,
+        st.integers(0, 2),
+        st.booleans(),
+    ),
+    st.builds(lambda packetId, topicFilter: Unsubscribe(packetId, [topicFilter]), _ids, _filters),
+    st.just(PingReq()),
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(packets=st.lists(_packets, min_size=1, max_size=20))
+def test_anySequenceOfPacketsKeepsTheCountersTrue(packets):
+    """
+    Two MQTT 5 clients sending each other any sequence of packets: no
+    exception escapes, and once they are gone the broker's accounting
+    adds up with nothing left in flight.
+    """
+    harness = BrokerHarness(BrokerConfig(messageEvents=False))
+    first = connected(harness, "one", MQTT_5)
+    second = connected(harness, "two", MQTT_5)
+    first.subscribe(("#", 2))
+    for number, packet in enumerate(packets):
+        client = (first, second)[number % 2]
+        if not client.closing:
+            client.send(packet)
+    first.lose()
+    second.lose()
+    harness.clock.advance(0)
+    counters = harness.broker.counters
+    assert countersAddUp(counters)
+    assert counters["inflight"] == 0 and counters["connections"] == 0
+
+
+# The command line
+
+
+def test_mqttListensWhereTheOptionsSay(tmp_path):
+    options = Options()
+    options.parseOptions(["--mqtt", "1883", "--mqtt", "ssl:8883:privateKey=k:certKey=c"])
+    assert options["mqtt"] == [
+        "tcp:1883:interface=127.0.0.1",
+        "ssl:8883:privateKey=k:certKey=c",
+    ]
+    with pytest.raises(usage.UsageError, match="^--mqtt: port 70000 is not in 0-65535$"):
+        Options().parseOptions(["--mqtt", "70000"])
+    config = tmp_path / "dallal.toml"
+    config.write_text('mqtt = ["1884"]\n')
+    options = Options()
+    options.parseOptions(["--config", str(config)])
+    assert options["mqtt"] == ["tcp:1884:interface=127.0.0.1"]
