@@ -377,3 +377,29 @@ def test_mqttOverTls(tmp_path):
         assert untrusted.returncode != 0
     finally:
         broker.stop()
+
+
+@needsClients
+def test_sharedSubscriptionGivesEachMessageToOneMember(anyBroker):
+    members = [
+        mosquittoSub(anyBroker.port, "-V", "mqttv5", "-t", "$share/workers/jobs/#", "-q", "1")
+        for _ in range(2)
+    ]
+    watcher = mosquittoSub(anyBroker.port, "-t", "jobs/#", "-q", "1")
+    try:
+        for number in range(10):
+            assert mosquittoPub(anyBroker.port, "-q", "1", "-t", "jobs/a", "-m", f"job {number}").returncode == 0
+        received(watcher, *(b"jobs/a job %d" % number for number in range(10)))
+        # Each job reached exactly one member.
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            jobs = [re.findall(rb"jobs/a (job \d+)\n", member.output) for member in members]
+            if sum(map(len, jobs)) >= 10:
+                break
+            time.sleep(0.05)
+        assert sorted(job for share in jobs for job in share) == sorted(
+            b"job %d" % number for number in range(10)
+        )
+    finally:
+        for process in (*members, watcher):
+            process.kill()

@@ -130,7 +130,6 @@ def test_connectIsAnsweredInTheClientsVersion(harness):
     (answer,) = new.connect("b")
     assert answer.reasonCode == 0 and not answer.sessionPresent
     assert answer.properties[Property.TOPIC_ALIAS_MAXIMUM] == TOPIC_ALIAS_MAXIMUM
-    assert answer.properties[Property.SHARED_SUBSCRIPTION_AVAILABLE] == 0
     (event,) = [e for e in harness.fields("connect")][-1:]
     assert event["transport"] == "mqtt"
 
@@ -410,15 +409,47 @@ def test_subscriptionIdentifiersOfEveryMatchingSubscription(harness):
     assert second.properties[Property.SUBSCRIPTION_IDENTIFIER] == [7]
 
 
-def test_invalidAndSharedFiltersAreRefusedInTheSuback(harness):
+def test_invalidFiltersAreRefusedInTheSuback(harness):
     old = connected(harness, "o")
-    assert old.subscribe(("a/#/b", 0), ("$share/g/t", 0), ("ok", 2)) == [
+    assert old.subscribe(("a/#/b", 0), ("$share/g", 0), ("ok", 2)) == [
         SubAck(1, [0x80, 0x80, 2])
     ]
     new = connected(harness, "n", MQTT_5)
-    assert new.subscribe(("a/#/b", 0), ("$share/g/t", 0)) == [
-        SubAck(1, [ReasonCode.TOPIC_FILTER_INVALID, ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED])
+    assert new.subscribe(("a/#/b", 0), ("$share/+/t", 0)) == [
+        SubAck(1, [ReasonCode.TOPIC_FILTER_INVALID, ReasonCode.TOPIC_FILTER_INVALID])
     ]
+
+
+def test_sharedSubscriptionsGiveEachMessageToOneMember(harness):
+    members = [connected(harness, f"m{number}", MQTT_5) for number in range(3)]
+    for member in members:
+        assert member.subscribe(("$share/workers/jobs/+", 1)) == [SubAck(1, [1])]
+    # Another group, and a plain subscription, get every message.
+    other = connected(harness, "other")
+    other.subscribe(("$share/audit/jobs/#", 0))
+    plain = connected(harness, "plain")
+    plain.subscribe(("jobs/#", 0))
+    publisher = connected(harness, "p")
+    for number in range(6):
+        publisher.send(Publish("jobs/a", b"%d" % number, qos=1, packetId=number + 1))
+    shares = [[p.payload for p in member.received()] for member in members]
+    assert sorted(payload for share in shares for payload in share) == [b"%d" % n for n in range(6)]
+    assert [len(share) for share in shares] == [2, 2, 2]
+    assert len(other.received()) == 6
+    assert len(plain.received()) == 6
+    # A member that leaves leaves the others the whole load.
+    members[0].send(Unsubscribe(2, ["$share/workers/jobs/+"]))
+    assert members[0].received() == [UnsubAck(2, [0])]
+    members[1].lose()
+    publisher.send(Publish("jobs/b", b"x", qos=0))
+    assert [p.payload for p in members[2].received()] == [b"x"]
+    assert members[0].received() == []
+
+
+def test_aSharedSubscriptionGetsNoRetainedMessages(harness):
+    connected(harness, "p").send(Publish("r", b"kept", retain=True))
+    member = connected(harness, "m", MQTT_5)
+    assert member.subscribe(("$share/g/r", 0)) == [SubAck(1, [0])]
 
 
 def test_unsubscribe(harness):
@@ -653,7 +684,7 @@ def test_anyBytesAfterAConnectNeverRaise(version, garbage):
 
 
 _topics = st.sampled_from(["t", "a/b", "$SYS/x", "a b", "x" * 300, "é/ü"])
-_filters = st.sampled_from(["#", "+/b", "a/#", "$share/g/t", "a/#/b", "$SYS/#", "t"])
+_filters = st.sampled_from(["#", "+/b", "a/#", "$share/g/t", "$share/g/#", "a/#/b", "$SYS/#", "t"])
 _ids = st.integers(1, 5)
 _packets = st.one_of(
     st.builds(
@@ -730,3 +761,15 @@ def test_mqttListensWhereTheOptionsSay(tmp_path):
     options = Options()
     options.parseOptions(["--config", str(config)])
     assert options["mqtt"] == ["tcp:1884:interface=127.0.0.1"]
+
+
+def test_aSharedMessageGoesOnlyToMembersThatMayReadIt():
+    harness = BrokerHarness(acl="pattern readwrite jobs/%c/#\n")
+    a = connected(harness, "a")
+    b = connected(harness, "b")
+    for member in (a, b):
+        assert member.subscribe(("$share/g/jobs/#", 0)) == [SubAck(1, [0])]
+    for number in range(2):
+        b.send(Publish("jobs/b/x", b"%d" % number))
+    assert a.received() == []
+    assert [p.payload for p in b.received()] == [b"0", b"1"]

@@ -48,6 +48,7 @@ from dallal.limits import (
 )
 from dallal.broker.origin import MAX_HOPS, Origin, SeenMessages, generatedName, originFromOptions
 from dallal.broker.retained import StoreError
+from dallal.broker.sharing import ShareGroup
 from dallal.topics import MAX_TOPIC_LENGTH, WILDCARDS, TopicError, checkTopic
 from dallal.topictree import RESERVED_PREFIX, SubscriptionTree, TopicMap, checkFilter
 
@@ -240,6 +241,8 @@ class Broker:
         self.bridges = {}
         self._sessions = {}
         self._tree = SubscriptionTree()
+        # (group name, filter) -> its ShareGroup.
+        self._groups = {}
         # filter -> number of sessions subscribed with it, for TOPICS; and
         # the filters without wildcards, which are topics clients named.
         self._filterCounts = Counter()
@@ -323,8 +326,8 @@ class Broker:
         session = self._sessions.pop(subscriber, None)
         if session is None:
             return
-        for topicFilter in session.subscriptions:
-            self._forgetFilter(topicFilter, subscriber)
+        for key in session.subscriptions:
+            self._forgetFilter(key, subscriber)
         session.outbox.close(session.subscriptions.values())
         self.counters["subscriptions"] -= len(session.subscriptions)
         self.counters["connections"] -= 1
@@ -374,12 +377,13 @@ class Broker:
             if session.permissions is None:
                 continue
             session.permissions = permissionsFor(session.user, session.clientId)
-            for topicFilter, subscription in list(session.subscriptions.items()):
-                if not session.permissions.mayMatch(topicFilter, READ):
-                    self._revoke(session, topicFilter, subscription)
+            for key, subscription in list(session.subscriptions.items()):
+                if not session.permissions.mayMatch(subscription.topic, READ):
+                    self._revoke(session, key, subscription)
 
-    def _revoke(self, session, topicFilter, subscription):
-        self._endSubscription(session, topicFilter, subscription)
+    def _revoke(self, session, key, subscription):
+        self._endSubscription(session, key, subscription)
+        topicFilter = subscription.topic
         who = self._logAclEvent("subscription_revoked", session, topic=topicFilter)
         session.subscriber.subscriptionRevoked(
             subscription.id,
@@ -618,18 +622,26 @@ class Broker:
                 requestId,
             )
 
-    def subscribe(self, subscriber, topicFilter, requestId, mode=LATEST, bridge=False):
+    def subscribe(
+        self, subscriber, topicFilter, requestId, mode=LATEST, bridge=False, group=None
+    ):
         """
         Subscribe a client to a topic filter (a topic, or a pattern with the
         wildcards C{+} and C{#}).  Subscribing again with the same filter
         changes the subscription's id and mode.  A message matching several
         filters of one client reaches it once.
 
+        With a C{group} name, the subscription is shared: every message
+        matching the filter goes to one of the subscriptions of that group
+        to that filter, whichever their sessions
+        (L{dallal.broker.sharing}), besides the client's own subscriptions.
+
         Retained messages are not sent here: call L{sendRetained} once the
         client has been told its subscription is in place.
 
         @param mode: C{latest}, C{all} or C{fire} (see L{dallal.broker.delivery}).
         @param bridge: whether it carries messages to another broker.
+        @param group: the name of a share group, or C{None}.
         @return: the L{Subscription}.
         @raise RequestError: the filter or the mode is refused, or the
             client has as many subscriptions as it may, or the broker is
@@ -645,7 +657,8 @@ class Broker:
         permissions = session.permissions
         if permissions is not None and not permissions.mayMatch(topicFilter, READ):
             self._forbid(session, "subscribe", topicFilter, requestId)
-        subscription = session.subscriptions.get(topicFilter)
+        key = topicFilter if group is None else (group, topicFilter)
+        subscription = session.subscriptions.get(key)
         if subscription is None:
             maxSubscriptions = self.config.maxSubscriptions
             if len(session.subscriptions) >= maxSubscriptions:
@@ -658,8 +671,11 @@ class Broker:
                     requestId,
                 )
             subscription = Subscription(requestId, topicFilter, mode, session.outbox, bridge)
-            session.subscriptions[topicFilter] = subscription
-            self._tree.add(topicFilter, subscriber, subscription)
+            session.subscriptions[key] = subscription
+            if group is None:
+                self._tree.add(topicFilter, subscriber, subscription)
+            else:
+                self._joinGroup(key, subscription)
             self._filterCounts[topicFilter] += 1
             if WILDCARDS.isdisjoint(topicFilter):
                 self._namedTopics[topicFilter] = self._filterCounts[topicFilter]
@@ -710,20 +726,22 @@ class Broker:
                 )
             session.outbox.offer(subscription, message)
 
-    def unsubscribe(self, subscriber, topicFilter, requestId):
+    def unsubscribe(self, subscriber, topicFilter, requestId, group=None):
         """
-        End one of a client's subscriptions.  What waits for it in C{latest}
-        mode is dropped; what is in flight may still be acked.
+        End one of a client's subscriptions (with C{group}, its shared
+        subscription in that group).  What waits for it in C{latest} mode
+        is dropped; what is in flight may still be acked.
 
         @raise RequestError: the client has no subscription with that filter.
         """
         session = self._sessions[subscriber]
-        subscription = session.subscriptions.get(topicFilter)
+        key = topicFilter if group is None else (group, topicFilter)
+        subscription = session.subscriptions.get(key)
         if subscription is None:
             raise RequestError(
                 NOT_SUBSCRIBED, f"not subscribed to {topicFilter!r}", requestId
             )
-        self._endSubscription(session, topicFilter, subscription)
+        self._endSubscription(session, key, subscription)
         self.events.emit(
             "unsubscribe",
             session=session.sid,
@@ -731,14 +749,46 @@ class Broker:
             topic=topicFilter,
         )
 
-    def _endSubscription(self, session, topicFilter, subscription):
-        del session.subscriptions[topicFilter]
-        self._forgetFilter(topicFilter, session.subscriber)
+    def _endSubscription(self, session, key, subscription):
+        del session.subscriptions[key]
+        self._forgetFilter(key, session.subscriber)
         session.outbox.unsubscribe(subscription)
         self.counters["subscriptions"] -= 1
 
-    def _forgetFilter(self, topicFilter, subscriber):
-        self._tree.remove(topicFilter, subscriber)
+    def _joinGroup(self, key, subscription):
+        """
+        Add a shared subscription to its group, made (and routed to) when
+        it gets its first member.
+
+        @param key: C{(group name, filter)}.
+        """
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = ShareGroup(key[0], key[1], self._memberMayRead)
+            self._tree.add(key[1], group, group)
+        group.members.append(subscription)
+
+    def _memberMayRead(self, subscription, topic):
+        permissions = self._sessions[subscription.outbox.subscriber].permissions
+        return permissions is None or permissions.mayRead(topic)
+
+    def _forgetFilter(self, key, subscriber):
+        """
+        Take a session's subscription (a filter, or for a shared one
+        C{(group name, filter)}) out of the routes.
+        """
+        if type(key) is tuple:
+            topicFilter = key[1]
+            group = self._groups[key]
+            group.members = [
+                member for member in group.members if member.outbox.subscriber is not subscriber
+            ]
+            if not group.members:
+                del self._groups[key]
+                self._tree.remove(topicFilter, group)
+        else:
+            topicFilter = key
+            self._tree.remove(topicFilter, subscriber)
         self._routes.clear()
         self._filterCounts[topicFilter] -= 1
         remaining = self._filterCounts[topicFilter]
@@ -1030,7 +1080,9 @@ class Broker:
         sessions = self._sessions
         readers = []
         for subscription in receivers:
-            permissions = sessions[subscription.outbox.subscriber].permissions
+            # A share group (no session) asks its members' sessions itself.
+            session = sessions.get(subscription.outbox.subscriber)
+            permissions = None if session is None else session.permissions
             if permissions is None or permissions.mayRead(topic):
                 readers.append(subscription)
         return readers

@@ -172,6 +172,24 @@ class PublishAttributes:
 _PLAIN = {(qos, retain): PublishAttributes(qos, retain) for qos in (0, 1, 2) for retain in (False, True)}
 
 
+def _sharing(topicFilter):
+    """
+    The share group and filter of a shared subscription's
+    C{$share/<group>/<filter>} (4.8.2), or C{None} and the filter itself.
+
+    @raise RequestError: C{BAD_TOPIC}, for a malformed one.
+    """
+    if not topicFilter.startswith(SHARED_SUBSCRIPTION_PREFIX):
+        return None, topicFilter
+    group, _, realFilter = topicFilter[len(SHARED_SUBSCRIPTION_PREFIX) :].partition("/")
+    if not group or not realFilter or "+" in group or "#" in group:
+        # [MQTT-4.8.2-1], [MQTT-4.8.2-2]
+        raise RequestError(
+            BAD_TOPIC, f"{topicFilter!r} is no $share/<group>/<filter>", topicFilter
+        )
+    return group, realFilter
+
+
 class _Granted:
     """
     A subscription as its client asked for it: the QoS granted and the
@@ -544,7 +562,6 @@ class MQTTProtocol(Protocol):
             properties = {
                 Property.MAXIMUM_PACKET_SIZE: self._decoder.maxPacketSize,
                 Property.TOPIC_ALIAS_MAXIMUM: TOPIC_ALIAS_MAXIMUM,
-                Property.SHARED_SUBSCRIPTION_AVAILABLE: 0,
             }
             if self.broker.retained is None:
                 properties[Property.RETAIN_AVAILABLE] = 0
@@ -759,13 +776,18 @@ class MQTTProtocol(Protocol):
         codes, retainedFor = [], []
         for wanted in packet.subscriptions:
             topicFilter = wanted.topicFilter
-            if topicFilter.startswith(SHARED_SUBSCRIPTION_PREFIX):
-                codes.append(self._subscribeFailure(ReasonCode.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED))
-                continue
             existed = topicFilter in self._granted
             try:
+                group, realFilter = _sharing(topicFilter)
+                if group is not None and wanted.noLocal:
+                    # [MQTT-3.8.3-4]
+                    raise ProtocolViolation("a shared subscription with No Local")
                 subscription = self.broker.subscribe(
-                    self, topicFilter, topicFilter, FIRE if wanted.qos == 0 else ALL
+                    self,
+                    realFilter,
+                    topicFilter,
+                    FIRE if wanted.qos == 0 else ALL,
+                    group=group,
                 )
             except RequestError as error:
                 self.broker.protocolError(self, error.code, False)
@@ -777,9 +799,13 @@ class MQTTProtocol(Protocol):
                 continue
             granted = _Granted(wanted.qos, wanted.noLocal, wanted.retainAsPublished, identifiers)
             self._granted[topicFilter] = granted
+            codes.append(wanted.qos)
+            if group is not None:
+                # A shared subscription gets no retained messages
+                # (4.8.2), and stands apart from the client's own.
+                continue
             self._filters.add(topicFilter, self, granted)
             self._combined.clear()
-            codes.append(wanted.qos)
             # Retain Handling (3.8.3.1): 0 always, 1 if new, 2 never.
             if wanted.retainHandling == 0 or (wanted.retainHandling == 1 and not existed):
                 retainedFor.append(subscription)
@@ -794,7 +820,8 @@ class MQTTProtocol(Protocol):
         codes = []
         for topicFilter in packet.topicFilters:
             try:
-                self.broker.unsubscribe(self, topicFilter, topicFilter)
+                group, realFilter = _sharing(topicFilter)
+                self.broker.unsubscribe(self, realFilter, topicFilter, group)
             except RequestError:
                 codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
             else:
@@ -868,7 +895,7 @@ class MQTTProtocol(Protocol):
         several of the client's filters match it, their combination.
         """
         granted = self._granted
-        if len(granted) < 2:
+        if len(granted) < 2 or subscriptionId.startswith(SHARED_SUBSCRIPTION_PREFIX):
             return granted.get(subscriptionId)
         combined = self._combined.get(topic)
         if combined is None:
@@ -883,7 +910,9 @@ class MQTTProtocol(Protocol):
         return combined
 
     def _forget(self, topicFilter):
-        if self._granted.pop(topicFilter, None) is not None:
+        if self._granted.pop(topicFilter, None) is not None and not topicFilter.startswith(
+            SHARED_SUBSCRIPTION_PREFIX
+        ):
             self._filters.remove(topicFilter, self)
             self._combined.clear()
 
