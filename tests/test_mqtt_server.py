@@ -4,11 +4,11 @@ clock: packets in, packets out, and what the broker core makes of them.
 """
 
 import pytest
+from helpers import BrokerHarness, countersAddUp, messages
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_topics_core import harnessWithRetained
 from twisted.python import usage
-from helpers import BrokerHarness, countersAddUp, messages
-from twisted.internet.defer import succeed
 
 from dallal.broker.core import BrokerConfig
 from dallal.broker.delivery import DeliveryConfig
@@ -37,34 +37,6 @@ from dallal.protocol.mqtt import (
 )
 from dallal.server.mqtt import TOPIC_ALIAS_MAXIMUM
 from dallal.server.tap import Options
-from dallal.topictree import TopicMap
-
-
-class MemoryRetained:
-    """
-    A retained store in memory, enough for the core's retained messages.
-    """
-
-    writing = False
-
-    def __init__(self):
-        self.topics = TopicMap()
-
-    def set(self, topic, payload):
-        if payload:
-            self.topics[topic] = payload
-        else:
-            self.topics.pop(topic, None)
-        return succeed(None)
-
-    def get(self, topic):
-        return self.topics.get(topic)
-
-    def match(self, topicFilter):
-        return self.topics.match(topicFilter)
-
-    def close(self):
-        return succeed(None)
 
 
 class MQTTClient:
@@ -108,9 +80,7 @@ class MQTTClient:
 
 @pytest.fixture
 def harness():
-    harness = BrokerHarness()
-    harness.broker.retained = MemoryRetained()
-    return harness
+    return harnessWithRetained()
 
 
 def connected(harness, clientId="c1", version=MQTT_3_1_1, **fields):
@@ -631,7 +601,8 @@ def test_aPacketOverTheLimitIsRefusedBeforeItIsRead():
     assert harness.broker.counters["refused_payload"] == 1
 
 
-def test_shutdownTellsMQTT5ClientsWhy(harness):
+def test_shutdownTellsMQTT5ClientsWhy():
+    harness = BrokerHarness()
     client = connected(harness, "c", MQTT_5)
     stopped = harness.service.stopService()
     harness.clock.advance(harness.service.shutdownGrace)
