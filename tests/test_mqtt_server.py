@@ -7,6 +7,7 @@ import pytest
 from helpers import BrokerHarness, countersAddUp, messages
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_auth import PendingChecks
 from test_topics_core import harnessWithRetained
 from twisted.python import usage
 
@@ -744,3 +745,44 @@ def test_aSharedMessageGoesOnlyToMembersThatMayReadIt():
         b.send(Publish("jobs/b/x", b"%d" % number))
     assert a.received() == []
     assert [p.payload for p in b.received()] == [b"0", b"1"]
+
+
+def test_aClientWhoseOutputIsFullIsNotReadFrom(harness):
+    """
+    A client that does not read what the broker writes (its acks, its
+    messages) is not read from either, and its messages wait in the
+    broker, until the connection drains.
+    """
+    subscriber = connected(harness, "s", keepAlive=10)
+    subscriber.subscribe(("t", 1))
+    publisher = connected(harness, "p")
+    transport = subscriber.connection.transport
+    subscriber.connection.protocol.outputFull()
+    assert transport.producerState == "paused"
+    publisher.send(Publish("t", b"waits", qos=1, packetId=1))
+    assert subscriber.received() == []
+    harness.clock.advance(60)
+    assert not subscriber.closing
+    subscriber.connection.protocol.outputDrained()
+    assert transport.producerState == "producing"
+    assert [p.payload for p in subscriber.received()] == [b"waits"]
+
+
+def test_packetsPipelinedAfterConnectWaitForTheLogin():
+    """
+    Nothing more is read while the password is checked: what the client
+    sent after its CONNECT is served once the login succeeds.
+    """
+    checks = PendingChecks()
+    harness = BrokerHarness(users={"alice": b"pw"}, runHash=checks)
+    client = MQTTClient(harness)
+    client.send(
+        Connect("c", MQTT_3_1_1, username="alice", password=b"pw"),
+        Subscribe(1, [Subscription("t", 0)]),
+        PingReq(),
+    )
+    assert client.received() == []
+    assert client.connection.transport.producerState == "paused"
+    checks.runAll()
+    assert client.received() == [ConnAck(), SubAck(1, [0]), PingResp()]
+    assert client.connection.transport.producerState == "producing"

@@ -35,6 +35,7 @@ Where the specifications let a server choose, this does what Mosquitto
 
 import uuid
 
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Protocol, ServerFactory
 from twisted.logger import Logger
 from zope.interface import implementer
@@ -82,7 +83,7 @@ from dallal.protocol.mqtt import (
 )
 from dallal.security.auth import LOGIN_TIMEOUT, LoginFailed
 from dallal.server.addresses import formatAddress
-from dallal.server.tcp import WriteBatch, _DeliveryValve
+from dallal.server.tcp import WriteBatch
 from dallal.topictree import SubscriptionTree
 
 # What a packet may carry beyond the largest payload the broker takes: its
@@ -236,6 +237,33 @@ class _Outgoing:
         self.released = False
 
 
+@implementer(IPushProducer)
+class _OutputValve:
+    """
+    Registered with the transport, which tells it when the connection's
+    write buffer fills and drains: the protocol itself cannot be the
+    producer, whose C{pauseProducing} would pause its reading.
+    """
+
+    def __init__(self, protocol):
+        self.protocol = protocol
+
+    def pauseProducing(self):
+        self.protocol.outputFull()
+
+    def resumeProducing(self):
+        self.protocol.outputDrained()
+
+    def stopProducing(self):
+        # The connection is closing; connectionLost detaches the session.
+        pass
+
+
+# Why a connection's reading is held.
+_CHECKING_PASSWORD = "checking_password"
+_OUTPUT_FULL = "output_full"
+
+
 class ProtocolViolation(Exception):
     """
     The client broke a rule of the session (not of a packet's form): the
@@ -273,8 +301,9 @@ class MQTTProtocol(Protocol):
         self.clientId = None
         self._attached = False
         self._accepted = False
-        # Reading stops while a password is checked, and once closing.
-        self._suspended = False
+        # Why reading is held: a password being checked, a full write
+        # buffer (a client that does not read its acks is not read from).
+        self._readingHeld = set()
         self._closing = False
         self._closeReason = "closed"
         self._will = None
@@ -307,7 +336,7 @@ class MQTTProtocol(Protocol):
         self.factory.connections.opened(self._host)
         self.peer = formatAddress(self.transport.getPeer())
         self._lastHeard = self.clock.seconds()
-        self.transport.registerProducer(_DeliveryValve(self), True)
+        self.transport.registerProducer(_OutputValve(self), True)
         # The spec asks a server to close a connection that sends no
         # CONNECT in a reasonable time (3.1.4).
         self._connectDeadline = self.clock.callLater(self._connectTimeout(), self._connectTimedOut)
@@ -349,6 +378,35 @@ class MQTTProtocol(Protocol):
             self.transport.unregisterProducer()
             self.transport.loseConnection()
 
+    def outputFull(self):
+        """
+        The write buffer is full: hold this client's messages in the
+        broker, and read nothing more from it until it drains.
+        """
+        if self._attached:
+            self.broker.pauseDelivery(self)
+        self._holdReading(_OUTPUT_FULL)
+
+    def outputDrained(self):
+        self._releaseReading(_OUTPUT_FULL)
+        if self._attached:
+            # What waited in the outbox goes out in one write.
+            self.batch.run(self.broker.resumeDelivery, self)
+
+    def _holdReading(self, why):
+        if not self._readingHeld:
+            self.transport.pauseProducing()
+        self._readingHeld.add(why)
+
+    def _releaseReading(self, why):
+        if why not in self._readingHeld:
+            return
+        self._readingHeld.discard(why)
+        if not self._readingHeld and not self._closing:
+            self.transport.resumeProducing()
+            # Packets read before reading was held wait in the decoder.
+            self.batch.run(self._readPackets)
+
     def _write(self, data):
         if self._closing or self.transport.disconnecting:
             return
@@ -384,7 +442,7 @@ class MQTTProtocol(Protocol):
         try:
             for packet in self._decoder:
                 self._packetReceived(packet)
-                if self._suspended or self._closing:
+                if self._readingHeld or self._closing:
                     # The rest stays in the decoder.
                     return
         except MalformedPacket as error:
@@ -486,8 +544,7 @@ class MQTTProtocol(Protocol):
             )
         else:
             # Read nothing more until the password is checked.
-            self._suspended = True
-            self.transport.pauseProducing()
+            self._holdReading(_CHECKING_PASSWORD)
             gatekeeper.login(connect.username, connect.password or b"", clientId).addCallbacks(
                 self._loginSucceeded,
                 self._loginFailed,
@@ -497,10 +554,9 @@ class MQTTProtocol(Protocol):
     def _loginSucceeded(self, user, connect, clientId, assigned):
         if not self._attached:
             return
-        self._suspended = False
-        self.transport.resumeProducing()
         self.batch.run(self._accept, connect, clientId, assigned, user)
-        self.batch.run(self._readPackets)
+        # What the client sent after its CONNECT is read now.
+        self._releaseReading(_CHECKING_PASSWORD)
 
     def _loginFailed(self, failure):
         refused = failure.check(LoginFailed)
@@ -590,6 +646,9 @@ class MQTTProtocol(Protocol):
     # Keep alive
 
     def _checkKeepAlive(self):
+        if _OUTPUT_FULL in self._readingHeld:
+            # Not read from while it catches up: it may well be talking.
+            self._lastHeard = self.clock.seconds()
         idle = self.clock.seconds() - self._lastHeard
         if idle < self._keepAlive:
             self._keepAliveTimer = self.clock.callLater(self._keepAlive - idle, self._checkKeepAlive)
