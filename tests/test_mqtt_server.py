@@ -786,3 +786,19 @@ def test_packetsPipelinedAfterConnectWaitForTheLogin():
     checks.runAll()
     assert client.received() == [ConnAck(), SubAck(1, [0]), PingResp()]
     assert client.connection.transport.producerState == "producing"
+
+
+def test_reasonStringsNeverMakeAPacketLargerThanTheClientTakes():
+    harness = BrokerHarness(acl="pattern readwrite devices/%c/#\n")
+    client = connected(harness, "d1", MQTT_5, properties={Property.MAXIMUM_PACKET_SIZE: 8})
+    client.send(Publish("devices/d2/x", b"no", qos=1, packetId=7))
+    assert client.received() == [PubAck(7, ReasonCode.NOT_AUTHORIZED)]
+
+
+def test_aRetainedPublishToABrokerWithoutAStoreIsAProtocolErrorInMQTT5():
+    harness = BrokerHarness()
+    client = connected(harness, "c", MQTT_5)
+    client.send(Publish("t", b"x", retain=True))
+    (answer,) = client.received()
+    assert answer.reasonCode == ReasonCode.RETAIN_NOT_SUPPORTED
+    assert client.closing

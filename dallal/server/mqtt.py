@@ -426,7 +426,14 @@ class MQTTProtocol(Protocol):
             self.transport.write(b"".join(output))
 
     def _send(self, packet):
-        self._write(packet.encode(self.version))
+        encoded = packet.encode(self.version)
+        maximum = self._clientMaxPacket
+        if maximum is not None and len(encoded) > maximum and packet.properties:
+            # Without its Reason String and User Properties, which must not
+            # make it larger than the client takes [MQTT-3.1.2-25].
+            packet.properties = NO_PROPERTIES
+            encoded = packet.encode(self.version)
+        self._write(encoded)
 
     # Incoming packets
 
@@ -731,6 +738,11 @@ class MQTTProtocol(Protocol):
         return topic
 
     def _publishReceived(self, packet):
+        if packet.retain and self.broker.retained is None and self.version == MQTT_5:
+            # Its CONNACK said Retain Available 0 [MQTT-3.3.1-19].
+            raise ProtocolViolation(
+                "this broker keeps no retained messages", ReasonCode.RETAIN_NOT_SUPPORTED
+            )
         topic = self._topicOf(packet)
         qos = packet.qos
         packetId = packet.packetId
