@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_auth import PendingChecks
 from test_topics_core import harnessWithRetained
+from twisted.internet.address import IPv4Address
 from twisted.python import usage
 
 from dallal.broker.core import BrokerConfig
@@ -802,3 +803,14 @@ def test_aRetainedPublishToABrokerWithoutAStoreIsAProtocolErrorInMQTT5():
     (answer,) = client.received()
     assert answer.reasonCode == ReasonCode.RETAIN_NOT_SUPPORTED
     assert client.closing
+
+
+def test_mqttConnectionsCountInTheBrokersConnectionLimit():
+    harness = BrokerHarness(BrokerConfig(maxConnections=2, messageEvents=True))
+    harness.connect()
+    connected(harness, "m")
+    refused = harness.service.mqttFactory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000))
+    assert refused is None
+    assert harness.broker.counters["refused_connections"] == 1
+    (event,) = harness.fields("limit_reached")
+    assert event["transport"] == "mqtt"
