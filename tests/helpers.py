@@ -156,21 +156,29 @@ class BrokerHarness:
         self.factory = self.service.factory
         self._nextPort = 40001
 
-    def connect(self, host="127.0.0.1", transport=None):
+    def connect(self, host="127.0.0.1", transport=None, factory=None):
         """
         A new client connection, each from its own port.
 
         @param transport: the L{StringTransport} it goes over, if not a
             plain one.
+        @param factory: the protocol factory, if not the broker's TCP one.
         """
         address = IPv4Address("TCP", host, self._nextPort)
         self._nextPort += 1
-        protocol = self.factory.buildProtocol(address)
+        protocol = (self.factory if factory is None else factory).buildProtocol(address)
         if transport is None:
             transport = StringTransport()
         transport.peerAddr = address
         protocol.makeConnection(transport)
         return FakeClient(protocol, transport)
+
+    def connectMQTT(self, host="127.0.0.1"):
+        """
+        A new MQTT client connection (L{dallal.server.mqtt}), each from its
+        own port.
+        """
+        return self.connect(host, factory=self.service.mqttFactory)
 
     def logLines(self, name=None):
         """

@@ -66,6 +66,7 @@ from dallal.limits import (
 )
 from dallal.broker.origin import MAX_HOPS, Origin, SeenMessages, generatedName, originFromOptions
 from dallal.broker.retained import StoreError
+from dallal.broker.sharing import ShareGroup
 from dallal.topics import MAX_TOPIC_LENGTH, WILDCARDS, TopicError, checkTopic
 from dallal.topictree import RESERVED_PREFIX, SubscriptionTree, TopicMap, checkFilter
 
@@ -133,6 +134,12 @@ class Message:
     @ivar origin: for a message that came over a bridge, the L{Origin} it
         came with, its C{hops} counting that bridge; C{None} for a message
         published here.
+    @ivar properties: what the publisher's transport attached to it, opaque
+        to the core and passed through to every subscriber's transport (an
+        MQTT message's QoS, retain flag and properties), or C{None}.
+    @ivar source: the L{ISubscriber} that published it, or C{None} (the
+        broker's own, a retained message), for the subscriptions that do
+        not want their own messages back.
     """
 
     __slots__ = (
@@ -145,10 +152,21 @@ class Message:
         "retained",
         "encoded",
         "origin",
+        "properties",
+        "source",
     )
 
     def __init__(
-        self, mid, topic, payload, publisher, published, retained=False, origin=None
+        self,
+        mid,
+        topic,
+        payload,
+        publisher,
+        published,
+        retained=False,
+        origin=None,
+        properties=None,
+        source=None,
     ):
         self.mid = mid
         self.topic = topic
@@ -159,6 +177,8 @@ class Message:
         self.retained = retained
         self.encoded = None
         self.origin = origin
+        self.properties = properties
+        self.source = source
 
 
 # Why a bridged message is discarded on arrival -> what counts it: its own
@@ -248,6 +268,8 @@ class Broker:
         self.bridges = {}
         self._sessions = {}
         self._tree = SubscriptionTree(ranks=len(_MODE_STRENGTH))
+        # (group name, filter) -> its ShareGroup.
+        self._groups = {}
         # filter -> number of sessions subscribed with it, for TOPICS; and
         # the filters without wildcards, which are topics clients named.
         self._filterCounts = Counter()
@@ -337,8 +359,8 @@ class Broker:
         session = self._sessions.pop(subscriber, None)
         if session is None:
             return
-        for topicFilter in session.subscriptions:
-            self._forgetFilter(topicFilter, subscriber)
+        for key in session.subscriptions:
+            self._forgetFilter(key, subscriber)
         self.flow.forget(subscriber)
         session.outbox.close(session.subscriptions.values())
         self.counters["subscriptions"] -= len(session.subscriptions)
@@ -389,12 +411,13 @@ class Broker:
             if session.permissions is None:
                 continue
             session.permissions = permissionsFor(session.user, session.clientId)
-            for topicFilter, subscription in list(session.subscriptions.items()):
-                if not session.permissions.mayMatch(topicFilter, READ):
-                    self._revoke(session, topicFilter, subscription)
+            for key, subscription in list(session.subscriptions.items()):
+                if not session.permissions.mayMatch(subscription.topic, READ):
+                    self._revoke(session, key, subscription)
 
-    def _revoke(self, session, topicFilter, subscription):
-        self._endSubscription(session, topicFilter, subscription)
+    def _revoke(self, session, key, subscription):
+        self._endSubscription(session, key, subscription)
+        topicFilter = subscription.topic
         who = self._logAclEvent("subscription_revoked", session, topic=topicFilter)
         session.subscriber.subscriptionRevoked(
             subscription.id,
@@ -643,18 +666,26 @@ class Broker:
                 requestId,
             )
 
-    def subscribe(self, subscriber, topicFilter, requestId, mode=LATEST, bridge=False):
+    def subscribe(
+        self, subscriber, topicFilter, requestId, mode=LATEST, bridge=False, group=None
+    ):
         """
         Subscribe a client to a topic filter (a topic, or a pattern with the
         wildcards C{+} and C{#}).  Subscribing again with the same filter
         changes the subscription's id and mode.  A message matching several
         filters of one client reaches it once.
 
+        With a C{group} name, the subscription is shared: every message
+        matching the filter goes to one of the subscriptions of that group
+        to that filter, whichever their sessions
+        (L{dallal.broker.sharing}), besides the client's own subscriptions.
+
         Retained messages are not sent here: call L{sendRetained} once the
         client has been told its subscription is in place.
 
         @param mode: C{latest}, C{all} or C{fire} (see L{dallal.broker.delivery}).
         @param bridge: whether it carries messages to another broker.
+        @param group: the name of a share group, or C{None}.
         @return: the L{Subscription}.
         @raise RequestError: the filter or the mode is refused, or the
             client has as many subscriptions as it may, or the broker is
@@ -670,7 +701,8 @@ class Broker:
         permissions = session.permissions
         if permissions is not None and not permissions.mayMatch(topicFilter, READ):
             self._forbid(session, "subscribe", topicFilter, requestId)
-        subscription = session.subscriptions.get(topicFilter)
+        key = topicFilter if group is None else (group, topicFilter)
+        subscription = session.subscriptions.get(key)
         if subscription is None:
             maxSubscriptions = self.config.maxSubscriptions
             if len(session.subscriptions) >= maxSubscriptions:
@@ -683,8 +715,11 @@ class Broker:
                     requestId,
                 )
             subscription = Subscription(requestId, topicFilter, mode, session.outbox, bridge)
-            session.subscriptions[topicFilter] = subscription
-            self._tree.add(topicFilter, subscriber, subscription, _MODE_STRENGTH[mode])
+            session.subscriptions[key] = subscription
+            if group is None:
+                self._tree.add(topicFilter, subscriber, subscription, _MODE_STRENGTH[mode])
+            else:
+                self._joinGroup(key, subscription)
             self._filterCounts[topicFilter] += 1
             if WILDCARDS.isdisjoint(topicFilter):
                 self._namedTopics[topicFilter] = self._filterCounts[topicFilter]
@@ -693,7 +728,10 @@ class Broker:
             subscription.id = requestId
             subscription.mode = mode
             subscription.bridge = bridge
-            self._tree.add(topicFilter, subscriber, subscription, _MODE_STRENGTH[mode])
+            if group is None:
+                # Its mode, and so its rank among the client's filters, may
+                # have changed.
+                self._tree.add(topicFilter, subscriber, subscription, _MODE_STRENGTH[mode])
         # A new filter, or a new mode, which may change which of a
         # session's filters carries a message.
         self._routes.clear()
@@ -736,20 +774,22 @@ class Broker:
                 )
             session.outbox.offer(subscription, message)
 
-    def unsubscribe(self, subscriber, topicFilter, requestId):
+    def unsubscribe(self, subscriber, topicFilter, requestId, group=None):
         """
-        End one of a client's subscriptions.  What waits for it in C{latest}
-        mode is dropped; what is in flight may still be acked.
+        End one of a client's subscriptions (with C{group}, its shared
+        subscription in that group).  What waits for it in C{latest} mode
+        is dropped; what is in flight may still be acked.
 
         @raise RequestError: the client has no subscription with that filter.
         """
         session = self._sessions[subscriber]
-        subscription = session.subscriptions.get(topicFilter)
+        key = topicFilter if group is None else (group, topicFilter)
+        subscription = session.subscriptions.get(key)
         if subscription is None:
             raise RequestError(
                 NOT_SUBSCRIBED, f"not subscribed to {topicFilter!r}", requestId
             )
-        self._endSubscription(session, topicFilter, subscription)
+        self._endSubscription(session, key, subscription)
         self.events.emit(
             "unsubscribe",
             session=session.sid,
@@ -757,14 +797,46 @@ class Broker:
             topic=topicFilter,
         )
 
-    def _endSubscription(self, session, topicFilter, subscription):
-        del session.subscriptions[topicFilter]
-        self._forgetFilter(topicFilter, session.subscriber)
+    def _endSubscription(self, session, key, subscription):
+        del session.subscriptions[key]
+        self._forgetFilter(key, session.subscriber)
         session.outbox.unsubscribe(subscription)
         self.counters["subscriptions"] -= 1
 
-    def _forgetFilter(self, topicFilter, subscriber):
-        self._tree.remove(topicFilter, subscriber)
+    def _joinGroup(self, key, subscription):
+        """
+        Add a shared subscription to its group, made (and routed to) when
+        it gets its first member.
+
+        @param key: C{(group name, filter)}.
+        """
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = ShareGroup(key[0], key[1], self._memberMayRead)
+            self._tree.add(key[1], group, group)
+        group.members.append(subscription)
+
+    def _memberMayRead(self, subscription, topic):
+        permissions = self._sessions[subscription.outbox.subscriber].permissions
+        return permissions is None or permissions.mayRead(topic)
+
+    def _forgetFilter(self, key, subscriber):
+        """
+        Take a session's subscription (a filter, or for a shared one
+        C{(group name, filter)}) out of the routes.
+        """
+        if type(key) is tuple:
+            topicFilter = key[1]
+            group = self._groups[key]
+            group.members = [
+                member for member in group.members if member.outbox.subscriber is not subscriber
+            ]
+            if not group.members:
+                del self._groups[key]
+                self._tree.remove(topicFilter, group)
+        else:
+            topicFilter = key
+            self._tree.remove(topicFilter, subscriber)
         self._routes.clear()
         self._filterCounts[topicFilter] -= 1
         remaining = self._filterCounts[topicFilter]
@@ -809,11 +881,13 @@ class Broker:
         rows = [(name, retained.get(name), filters.get(name, 0)) for name in names]
         return rows, total
 
-    def publish(self, subscriber, topic, payload, requestId):
+    def publish(self, subscriber, topic, payload, requestId, properties=None):
         """
         Publish a message and hand it to every subscription matching its
         topic.
 
+        @param properties: the transport's own attributes of the message
+            (L{Message.properties}), passed through to the subscribers'.
         @return: the L{Message}.
         @raise RequestError: the topic or the payload is refused, or the
             broker is shutting down.
@@ -825,7 +899,7 @@ class Broker:
             session = self._sessions[subscriber]
             if session.permissions is not None and not session.permissions.mayWrite(topic):
                 self._forbid(session, "publish", topic, requestId)
-        return self._route(subscriber, topic, payload)
+        return self._route(subscriber, topic, payload, properties)
 
     def checkRetainable(self, subscriber, topic, payload, requestId):
         """
@@ -925,9 +999,15 @@ class Broker:
             self._route(subscriber, topic, payload)
         return len(topics)
 
-    def _route(self, subscriber, topic, payload):
+    def _route(self, subscriber, topic, payload, properties=None):
         message = Message(
-            self._nextMid, topic, payload, subscriber.peer, self.clock.seconds()
+            self._nextMid,
+            topic,
+            payload,
+            subscriber.peer,
+            self.clock.seconds(),
+            properties=properties,
+            source=subscriber,
         )
         self._nextMid += 1
         counters = self.counters
@@ -1106,7 +1186,9 @@ class Broker:
         sessions = self._sessions
         readers = []
         for subscription in receivers:
-            permissions = sessions[subscription.outbox.subscriber].permissions
+            # A share group (no session) asks its members' sessions itself.
+            session = sessions.get(subscription.outbox.subscriber)
+            permissions = None if session is None else session.permissions
             if permissions is None or permissions.mayRead(topic):
                 readers.append(subscription)
         return readers

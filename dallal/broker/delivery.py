@@ -50,6 +50,7 @@ REDELIVERY_LIMIT = "redelivery_limit"
 SUPERSEDED = "superseded"
 TOO_LARGE = "too_large"
 BRIDGE_REFUSED = "bridge_refused"
+EXPIRED = "expired"
 DROP_REASONS = (
     QUEUE_FULL,
     SLOW_CONSUMER,
@@ -58,6 +59,7 @@ DROP_REASONS = (
     SUPERSEDED,
     TOO_LARGE,
     BRIDGE_REFUSED,
+    EXPIRED,
 )
 
 
@@ -139,6 +141,8 @@ class DeliveryConfig:
         publish.
     @ivar stallTimeout: seconds a subscriber whose queue is full may make
         no progress before it is a slow consumer.
+    @ivar ackTimeout: seconds before an unacked message is sent again, or
+        C{None} for a transport that never resends within a session.
     """
 
     __slots__ = (
@@ -501,7 +505,13 @@ class Outbox:
         Put C{delivery} at the end of the in-flight table, its ack due one
         ack timeout from now, and make sure the ack timer is armed.
         """
-        delivery.deadline = self.clock.seconds() + self.config.ackTimeout
+        ackTimeout = self.config.ackTimeout
+        if ackTimeout is None:
+            # The transport resends nothing within a session (MQTT): the
+            # delivery waits for its ack for as long as the session lasts.
+            self._inflight[delivery.deliveryId] = delivery
+            return
+        delivery.deadline = self.clock.seconds() + ackTimeout
         # Re-inserting moves a delivery that was in the table to its end,
         # which keeps the table in the order of the deadlines.
         self._inflight.pop(delivery.deliveryId, None)

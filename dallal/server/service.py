@@ -27,6 +27,7 @@ from dallal.protocol.datagram import MAX_PACKET_SIZE
 from dallal.server.keepalive import DEFAULT_INTERVAL, PingSweep
 from dallal.broker.sysstats import DEFAULT_INTERVAL as DEFAULT_SYS_INTERVAL, SysPublisher
 from dallal.server.addresses import formatAddress
+from dallal.server.mqtt import MQTTFactory
 from dallal.server.tcp import BrokerFactory
 from dallal.server.udp import DEFAULT_ACK_TIMEOUT, BrokerDatagramProtocol
 from dallal.server.web import webSite
@@ -179,18 +180,19 @@ class ListenerService(_Listener):
     """
     Serves TCP clients (or TLS, or any stream) on one server endpoint.
 
+    @param transportName: C{tcp} for Dallal's protocol, C{mqtt} for MQTT.
     @cvar closesFirst: whether a stopping broker stops listening here
         before it drains what is in flight (its clients' listeners), or
         only after (the web listener, whose C{/health} says it drains).
     """
 
-    transportName = "tcp"
     closesFirst = True
 
-    def __init__(self, endpoint, factory, events):
+    def __init__(self, endpoint, factory, events, transportName="tcp"):
         _Listener.__init__(self, events)
         self.endpoint = endpoint
         self.factory = factory
+        self.transportName = transportName
 
     def _listen(self):
         failures = []
@@ -210,12 +212,11 @@ class WebListenerService(ListenerService):
         L{dallal.server.web.WebRoot}, where more resources may be put.
     """
 
-    transportName = "http"
     closesFirst = False
     openToAll = "read the broker's metrics and dashboard"
 
     def __init__(self, endpoint, site, events):
-        ListenerService.__init__(self, endpoint, site, events)
+        ListenerService.__init__(self, endpoint, site, events, "http")
         self.site = site
 
     def stopService(self):
@@ -256,6 +257,8 @@ class DallalService(MultiService):
     @ivar broker: the L{Broker} core.
     @ivar factory: the TCP protocol factory for that core; attach it to more
         endpoints with L{listenTCP}.
+    @ivar mqttFactory: the MQTT protocol factory for that core (L{listenMQTT}),
+        sharing the TCP factory's connection limits.
     """
 
     # Sentences for people, not events: its namespace is not dallal's.
@@ -302,6 +305,9 @@ class DallalService(MultiService):
         self.sweep = PingSweep(reactor, pingInterval)
         self.gatekeeper = gatekeeper
         self.factory = BrokerFactory(self.broker, self.sweep, gatekeeper)
+        self.mqttFactory = MQTTFactory(
+            self.broker, gatekeeper, self.factory.batch, self.factory.connections
+        )
         self.sysPublisher = (
             SysPublisher(self.broker, reactor, sysInterval) if sysInterval else None
         )
@@ -319,10 +325,24 @@ class DallalService(MultiService):
 
         @return: the child L{ListenerService}.
         """
+        return self._listenStream(description, self.factory, "tcp")
+
+    def listenMQTT(self, description):
+        """
+        Serve MQTT clients on a server endpoint description
+        (C{"tcp:1883:interface=127.0.0.1"}, C{"ssl:8883:..."}, ...), as
+        L{listenTCP} serves Dallal's.
+
+        @return: the child L{ListenerService}.
+        """
+        return self._listenStream(description, self.mqttFactory, "mqtt")
+
+    def _listenStream(self, description, factory, transportName):
         listener = ListenerService(
             serverFromString(self.reactor, withBacklog(description)),
-            self.factory,
+            factory,
             self.broker.events,
+            transportName,
         )
         listener.setServiceParent(self)
         return listener

@@ -469,6 +469,7 @@ class Options(usage.Options):
     def __init__(self):
         usage.Options.__init__(self)
         self["tcp"] = []
+        self["mqtt"] = []
         self["bridge"] = []
 
     def parseOptions(self, options=None):
@@ -509,6 +510,12 @@ class Options(usage.Options):
         """
         self["tcp"].append(value)
 
+    def opt_mqtt(self, value):
+        """
+        Also serve MQTT 3.1.1 and 5.0 clients here: a port number (on --interface) or a Twisted endpoint description such as tcp:1883:interface=0.0.0.0 or ssl:8883:privateKey=key.pem:certKey=cert.pem. Repeat it to listen on several. [default: none]
+        """
+        self["mqtt"].append(value)
+
     def opt_bridge(self, value):
         """
         Connect to another Dallal broker as a client and carry messages between them: NAME=ENDPOINT[,topics=FILTER;FILTER...][,direction=in|out|both][,user=USER,password-file=PATH|password-env=VARIABLE], such as hub=tcp:hub.example:1373,topics=news/#;alerts/+,direction=both (the default: every topic, both ways); user= logs in to a remote that takes passwords. Repeatable.
@@ -527,6 +534,7 @@ class Options(usage.Options):
         self["tcp"] = [self._endpoint(value, "--tcp") for value in self["tcp"]]
         if self["http"] is not None:
             self["http"] = self._endpoint(self["http"], "--http")
+        self["mqtt"] = [self._endpoint(value, "--mqtt") for value in self["mqtt"]]
         if self["name"] is not None:
             try:
                 checkName(self["name"])
@@ -751,6 +759,8 @@ def makeService(options, reactor=None, rlimit=resource):
         service.rereadConfig = lambda service: rereadConfig(options, service)
     for description in options["tcp"]:
         service.listenTCP(description)
+    for description in options["mqtt"]:
+        service.listenMQTT(description)
     if options["udp"] is not None:
         service.listenUDP(
             options["udp"], options["interface"], ackTimeout=options["udp-ack-timeout"]

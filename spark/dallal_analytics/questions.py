@@ -31,7 +31,7 @@ from dallal_analytics.parse import (
 
 DROP_REASONS = (
     "queue_full", "slow_consumer", "disconnected", "redelivery_limit", "superseded",
-    "too_large", "bridge_refused",
+    "too_large", "bridge_refused", "expired",
 )
 MODES = ("fire", "latest", "all")
 LATENCY_QUANTILES = (0.5, 0.95, 0.99)

@@ -1,0 +1,822 @@
+"""
+The MQTT protocol (L{dallal.server.mqtt}) on in-memory connections and a
+clock: packets in, packets out, and what the broker core makes of them.
+"""
+
+import pytest
+from helpers import BrokerHarness, countersAddUp, messages
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_auth import PendingChecks
+from test_topics_core import harnessWithRetained
+from twisted.internet.address import IPv4Address
+from twisted.python import usage
+
+from dallal.broker.core import BrokerConfig
+from dallal.broker.delivery import DeliveryConfig
+from dallal.protocol.mqtt import (
+    MQTT_3_1_1,
+    MQTT_5,
+    ConnAck,
+    Connect,
+    Disconnect,
+    MQTTDecoder,
+    PingReq,
+    PingResp,
+    Property,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    ReasonCode,
+    SubAck,
+    Subscribe,
+    Subscription,
+    UnsubAck,
+    Unsubscribe,
+    Will,
+)
+from dallal.server.mqtt import TOPIC_ALIAS_MAXIMUM
+from dallal.server.tap import Options
+
+
+class MQTTClient:
+    """
+    A fake MQTT client of a L{BrokerHarness}: sends packets, decodes what
+    the broker wrote.
+    """
+
+    def __init__(self, harness, version=MQTT_3_1_1):
+        self.harness = harness
+        self.version = version
+        self.connection = harness.connectMQTT()
+        self.decoder = MQTTDecoder(version)
+
+    def send(self, *packets):
+        self.connection.send(b"".join(packet.encode(self.version) for packet in packets))
+
+    def received(self):
+        return list(self.decoder.feed(self.connection.received()))
+
+    def connect(self, clientId="c1", **fields):
+        self.send(Connect(clientId, self.version, **fields))
+        return self.received()
+
+    def subscribe(self, *filters, packetId=1):
+        self.send(
+            Subscribe(
+                packetId,
+                [f if isinstance(f, Subscription) else Subscription(*f) for f in filters],
+            )
+        )
+        return self.received()
+
+    @property
+    def closing(self):
+        return self.connection.closing
+
+    def lose(self):
+        self.connection.lose()
+
+
+@pytest.fixture
+def harness():
+    return harnessWithRetained()
+
+
+def connected(harness, clientId="c1", version=MQTT_3_1_1, **fields):
+    client = MQTTClient(harness, version)
+    (answer,) = client.connect(clientId, **fields)
+    assert answer.reasonCode == 0, answer
+    return client
+
+
+# CONNECT
+
+
+def test_connectIsAnsweredInTheClientsVersion(harness):
+    old = MQTTClient(harness, MQTT_3_1_1)
+    assert old.connect("a") == [ConnAck()]
+    new = MQTTClient(harness, MQTT_5)
+    (answer,) = new.connect("b")
+    assert answer.reasonCode == 0 and not answer.sessionPresent
+    assert answer.properties[Property.TOPIC_ALIAS_MAXIMUM] == TOPIC_ALIAS_MAXIMUM
+    (event,) = [e for e in harness.fields("connect")][-1:]
+    assert event["transport"] == "mqtt"
+
+
+def test_anEmptyClientIdIsAssignedOne(harness):
+    client = MQTTClient(harness, MQTT_5)
+    (answer,) = client.connect("")
+    assigned = answer.properties[Property.ASSIGNED_CLIENT_IDENTIFIER]
+    assert assigned.startswith("auto-")
+    assert client.connection.protocol.clientId == assigned
+
+
+def test_anEmptyClientIdCannotKeepASessionIn311(harness):
+    client = MQTTClient(harness)
+    assert client.connect("", cleanStart=False) == [ConnAck(reasonCode=2)]
+    assert client.closing
+
+
+def test_aPersistentSessionIsRefusedPolitely(harness):
+    """
+    Sessions end with their connection: an MQTT 5 client asking for one is
+    told its Session Expiry Interval is 0.
+    """
+    client = MQTTClient(harness, MQTT_5)
+    (answer,) = client.connect("p", cleanStart=False, properties={Property.SESSION_EXPIRY_INTERVAL: 60})
+    assert not answer.sessionPresent
+    assert answer.properties[Property.SESSION_EXPIRY_INTERVAL] == 0
+
+
+def test_aSecondConnectionWithTheClientIdTakesItOver(harness):
+    first = connected(harness, "same", MQTT_5)
+    connected(harness, "same", MQTT_5)
+    assert first.received() == [Disconnect(ReasonCode.SESSION_TAKEN_OVER)]
+    assert first.closing
+    first.lose()
+    assert harness.fields("disconnect")[-1]["reason"] == "taken_over"
+
+
+def test_pingreqIsAnswered(harness):
+    client = connected(harness)
+    client.send(PingReq())
+    assert client.received() == [PingResp()]
+
+
+def test_keepAliveClosesASilentClientAfterOneAndAHalfTimes(harness):
+    client = connected(harness, keepAlive=10)
+    harness.clock.advance(14)
+    client.send(PingReq())
+    harness.clock.advance(14)
+    assert not client.closing
+    harness.clock.advance(1.1)
+    assert client.closing
+    assert harness.broker.counters["clients_dropped"] == 1
+
+
+def test_noConnectWithinTheLoginTimeoutCloses(harness):
+    client = MQTTClient(harness)
+    harness.clock.advance(59)
+    assert not client.closing
+    harness.clock.advance(1)
+    assert client.closing
+
+
+# Logins and the ACL
+
+
+def test_aLoginIsCheckedByTheBrokersCheckers():
+    harness = BrokerHarness(users={"alice": b"secret"})
+    anonymous = MQTTClient(harness)
+    assert anonymous.connect("x") == [ConnAck(reasonCode=5)]
+    wrong = MQTTClient(harness, MQTT_5)
+    assert wrong.connect("y", username="alice", password=b"nope") == []
+    harness.clock.advance(1)
+    (answer,) = wrong.received()
+    assert answer.reasonCode == ReasonCode.NOT_AUTHORIZED
+    assert wrong.closing
+    right = MQTTClient(harness)
+    assert right.connect("z", username="alice", password=b"secret") == [ConnAck()]
+    assert harness.broker.counters["logins"] == 1
+    assert harness.broker.counters["logins_failed"] == 1
+
+
+def test_theAclAppliesWithTheClientIdAsPercentC():
+    harness = BrokerHarness(acl="pattern readwrite devices/%c/#\n")
+    client = connected(harness, "d1", MQTT_5)
+    assert client.subscribe(("devices/d1/#", 1), ("devices/d2/#", 1)) == [
+        SubAck(1, [1, ReasonCode.NOT_AUTHORIZED])
+    ]
+    client.send(Publish("devices/d2/x", b"no", qos=1, packetId=7))
+    (answer,) = client.received()
+    assert answer.reasonCode == ReasonCode.NOT_AUTHORIZED
+    client.send(Publish("devices/d1/x", b"yes", qos=1, packetId=8))
+    assert [type(p) for p in client.received()] == [Publish, PubAck]
+
+
+def test_anAclRefusalIsAckedIn311AsMosquittoDoes():
+    harness = BrokerHarness(acl="pattern readwrite devices/%c/#\n")
+    client = connected(harness, "d1")
+    client.send(Publish("elsewhere", b"no", qos=1, packetId=7))
+    assert client.received() == [PubAck(7)]
+    assert harness.broker.counters["denied"] == 1
+
+
+# PUBLISH both ways
+
+
+def test_qosIsTheLowerOfThePublishAndTheSubscription(harness):
+    subscriber = connected(harness, "s")
+    assert subscriber.subscribe(("q0", 0), ("q1", 1), ("q2", 2)) == [SubAck(1, [0, 1, 2])]
+    publisher = connected(harness, "p")
+    packetIds = iter(range(1, 100))
+    for topic in ("q0", "q1", "q2"):
+        for qos in (0, 1, 2):
+            publisher.send(Publish(topic, b"%d" % qos, qos=qos, packetId=next(packetIds) if qos else None))
+    got = [(p.topic, p.qos) for p in subscriber.received()]
+    assert got == [
+        ("q0", 0), ("q0", 0), ("q0", 0),
+        ("q1", 0), ("q1", 1), ("q1", 1),
+        ("q2", 0), ("q2", 1), ("q2", 2),
+    ]
+
+
+def test_qos1IsAckedByPuback(harness):
+    subscriber = connected(harness, "s")
+    subscriber.subscribe(("t", 1))
+    publisher = connected(harness, "p")
+    publisher.send(Publish("t", b"x", qos=1, packetId=5))
+    assert publisher.received() == [PubAck(5)]
+    (message,) = subscriber.received()
+    assert harness.broker.counters["acked"] == 0
+    subscriber.send(PubAck(message.packetId))
+    assert harness.broker.counters["acked"] == 1
+    assert countersAddUp(harness.broker.counters)
+
+
+def test_qos2FromTheClientIsPublishedOnceAndReleased(harness):
+    subscriber = connected(harness, "s")
+    subscriber.subscribe(("t", 0))
+    publisher = connected(harness, "p")
+    publisher.send(Publish("t", b"once", qos=2, packetId=9))
+    assert publisher.received() == [PubRec(9)]
+    publisher.send(Publish("t", b"once", qos=2, packetId=9, dup=True))
+    assert publisher.received() == [PubRec(9)]
+    assert [p.payload for p in subscriber.received()] == [b"once"]
+    publisher.send(PubRel(9))
+    assert publisher.received() == [PubComp(9)]
+    # Released: the identifier may carry a new message.
+    publisher.send(Publish("t", b"again", qos=2, packetId=9))
+    assert [p.payload for p in subscriber.received()] == [b"again"]
+
+
+def test_anUnknownPubrelIsAnsweredWithNotFoundInMQTT5(harness):
+    client = connected(harness, "p", MQTT_5)
+    client.send(PubRel(3))
+    assert client.received() == [PubComp(3, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND)]
+
+
+def test_qos2ToTheClientIsAckedAtPubcomp(harness):
+    subscriber = connected(harness, "s")
+    subscriber.subscribe(("t", 2))
+    publisher = connected(harness, "p")
+    publisher.send(Publish("t", b"x", qos=2, packetId=1), PubRel(1))
+    (message,) = subscriber.received()
+    assert message.qos == 2
+    subscriber.send(PubRec(message.packetId))
+    assert subscriber.received() == [PubRel(message.packetId)]
+    assert harness.broker.counters["acked"] == 0
+    subscriber.send(PubComp(message.packetId))
+    assert harness.broker.counters["acked"] == 1
+    assert countersAddUp(harness.broker.counters)
+
+
+def test_theReceiveMaximumIsTheWindow(harness):
+    subscriber = connected(harness, "s", MQTT_5, properties={Property.RECEIVE_MAXIMUM: 2})
+    subscriber.subscribe(("t", 1))
+    publisher = connected(harness, "p")
+    for number in range(3):
+        publisher.send(Publish("t", b"%d" % number, qos=1, packetId=number + 1))
+    first = subscriber.received()
+    assert [p.payload for p in first] == [b"0", b"1"]
+    subscriber.send(PubAck(first[0].packetId))
+    assert [p.payload for p in subscriber.received()] == [b"2"]
+
+
+def test_nothingIsResentWithinAConnection(harness):
+    subscriber = connected(harness, "s")
+    subscriber.subscribe(("t", 1))
+    connected(harness, "p").send(Publish("t", b"x", qos=1, packetId=1))
+    assert len(subscriber.received()) == 1
+    harness.clock.advance(3600)
+    assert subscriber.received() == []
+    subscriber.lose()
+    assert harness.broker.counters["dropped_disconnected"] == 1
+
+
+def test_aDallalPublishReachesAnMQTTSubscriberAndBack(harness):
+    mqtt = connected(harness, "m")
+    mqtt.subscribe(("news/#", 1))
+    tcp = harness.connect()
+    tcp.send(b"SUB s1 news/# mode=all\r\n")
+    tcp.received()
+    tcp.send(b"PUB p1 news/a 5\r\nhello\r\n")
+    (message,) = mqtt.received()
+    assert (message.topic, message.payload, message.qos) == ("news/a", b"hello", 1)
+    mqtt.send(Publish("news/b", b"back", qos=0))
+    assert messages(tcp.received()) == [(b"news/a", b"hello"), (b"news/b", b"back")]
+
+
+# Subscriptions
+
+
+def test_retainedMessagesAreSentWithTheRetainFlag(harness):
+    publisher = connected(harness, "p")
+    publisher.send(Publish("r/a", b"kept", qos=1, packetId=1, retain=True))
+    assert publisher.received() == [PubAck(1)]
+    subscriber = connected(harness, "s")
+    received = subscriber.subscribe(("r/#", 1))
+    assert received[0] == SubAck(1, [1])
+    assert [(p.topic, p.payload, p.retain) for p in received[1:]] == [("r/a", b"kept", True)]
+    # An empty retained payload deletes it, and is published as such.
+    publisher.send(Publish("r/a", b"", retain=True))
+    assert [(p.payload, p.retain) for p in subscriber.received()] == [(b"", False)]
+    late = connected(harness, "l")
+    assert late.subscribe(("r/#", 0)) == [SubAck(1, [0])]
+
+
+def test_retainHandlingAndRetainAsPublished(harness):
+    connected(harness, "p").send(Publish("r", b"kept", retain=True))
+    subscriber = connected(harness, "s", MQTT_5)
+    never = Subscription("r", 0, retainHandling=2)
+    assert subscriber.subscribe(never) == [SubAck(1, [0])]
+    onlyNew = Subscription("r", 0, retainHandling=1, retainAsPublished=True)
+    assert subscriber.subscribe(onlyNew) == [SubAck(1, [0])]
+    connected(harness, "q").send(Publish("r", b"live", retain=True))
+    (message,) = subscriber.received()
+    assert message.retain
+
+
+def test_wildcardsAtTheFirstLevelDoNotMatchDollarTopics(harness):
+    subscriber = connected(harness, "s")
+    subscriber.subscribe(("#", 0), ("+/broker/x", 0))
+    harness.broker.publishOwn("$SYS/broker/x", b"1")
+    assert subscriber.received() == []
+    subscriber.subscribe(("$SYS/#", 0))
+    harness.broker.publishOwn("$SYS/broker/x", b"2")
+    assert [p.payload for p in subscriber.received()] == [b"2"]
+
+
+def test_overlappingSubscriptionsDeliverOnceAtTheirHighestQos(harness):
+    subscriber = connected(harness, "s")
+    subscriber.subscribe(("a/#", 0), ("a/+", 2), ("a/b", 1))
+    publisher = connected(harness, "p")
+    publisher.send(Publish("a/b", b"x", qos=2, packetId=1))
+    (message,) = subscriber.received()
+    assert message.qos == 2
+    publisher.send(Publish("a/c", b"y", qos=2, packetId=2))
+    (message,) = subscriber.received()
+    assert message.qos == 2
+    subscriber.send(Unsubscribe(3, ["a/+"]))
+    subscriber.received()
+    publisher.send(Publish("a/b", b"z", qos=2, packetId=3))
+    (message,) = subscriber.received()
+    assert message.qos == 1
+
+
+def test_subscriptionIdentifiersOfEveryMatchingSubscription(harness):
+    subscriber = connected(harness, "s", MQTT_5)
+    subscriber.send(
+        Subscribe(1, [Subscription("a/#", 1)], {Property.SUBSCRIPTION_IDENTIFIER: [7]}),
+        Subscribe(2, [Subscription("a/b", 0)], {Property.SUBSCRIPTION_IDENTIFIER: [9]}),
+        Subscribe(3, [Subscription("a/+", 0)]),
+    )
+    assert subscriber.received() == [SubAck(1, [1]), SubAck(2, [0]), SubAck(3, [0])]
+    connected(harness, "p").send(Publish("a/b", b"x", qos=1, packetId=1), Publish("a/c", b"y"))
+    first, second = subscriber.received()
+    assert sorted(first.properties[Property.SUBSCRIPTION_IDENTIFIER]) == [7, 9]
+    assert second.properties[Property.SUBSCRIPTION_IDENTIFIER] == [7]
+
+
+def test_invalidFiltersAreRefusedInTheSuback(harness):
+    old = connected(harness, "o")
+    assert old.subscribe(("a/#/b", 0), ("$share/g", 0), ("ok", 2)) == [
+        SubAck(1, [0x80, 0x80, 2])
+    ]
+    new = connected(harness, "n", MQTT_5)
+    assert new.subscribe(("a/#/b", 0), ("$share/+/t", 0)) == [
+        SubAck(1, [ReasonCode.TOPIC_FILTER_INVALID, ReasonCode.TOPIC_FILTER_INVALID])
+    ]
+
+
+def test_sharedSubscriptionsGiveEachMessageToOneMember(harness):
+    members = [connected(harness, f"m{number}", MQTT_5) for number in range(3)]
+    for member in members:
+        assert member.subscribe(("$share/workers/jobs/+", 1)) == [SubAck(1, [1])]
+    # Another group, and a plain subscription, get every message.
+    other = connected(harness, "other")
+    other.subscribe(("$share/audit/jobs/#", 0))
+    plain = connected(harness, "plain")
+    plain.subscribe(("jobs/#", 0))
+    publisher = connected(harness, "p")
+    for number in range(6):
+        publisher.send(Publish("jobs/a", b"%d" % number, qos=1, packetId=number + 1))
+    shares = [[p.payload for p in member.received()] for member in members]
+    assert sorted(payload for share in shares for payload in share) == [b"%d" % n for n in range(6)]
+    assert [len(share) for share in shares] == [2, 2, 2]
+    assert len(other.received()) == 6
+    assert len(plain.received()) == 6
+    # A member that leaves leaves the others the whole load.
+    members[0].send(Unsubscribe(2, ["$share/workers/jobs/+"]))
+    assert members[0].received() == [UnsubAck(2, [0])]
+    members[1].lose()
+    publisher.send(Publish("jobs/b", b"x", qos=0))
+    assert [p.payload for p in members[2].received()] == [b"x"]
+    assert members[0].received() == []
+
+
+def test_aSharedSubscriptionGetsNoRetainedMessages(harness):
+    connected(harness, "p").send(Publish("r", b"kept", retain=True))
+    member = connected(harness, "m", MQTT_5)
+    assert member.subscribe(("$share/g/r", 0)) == [SubAck(1, [0])]
+
+
+def test_unsubscribe(harness):
+    client = connected(harness, "n", MQTT_5)
+    client.subscribe(("a", 0))
+    client.send(Unsubscribe(2, ["a", "b"]))
+    assert client.received() == [UnsubAck(2, [0, ReasonCode.NO_SUBSCRIPTION_EXISTED])]
+    old = connected(harness, "o")
+    old.send(Unsubscribe(3, ["x"]))
+    assert old.received() == [UnsubAck(3)]
+
+
+# MQTT 5 extras
+
+
+def test_propertiesArePassedThrough(harness):
+    subscriber = connected(harness, "s", MQTT_5)
+    subscriber.subscribe(("req", 1))
+    properties = {
+        Property.RESPONSE_TOPIC: "resp/1",
+        Property.CORRELATION_DATA: b"\x01\x02",
+        Property.CONTENT_TYPE: "text/plain",
+        Property.PAYLOAD_FORMAT_INDICATOR: 1,
+        Property.USER_PROPERTY: [("k", "v"), ("k", "w")],
+    }
+    connected(harness, "p", MQTT_5).send(Publish("req", b"?", qos=1, packetId=1, properties=properties))
+    (message,) = subscriber.received()
+    assert message.properties == properties
+    # And to an MQTT 3.1.1 subscriber, without them.
+    old = connected(harness, "o")
+    old.subscribe(("req", 1))
+    connected(harness, "q", MQTT_5).send(Publish("req", b"!", properties=properties))
+    assert [p.payload for p in old.received()] == [b"!"]
+
+
+def test_topicAliases(harness):
+    subscriber = connected(harness, "s")
+    subscriber.subscribe(("long/topic/name", 0))
+    publisher = connected(harness, "p", MQTT_5)
+    publisher.send(Publish("long/topic/name", b"1", properties={Property.TOPIC_ALIAS: 1}))
+    publisher.send(Publish("", b"2", properties={Property.TOPIC_ALIAS: 1}))
+    assert [(p.topic, p.payload) for p in subscriber.received()] == [
+        ("long/topic/name", b"1"),
+        ("long/topic/name", b"2"),
+    ]
+    publisher.send(Publish("", b"3", properties={Property.TOPIC_ALIAS: 2}))
+    (answer,) = publisher.received()
+    assert answer.reasonCode == ReasonCode.PROTOCOL_ERROR
+    assert publisher.closing
+
+
+def test_noLocal(harness):
+    client = connected(harness, "c", MQTT_5)
+    client.subscribe(Subscription("t", 1, noLocal=True))
+    client.send(Publish("t", b"mine", qos=1, packetId=1))
+    assert client.received() == [PubAck(1)]
+    connected(harness, "o").send(Publish("t", b"theirs"))
+    assert [p.payload for p in client.received()] == [b"theirs"]
+    harness.clock.advance(0)
+    assert countersAddUp(harness.broker.counters)
+    assert harness.broker.counters["inflight"] == 0
+
+
+def test_anExpiredMessageIsNotDelivered(harness):
+    subscriber = connected(harness, "s", MQTT_5, properties={Property.RECEIVE_MAXIMUM: 1})
+    subscriber.subscribe(("t", 1))
+    publisher = connected(harness, "p", MQTT_5)
+    for number in range(2):
+        publisher.send(
+            Publish("t", b"%d" % number, qos=1, packetId=number + 1,
+                    properties={Property.MESSAGE_EXPIRY_INTERVAL: 10})
+        )
+    (first,) = subscriber.received()
+    harness.clock.advance(10)
+    subscriber.send(PubAck(first.packetId))
+    harness.clock.advance(0)
+    assert subscriber.received() == []
+    assert harness.broker.counters["dropped_expired"] == 1
+
+
+def test_theClientsMaximumPacketSizeIsRespected(harness):
+    subscriber = connected(harness, "s", MQTT_5, properties={Property.MAXIMUM_PACKET_SIZE: 64})
+    subscriber.subscribe(("t", 1))
+    publisher = connected(harness, "p")
+    publisher.send(Publish("t", b"x" * 100, qos=1, packetId=1), Publish("t", b"small", qos=1, packetId=2))
+    assert [p.payload for p in subscriber.received()] == [b"small"]
+    harness.clock.advance(0)
+    assert harness.broker.counters["dropped_too_large"] == 1
+
+
+# Wills
+
+
+def test_theWillIsPublishedWhenTheConnectionIsLost(harness):
+    watcher = connected(harness, "w")
+    watcher.subscribe(("status/#", 1))
+    dying = connected(harness, "d", will=Will("status/d", b"gone", qos=1))
+    dying.lose()
+    (will,) = watcher.received()
+    assert (will.topic, will.payload, will.qos) == ("status/d", b"gone", 1)
+
+
+def test_theWillIsNotPublishedAfterDisconnect(harness):
+    watcher = connected(harness, "w")
+    watcher.subscribe(("status/#", 1))
+    leaving = connected(harness, "d", will=Will("status/d", b"gone"))
+    leaving.send(Disconnect())
+    assert leaving.closing
+    leaving.lose()
+    assert watcher.received() == []
+
+
+def test_disconnectWithWillMessagePublishesIt(harness):
+    watcher = connected(harness, "w")
+    watcher.subscribe(("status/#", 1))
+    leaving = connected(harness, "d", MQTT_5, will=Will("status/d", b"gone", retain=True))
+    leaving.send(Disconnect(ReasonCode.DISCONNECT_WITH_WILL_MESSAGE))
+    leaving.lose()
+    assert [p.payload for p in watcher.received()] == [b"gone"]
+    assert harness.broker.retained.get("status/d") == b"gone"
+
+
+def test_theWillIsPublishedWhenTheKeepAliveExpires(harness):
+    watcher = connected(harness, "w")
+    watcher.subscribe(("status/#", 0))
+    silent = connected(harness, "d", keepAlive=2, will=Will("status/d", b"gone"))
+    harness.clock.advance(3)
+    assert silent.closing
+    silent.lose()
+    assert [p.payload for p in watcher.received()] == [b"gone"]
+
+
+# Malformed packets
+
+
+def test_aMalformedPacketClosesWithItsReasonInMQTT5(harness):
+    client = connected(harness, "c", MQTT_5)
+    # SUBSCRIBE's reserved flags must be 0010.
+    client.connection.send(b"\x80\x06\x00\x01\x00\x01a\x00")
+    (answer,) = client.received()
+    assert isinstance(answer, Disconnect) and answer.reasonCode == ReasonCode.MALFORMED_PACKET
+    assert client.closing
+    (error,) = harness.fields("protocol_error")
+    assert error["code"] == "MALFORMED_PACKET" and error["fatal"] is True
+    client.lose()
+    assert harness.fields("disconnect")[-1]["reason"] == "protocol_error"
+
+
+def test_aFirstPacketThatIsNoConnectCloses(harness):
+    client = MQTTClient(harness)
+    client.connection.send(b"\xc0\x00")
+    assert client.closing
+    assert harness.broker.counters["errors"] == 1
+
+
+def test_anUnsupportedProtocolLevelIsAnsweredInTheOldForm(harness):
+    client = MQTTClient(harness)
+    client.connection.send(b"\x10\x0c\x00\x04MQTT\x03\x02\x00\x3c\x00\x00")
+    assert client.connection.received() == b"\x20\x02\x00\x01"
+    assert client.closing
+
+
+def test_aServerPacketFromTheClientIsAProtocolError(harness):
+    client = connected(harness, "c", MQTT_5)
+    client.send(SubAck(1, [0]))
+    (answer,) = client.received()
+    assert answer.reasonCode == ReasonCode.PROTOCOL_ERROR
+    assert client.closing
+
+
+def test_aPacketOverTheLimitIsRefusedBeforeItIsRead():
+    harness = BrokerHarness(BrokerConfig(maxPayload=1000, messageEvents=True))
+    client = connected(harness, "c", MQTT_5)
+    # A PUBLISH announcing 200,000 bytes: refused from its header.
+    client.connection.send(b"\x30\xc0\x9a\x0c\x00\x01t")
+    (answer,) = client.received()
+    assert answer.reasonCode == ReasonCode.PACKET_TOO_LARGE
+    assert client.closing
+    assert harness.broker.counters["refused_payload"] == 1
+
+
+def test_shutdownTellsMQTT5ClientsWhy():
+    harness = BrokerHarness()
+    client = connected(harness, "c", MQTT_5)
+    stopped = harness.service.stopService()
+    harness.clock.advance(harness.service.shutdownGrace)
+    assert client.received() == [Disconnect(ReasonCode.SERVER_SHUTTING_DOWN)]
+    assert client.closing
+    del stopped
+
+
+def test_aSlowConsumerIsDisconnected():
+    """
+    An MQTT subscriber that never acks holds its publisher back until the
+    stall timeout; then it is a slow consumer, disconnected by that policy.
+    """
+    delivery = DeliveryConfig(maxQueued=1, slowConsumer="disconnect")
+    harness = BrokerHarness(BrokerConfig(delivery=delivery))
+    subscriber = connected(harness, "s", MQTT_5, properties={Property.RECEIVE_MAXIMUM: 1})
+    subscriber.subscribe(("t", 1))
+    publisher = connected(harness, "p")
+    for number in range(3):
+        publisher.send(Publish("t", b"x", qos=1, packetId=number + 1))
+    assert not subscriber.closing
+    assert harness.broker.stats()["publishers_held"] == 1
+    harness.clock.advance(delivery.stallTimeout)
+    assert subscriber.closing
+
+
+def test_nothingIsReadAfterDisconnect(harness):
+    watcher = connected(harness, "w")
+    watcher.subscribe(("t", 0))
+    leaving = connected(harness, "d")
+    leaving.send(Disconnect(), Publish("t", b"same read"))
+    leaving.send(Publish("t", b"next read"))
+    assert watcher.received() == []
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    version=st.sampled_from([MQTT_3_1_1, MQTT_5]),
+    garbage=st.lists(st.binary(min_size=1, max_size=40), min_size=1, max_size=5),
+)
+def test_anyBytesAfterAConnectNeverRaise(version, garbage):
+    """
+    Whatever a client sends after its CONNECT is served or refused: no
+    exception escapes the protocol, and a refusal closes the connection.
+    """
+    harness = BrokerHarness(BrokerConfig(messageEvents=False))
+    client = connected(harness, "fuzz", version)
+    client.subscribe(("#", 2))
+    for chunk in garbage:
+        if client.closing:
+            break
+        client.connection.send(chunk)
+    client.lose()
+    harness.clock.advance(0)
+    assert harness.broker.counters["connections"] == 0
+
+
+_topics = st.sampled_from(["t", "a/b", "$SYS/x", "a b", "x" * 300, "é/ü"])
+_filters = st.sampled_from(["#", "+/b", "a/#", "$share/g/t", "$share/g/#", "a/#/b", "$SYS/#", "t"])
+_ids = st.integers(1, 5)
+_packets = st.one_of(
+    st.builds(
+        lambda topic, qos, packetId, retain, alias: Publish(
+            topic if alias is None or topic != "t" else "",
+            b"p",
+            qos,
+            retain,
+            packetId=packetId if qos else None,
+            properties={} if alias is None else {Property.TOPIC_ALIAS: alias},
+        ),
+        _topics,
+        st.integers(0, 2),
+        _ids,
+        st.booleans(),
+        st.one_of(st.none(), st.integers(1, 12)),
+    ),
+    st.builds(PubAck, _ids),
+    st.builds(PubRec, _ids),
+    st.builds(PubRel, _ids),
+    st.builds(PubComp, _ids),
+    st.builds(
+        lambda packetId, topicFilter, qos, noLocal: Subscribe(
+            packetId, [Subscription(topicFilter, qos, noLocal=noLocal)]
+        ),
+        _ids,
+        _filters,
+        st.integers(0, 2),
+        st.booleans(),
+    ),
+    st.builds(lambda packetId, topicFilter: Unsubscribe(packetId, [topicFilter]), _ids, _filters),
+    st.just(PingReq()),
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(packets=st.lists(_packets, min_size=1, max_size=20))
+def test_anySequenceOfPacketsKeepsTheCountersTrue(packets):
+    """
+    Two MQTT 5 clients sending each other any sequence of packets: no
+    exception escapes, and once they are gone the broker's accounting
+    adds up with nothing left in flight.
+    """
+    harness = BrokerHarness(BrokerConfig(messageEvents=False))
+    first = connected(harness, "one", MQTT_5)
+    second = connected(harness, "two", MQTT_5)
+    first.subscribe(("#", 2))
+    for number, packet in enumerate(packets):
+        client = (first, second)[number % 2]
+        if not client.closing:
+            client.send(packet)
+    first.lose()
+    second.lose()
+    harness.clock.advance(0)
+    counters = harness.broker.counters
+    assert countersAddUp(counters)
+    assert counters["inflight"] == 0 and counters["connections"] == 0
+
+
+# The command line
+
+
+def test_mqttListensWhereTheOptionsSay(tmp_path):
+    options = Options()
+    options.parseOptions(["--mqtt", "1883", "--mqtt", "ssl:8883:privateKey=k:certKey=c"])
+    assert options["mqtt"] == [
+        "tcp:1883:interface=127.0.0.1",
+        "ssl:8883:privateKey=k:certKey=c",
+    ]
+    with pytest.raises(usage.UsageError, match="^--mqtt: port 70000 is not in 0-65535$"):
+        Options().parseOptions(["--mqtt", "70000"])
+    config = tmp_path / "dallal.toml"
+    config.write_text('mqtt = ["1884"]\n')
+    options = Options()
+    options.parseOptions(["--config", str(config)])
+    assert options["mqtt"] == ["tcp:1884:interface=127.0.0.1"]
+
+
+def test_aSharedMessageGoesOnlyToMembersThatMayReadIt():
+    harness = BrokerHarness(acl="pattern readwrite jobs/%c/#\n")
+    a = connected(harness, "a")
+    b = connected(harness, "b")
+    for member in (a, b):
+        assert member.subscribe(("$share/g/jobs/#", 0)) == [SubAck(1, [0])]
+    for number in range(2):
+        b.send(Publish("jobs/b/x", b"%d" % number))
+    assert a.received() == []
+    assert [p.payload for p in b.received()] == [b"0", b"1"]
+
+
+def test_aClientWhoseOutputIsFullIsNotReadFrom(harness):
+    """
+    A client that does not read what the broker writes (its acks, its
+    messages) is not read from either, and its messages wait in the
+    broker, until the connection drains.
+    """
+    subscriber = connected(harness, "s", keepAlive=10)
+    subscriber.subscribe(("t", 1))
+    publisher = connected(harness, "p")
+    transport = subscriber.connection.transport
+    subscriber.connection.protocol.outputFull()
+    assert transport.producerState == "paused"
+    publisher.send(Publish("t", b"waits", qos=1, packetId=1))
+    assert subscriber.received() == []
+    harness.clock.advance(60)
+    assert not subscriber.closing
+    subscriber.connection.protocol.outputDrained()
+    assert transport.producerState == "producing"
+    assert [p.payload for p in subscriber.received()] == [b"waits"]
+
+
+def test_packetsPipelinedAfterConnectWaitForTheLogin():
+    """
+    Nothing more is read while the password is checked: what the client
+    sent after its CONNECT is served once the login succeeds.
+    """
+    checks = PendingChecks()
+    harness = BrokerHarness(users={"alice": b"pw"}, runHash=checks)
+    client = MQTTClient(harness)
+    client.send(
+        Connect("c", MQTT_3_1_1, username="alice", password=b"pw"),
+        Subscribe(1, [Subscription("t", 0)]),
+        PingReq(),
+    )
+    assert client.received() == []
+    assert client.connection.transport.producerState == "paused"
+    checks.runAll()
+    assert client.received() == [ConnAck(), SubAck(1, [0]), PingResp()]
+    assert client.connection.transport.producerState == "producing"
+
+
+def test_reasonStringsNeverMakeAPacketLargerThanTheClientTakes():
+    harness = BrokerHarness(acl="pattern readwrite devices/%c/#\n")
+    client = connected(harness, "d1", MQTT_5, properties={Property.MAXIMUM_PACKET_SIZE: 8})
+    client.send(Publish("devices/d2/x", b"no", qos=1, packetId=7))
+    assert client.received() == [PubAck(7, ReasonCode.NOT_AUTHORIZED)]
+
+
+def test_aRetainedPublishToABrokerWithoutAStoreIsAProtocolErrorInMQTT5():
+    harness = BrokerHarness()
+    client = connected(harness, "c", MQTT_5)
+    client.send(Publish("t", b"x", retain=True))
+    (answer,) = client.received()
+    assert answer.reasonCode == ReasonCode.RETAIN_NOT_SUPPORTED
+    assert client.closing
+
+
+def test_mqttConnectionsCountInTheBrokersConnectionLimit():
+    harness = BrokerHarness(BrokerConfig(maxConnections=2, messageEvents=True))
+    harness.connect()
+    connected(harness, "m")
+    refused = harness.service.mqttFactory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000))
+    assert refused is None
+    assert harness.broker.counters["refused_connections"] == 1
+    (event,) = harness.fields("limit_reached")
+    assert event["transport"] == "mqtt"
