@@ -460,9 +460,9 @@ class MQTTProtocol(Protocol):
                     # The rest stays in the decoder.
                     return
         except MalformedPacket as error:
-            self._refuseStream(error.reasonCode, str(error))
+            self.refuseStream(error.reasonCode, str(error))
         except ProtocolViolation as error:
-            self._refuseStream(error.reasonCode, str(error))
+            self.refuseStream(error.reasonCode, str(error))
 
     def _packetReceived(self, packet):
         kind = type(packet)
@@ -478,7 +478,7 @@ class MQTTProtocol(Protocol):
                 raise ProtocolViolation(f"a client does not send {kind.__name__.upper()}")
             handler(self, packet)
 
-    def _refuseStream(self, reasonCode, why):
+    def refuseStream(self, reasonCode, why):
         """
         Close the connection for a malformed packet or a protocol error:
         count and log it, and tell the client why if it speaks MQTT 5

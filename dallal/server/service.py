@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 
+from autobahn.twisted.resource import WebSocketResource
 from twisted.application.service import MultiService, Service
 from twisted.internet.defer import gatherResults, maybeDeferred
 from twisted.internet.error import CannotListenError
@@ -31,6 +32,7 @@ from dallal.server.mqtt import MQTTFactory
 from dallal.server.tcp import BrokerFactory
 from dallal.server.udp import DEFAULT_ACK_TIMEOUT, BrokerDatagramProtocol
 from dallal.server.web import webSite
+from dallal.server.websocket import MQTTWebSocketFactory
 
 DEFAULT_INTERFACE = "127.0.0.1"
 # Seconds a stopping broker gives what is in flight to be acked.
@@ -259,6 +261,9 @@ class DallalService(MultiService):
         endpoints with L{listenTCP}.
     @ivar mqttFactory: the MQTT protocol factory for that core (L{listenMQTT}),
         sharing the TCP factory's connection limits.
+    @ivar mqttWebSocketFactory: the WebSocket factory of MQTT over
+        WebSockets, whose sessions are L{mqttFactory}'s (C{/mqtt} on
+        L{listenHTTP}).
     """
 
     # Sentences for people, not events: its namespace is not dallal's.
@@ -308,6 +313,7 @@ class DallalService(MultiService):
         self.mqttFactory = MQTTFactory(
             self.broker, gatekeeper, self.factory.batch, self.factory.connections
         )
+        self.mqttWebSocketFactory = MQTTWebSocketFactory(self.mqttFactory, reactor)
         self.sysPublisher = (
             SysPublisher(self.broker, reactor, sysInterval) if sysInterval else None
         )
@@ -351,17 +357,29 @@ class DallalService(MultiService):
         """
         Serve the broker's metrics, health and dashboard over HTTP
         (L{dallal.server.web}) on a server endpoint description, behind the
-        broker's passwords if it takes any.
+        broker's passwords if it takes any, and MQTT over WebSockets at
+        C{/mqtt} (L{dallal.server.websocket}), whose clients log in with
+        MQTT's CONNECT.
 
         @return: the child L{WebListenerService}.
         """
         listener = WebListenerService(
             serverFromString(self.reactor, withBacklog(description)),
-            webSite(self.broker, self.reactor, self.gatekeeper),
+            self.webSite(),
             self.broker.events,
         )
         listener.setServiceParent(self)
         return listener
+
+    def webSite(self):
+        """
+        The web listener's site: L{dallal.server.web.webSite}, with MQTT
+        over WebSockets at C{/mqtt}, outside the HTTP passwords (its
+        clients log in with MQTT's CONNECT).
+        """
+        site = webSite(self.broker, self.reactor, self.gatekeeper)
+        site.resource.putChild(b"mqtt", WebSocketResource(self.mqttWebSocketFactory))
+        return site
 
     def listenUDP(self, port, interface=DEFAULT_INTERFACE, ackTimeout=DEFAULT_ACK_TIMEOUT):
         """
