@@ -90,11 +90,17 @@ def serverFrames(data):
 
 class StreamTransport(StringTransport):
     """
-    A L{StringTransport} with a C{protocol}, as a TCP connection's: the
-    WebSocket resource gives it the WebSocket protocol.
+    A L{StringTransport} as a TCP (or TLS) connection's: with a
+    C{protocol}, which the WebSocket resource sets to the WebSocket
+    protocol, and whose C{unregisterProducer} without a producer does
+    nothing (autobahn unregisters one whenever it drops a connection).
     """
 
     protocol = None
+
+    def unregisterProducer(self):
+        if self.producer is not None:
+            StringTransport.unregisterProducer(self)
 
 
 class WebSocketMQTTClient(MQTTClient):
@@ -229,12 +235,16 @@ def test_aPacketMaySpanFramesAndAFrameHoldPackets(harness):
 def test_aTextMessageClosesTheConnection(harness):
     client = WebSocketMQTTClient(harness, MQTT_5)
     client.connect("c")
-    client.sendFrames(clientFrame(b"\x10\x00", opcode=TEXT))
+    # A PUBLISH, but in a text message (its bytes are valid UTF-8).
+    publish = Publish("t", b"x").encode(MQTT_5)
+    publish.decode("utf-8")
+    client.sendFrames(clientFrame(publish, opcode=TEXT))
     frames = client.frames()
     assert frames[0][0] == BINARY
     (disconnect,) = client.decoder.feed(frames[0][1])
     assert disconnect.reasonCode == ReasonCode.PROTOCOL_ERROR
     assert frames[1][0] == CLOSE
+    assert harness.broker.counters["published"] == 0
     assert harness.broker.counters["errors"] == 1
     assert harness.fields("protocol_error")[-1]["code"] == "PROTOCOL_ERROR"
 
