@@ -279,12 +279,17 @@ def test_usernamePasswordAndAcl(tmp_path):
     assert b"transport=mqtt" in broker.process.output
 
 
-def pahoClient(port, clientId, version=paho.MQTTv5):
+def pahoClient(port, clientId, version=paho.MQTTv5, transport="tcp"):
     """
     A connected paho-mqtt client with its network loop running, and the
     messages it receives collected.
+
+    @param transport: C{websockets} for MQTT over WebSockets, to C{/mqtt}.
     """
-    client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=clientId, protocol=version)
+    client = paho.Client(
+        paho.CallbackAPIVersion.VERSION2, client_id=clientId, protocol=version, transport=transport
+    )
+    client.ws_set_options(path="/mqtt")
     client.messages = []
     client.arrived = threading.Condition()
 

@@ -39,9 +39,9 @@ ACCEPT = base64.b64encode(
 MASK = b"\x11\x22\x33\x44"
 
 
-def upgradeRequest(protocols=("mqtt",), path=b"/mqtt"):
+def upgradeRequest(protocols=("mqtt",), origin=None):
     lines = [
-        b"GET " + path + b" HTTP/1.1",
+        b"GET /mqtt HTTP/1.1",
         b"Host: localhost",
         b"Upgrade: websocket",
         b"Connection: Upgrade",
@@ -50,6 +50,8 @@ def upgradeRequest(protocols=("mqtt",), path=b"/mqtt"):
     ]
     if protocols:
         lines.append(b"Sec-WebSocket-Protocol: " + ", ".join(protocols).encode())
+    if origin is not None:
+        lines.append(b"Origin: " + origin)
     return b"\r\n".join(lines) + b"\r\n\r\n"
 
 
@@ -111,12 +113,12 @@ class WebSocketMQTTClient(MQTTClient):
     @ivar response: the HTTP response to its upgrade request.
     """
 
-    def __init__(self, harness, version=MQTT_3_1_1, protocols=("mqtt",), host="127.0.0.1"):
+    def __init__(self, harness, version=MQTT_3_1_1, protocols=("mqtt",), origin=None):
         self.harness = harness
         self.version = version
         self.decoder = MQTTDecoder(version)
-        self.connection = harness.connect(host, StreamTransport(), harness.site)
-        self.connection.send(upgradeRequest(protocols))
+        self.connection = harness.connect(transport=StreamTransport(), factory=harness.site)
+        self.connection.send(upgradeRequest(protocols, origin))
         self.response, _, rest = self.connection.received().partition(b"\r\n\r\n")
         assert rest == b""
         if self.connection.transport.protocol is not None:
@@ -184,6 +186,16 @@ def test_theHandshakeNegotiatesTheMqttSubprotocol(harness):
     assert client.response.startswith(b"HTTP/1.1 101 ")
     assert b"Sec-WebSocket-Protocol: mqtt" in client.response
     assert b"Sec-WebSocket-Accept: " + ACCEPT in client.response
+
+
+@pytest.mark.parametrize("origin", [b"https://elsewhere.example", b"null"])
+def test_pagesFromAnyOriginMayConnect(harness, origin):
+    """
+    As Mosquitto: the client logs in with MQTT, a page has no credentials
+    of the broker's to lend; a local file's page has the origin C{null}.
+    """
+    client = WebSocketMQTTClient(harness, origin=origin)
+    assert client.response.startswith(b"HTTP/1.1 101 ")
 
 
 @pytest.mark.parametrize("protocols", [(), ("wamp.2.json",), ("mqttv3.1",)])

@@ -190,5 +190,11 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
             maxMessagePayloadSize=largest,
             # No autobahn status page (with its version) for a plain GET.
             webStatus=False,
+            # Pages from any origin, a local file's ("null") too, as
+            # Mosquitto: a browser sends no credentials of its own over
+            # it (no cookies, and /mqtt is outside the HTTP passwords), so
+            # a page elsewhere gains nothing it could not have from any
+            # other MQTT client.
+            allowNullOrigin=True,
         )
 
