@@ -169,9 +169,10 @@ def webHarness(**config):
     """
     users = config.pop("users", None)
     harness = BrokerHarness(BrokerConfig(messageEvents=True, **config), users=users)
-    harness.service.mqttWebSocketFactory.setProtocolOptions(
-        openHandshakeTimeout=0, closeHandshakeTimeout=0
-    )
+    # (Not by setProtocolOptions, which puts back the defaults of the
+    # options it is not given.)
+    factory = harness.service.mqttWebSocketFactory
+    factory.openHandshakeTimeout = factory.closeHandshakeTimeout = 0
     harness.site = harness.service.webSite()
     return harness
 
