@@ -306,6 +306,13 @@ def test_theConnectionLimitsCountWebSocketClients():
     assert third.response.startswith(b"HTTP/1.1 101 ")
 
 
+def test_noNewClientsWhileTheBrokerDrains(harness):
+    harness.broker.drain(grace=5)
+    client = WebSocketMQTTClient(harness)
+    assert client.response.startswith(b"HTTP/1.1 503 ")
+    assert client.closing
+
+
 def test_aClosedWebSocketEndsTheSessionAndPublishesTheWill(harness):
     watcher = MQTTClient(harness)
     watcher.connect("w")

@@ -120,6 +120,9 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
                 f"MQTT over WebSockets takes the subprotocol {SUBPROTOCOL!r}, "
                 f"not {', '.join(request.protocols) or 'none'}",
             )
+        if self.factory.mqttFactory.broker.shuttingDown:
+            # As /health says: --mqtt listeners are closed by now.
+            raise ConnectionDeny(ConnectionDeny.SERVICE_UNAVAILABLE, "the broker is shutting down")
         # Within the broker's connection limits, counted and logged by the
         # MQTT factory as a refused MQTT connection.
         self._admitted = self.factory.mqttFactory.buildProtocol(self.transport.getPeer())
