@@ -279,17 +279,20 @@ def test_usernamePasswordAndAcl(tmp_path):
     assert b"transport=mqtt" in broker.process.output
 
 
-def pahoClient(port, clientId, version=paho.MQTTv5, transport="tcp"):
+def pahoClient(port, clientId, version=paho.MQTTv5, transport="tcp", ca=None):
     """
     A connected paho-mqtt client with its network loop running, and the
     messages it receives collected.
 
     @param transport: C{websockets} for MQTT over WebSockets, to C{/mqtt}.
+    @param ca: the file of the CA to trust, for TLS.
     """
     client = paho.Client(
         paho.CallbackAPIVersion.VERSION2, client_id=clientId, protocol=version, transport=transport
     )
     client.ws_set_options(path="/mqtt")
+    if ca is not None:
+        client.tls_set(ca_certs=str(ca))
     client.messages = []
     client.arrived = threading.Condition()
 

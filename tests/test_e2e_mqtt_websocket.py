@@ -11,9 +11,10 @@ import socket
 import paho.mqtt.client as paho
 import pytest
 from browser import CHROMIUM, Browser
-from helpers import dallal, subscriber
+from helpers import HTTP_LISTENING, BrokerProcess, dallal, subscriber
 from test_e2e_mqtt import WAIT, pahoClient, subscribe, waitForMessages
 from test_e2e_web import WebBroker
+from test_tls import PKI
 
 pytestmark = pytest.mark.e2e
 
@@ -50,28 +51,90 @@ def test_pahoOverWebSocketsWithDallalsClients(broker, version):
     assert b"client=127.0.0.1:" in output and b"transport=mqtt" in output
 
 
-def handshake(port, protocol):
+def test_pahoOverSecureWebSockets(tmp_path):
     """
-    A WebSocket upgrade request to C{/mqtt} asking for C{protocol}: the
-    status line of the answer.
+    C{wss://}: the web listener on an C{ssl:} endpoint carries MQTT too.
     """
-    with socket.create_connection(("127.0.0.1", port), timeout=WAIT) as connection:
-        connection.sendall(
-            b"GET /mqtt HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n"
-            b"Connection: Upgrade\r\nSec-WebSocket-Key: c2l4dGVlbiBieXRlIGtleQ==\r\n"
-            b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: " + protocol + b"\r\n\r\n"
-        )
-        answer = b""
-        while b"\r\n" not in answer:
-            chunk = connection.recv(4096)
-            assert chunk, answer
-            answer += chunk
-    return answer.split(b"\r\n", 1)[0]
+    pki = PKI(tmp_path)
+    endpoint = f"ssl:0:interface=127.0.0.1:privateKey={pki.key}:certKey={pki.certificate}"
+    broker = BrokerProcess.plugin(tmp_path, "--http", endpoint)
+    try:
+        port = int(broker.waitFor(HTTP_LISTENING).group(1))
+        client = pahoClient(port, "secure", transport="websockets", ca=pki.ca)
+        try:
+            subscribe(client, "secure/#", 1)
+            client.publish("secure/a", b"over wss", qos=1).wait_for_publish(WAIT)
+            (message,) = waitForMessages(client, 1)
+            assert (message.topic, message.payload) == ("secure/a", b"over wss")
+        finally:
+            client.disconnect()
+            client.loop_stop()
+    finally:
+        broker.stop()
 
 
-def test_onlyTheMqttSubprotocol(broker):
-    assert handshake(broker.httpPort, b"wamp.2.json").startswith(b"HTTP/1.1 400 ")
-    assert handshake(broker.httpPort, b"mqtt").startswith(b"HTTP/1.1 101 ")
+def upgrade(port, protocol):
+    """
+    A connection that asked to upgrade C{/mqtt} to a WebSocket with the
+    subprotocol C{protocol}, and the status line of the answer.
+    """
+    connection = socket.create_connection(("127.0.0.1", port), timeout=WAIT)
+    connection.sendall(
+        b"GET /mqtt HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n"
+        b"Connection: Upgrade\r\nSec-WebSocket-Key: c2l4dGVlbiBieXRlIGtleQ==\r\n"
+        b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: " + protocol + b"\r\n\r\n"
+    )
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        chunk = connection.recv(4096)
+        assert chunk, answer
+        answer += chunk
+    return connection, answer.split(b"\r\n", 1)[0]
+
+
+def closeFrameArrives(connection):
+    """
+    Whether the broker sends a close frame (opcode 8, final) on
+    C{connection} (after what it sent before, here never 0x88 itself).
+    """
+    received = b""
+    while b"\x88" not in received:
+        chunk = connection.recv(65536)
+        if not chunk:
+            return False
+        received += chunk
+    return True
+
+
+def test_badRequestsAreRefusedWithoutATraceback(tmp_path):
+    """
+    Another subprotocol, a plain GET, a text message, garbage and a frame
+    over the largest packet: each refused, the broker serving on (and
+    logging no traceback, which L{BrokerProcess.stop} checks).
+    """
+    broker = WebBroker(tmp_path, "--max-payload", "1000")
+    try:
+        port = broker.httpPort
+        connection, status = upgrade(port, b"wamp.2.json")
+        connection.close()
+        assert status.startswith(b"HTTP/1.1 400 ")
+        assert broker.get("/mqtt")[0] // 100 == 4
+        for frame in (
+            b"\x81\x80\x00\x00\x00\x00",  # an empty text message
+            b"\x82\x84\x00\x00\x00\x00\xff\xff\xff\xff",  # no MQTT packet
+            b"\x82\xff" + (1 << 40).to_bytes(8, "big") + b"\x00" * 4,  # a terabyte
+        ):
+            connection, status = upgrade(port, b"mqtt")
+            with connection:
+                assert status.startswith(b"HTTP/1.1 101 ")
+                connection.sendall(frame)
+                assert closeFrameArrives(connection)
+        connection, status = upgrade(port, b"mqtt")
+        connection.close()
+        assert status.startswith(b"HTTP/1.1 101 ")
+    finally:
+        broker.process.stop()
+    assert broker.process.output.count(b"event=protocol_error") == 3
 
 
 # A page's MQTT 3.1.1 client over the browser's own WebSocket: CONNECT and
