@@ -140,12 +140,18 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
         self.mqtt = self._admitted
         self.mqtt.makeConnection(MessageTransport(self))
 
+    def _refuse(self, reasonCode, why):
+        """
+        Close the MQTT connection as for a packet it refuses, once: autobahn
+        still reads the frames that follow its close frame.
+        """
+        if not self.mqtt.transport.disconnecting:
+            self.mqtt.refuseStream(reasonCode, why)
+
     def onMessageBegin(self, isBinary):
         WebSocketServerProtocol.onMessageBegin(self, isBinary)
         if not isBinary:
-            self.mqtt.refuseStream(
-                ReasonCode.PROTOCOL_ERROR, "MQTT over WebSockets is carried in binary messages"
-            )
+            self._refuse(ReasonCode.PROTOCOL_ERROR, "MQTT over WebSockets is carried in binary messages")
 
     def onMessageFrameData(self, payload):
         # Streamed into the MQTT decoder, which bounds the packets; the
@@ -161,7 +167,7 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
     def _max_message_size_exceeded(self, size, maximum, reason):
         # autobahn's hook for a frame or message over the factory's
         # bounds, which are the largest MQTT packet's: refused as one.
-        self.mqtt.refuseStream(ReasonCode.PACKET_TOO_LARGE, reason)
+        self._refuse(ReasonCode.PACKET_TOO_LARGE, reason)
 
     def onClose(self, wasClean, code, reason):
         if self.mqtt is not None:
