@@ -39,7 +39,8 @@ def test_pahoOverWebSocketsWithDallalsClients(broker, version):
         result = dallal("127.0.0.1", broker.port, "publish", "to/browser", "hello websocket")
         assert result.returncode == 0, result.stderr
         (message,) = waitForMessages(client, 1)
-        assert (message.topic, message.payload, message.qos) == ("to/browser", b"hello websocket", 1)
+        assert (message.topic, message.payload) == ("to/browser", b"hello websocket")
+        assert message.qos == 1
         client.publish("from/browser", b"hello dallal", qos=1).wait_for_publish(WAIT)
         listening.waitFor(rb"from/browser: hello dallal\n", timeout=WAIT)
     finally:

@@ -151,7 +151,9 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
     def onMessageBegin(self, isBinary):
         WebSocketServerProtocol.onMessageBegin(self, isBinary)
         if not isBinary:
-            self._refuse(ReasonCode.PROTOCOL_ERROR, "MQTT over WebSockets is carried in binary messages")
+            self._refuse(
+                ReasonCode.PROTOCOL_ERROR, "MQTT over WebSockets is carried in binary messages"
+            )
 
     def onMessageFrameData(self, payload):
         # Streamed into the MQTT decoder, which bounds the packets; the
