@@ -484,7 +484,7 @@ def test_web_listener_open_to_all_is_warned():
     assert line == (
         "WARNING: listening on 0.0.0.0:8080 (http) beyond the loopback without "
         "--passwords: anyone who can reach it may read the broker's metrics and "
-        "dashboard (README.md, Security)"
+        "dashboard, and publish and subscribe over /mqtt (README.md, Security)"
     )
 
 

@@ -215,7 +215,7 @@ class WebListenerService(ListenerService):
     """
 
     closesFirst = False
-    openToAll = "read the broker's metrics and dashboard"
+    openToAll = "read the broker's metrics and dashboard, and publish and subscribe over /mqtt"
 
     def __init__(self, endpoint, site, events):
         ListenerService.__init__(self, endpoint, site, events, "http")
