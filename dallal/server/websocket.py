@@ -9,8 +9,8 @@ Each WebSocket connection runs an L{MQTTProtocol} of the broker's
 L{MQTTFactory}: the same sessions, logins, ACL, connection limits and
 counters as C{--mqtt} (transport C{mqtt}).  Its transport is a
 L{MessageTransport}, which turns the MQTT protocol's writes into binary
-messages; the WebSocket protocol hands it the frames' bytes as they
-arrive, so a message is never buffered whole.  WebSockets come from
+messages; the WebSocket protocol hands the MQTT protocol the frames' bytes
+as they arrive, so a message is never buffered whole.  WebSockets come from
 autobahn (C{autobahn.twisted}); L{dallal.server.service.DallalService.webSite}
 puts them at C{/mqtt}.
 """
