@@ -183,6 +183,16 @@ def peer(kind, directory):
         server.stop()
 
 
+def anyBroker(kind, directory, extra=()):
+    """
+    The broker an attack runs against: Dallal (with C{extra} options) or a
+    peer, as a context manager.
+    """
+    if kind == "dallal":
+        return dallal(directory, extra)
+    return peer(kind, directory)
+
+
 def writePasswords(directory, users):
     """
     A password file made with C{dallal-passwd}, for C{users} (name ->
@@ -573,6 +583,79 @@ class ProbeThread(threading.Thread):
     def stop(self):
         self._stop.set()
         self.join(self.timeout + 5)
+
+
+class PeerPublishProbe:
+    """
+    A normal client's publish round trip on a peer broker or on Dallal:
+    the time from a publish to the broker's answer to it (Dallal's PUBACK,
+    Redis's PUBLISH reply, NATS's PONG to a PING after the PUB, an MQTT
+    QoS 1 PUBACK).
+    """
+
+    def __init__(self, kind, port, source=OTHER_HOST):
+        from protocols import mqttPacket, mqttString, redisCommand
+
+        self.kind = kind
+        if kind == "redis":
+            # Redis's protected mode serves 127.0.0.1 only, of the loopback.
+            source = "127.0.0.1"
+        self.sock = socket.socket()
+        self.sock.bind((source, 0))
+        self.sock.settimeout(10)
+        self.sock.connect(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._next = 0
+        if kind == "dallal":
+            self._request = lambda n: b"PUB p%d probe 1\r\nx\r\n" % n
+            self._answer = lambda n: b"PUBACK p%d\r\n" % n
+        elif kind == "redis":
+            self._request = lambda n: redisCommand(b"PUBLISH", b"probe", b"x")
+            self._answer = lambda n: b":0\r\n"
+        elif kind == "nats":
+            self.sock.sendall(b'CONNECT {"verbose":false}\r\n')
+            self._request = lambda n: b"PUB probe 1\r\nx\r\nPING\r\n"
+            self._answer = lambda n: b"PONG\r\n"
+        else:
+            self.sock.sendall(
+                mqttPacket(1, 0, mqttString(b"MQTT") + bytes([4, 2, 0, 60]) + mqttString(b"probe"))
+            )
+            self._recvUntil(b"\x20\x02", 10)
+            self._request = lambda n: mqttPacket(
+                3, 2, mqttString(b"probe") + (n % 65535 + 1).to_bytes(2, "big") + b"x"
+            )
+            self._answer = lambda n: b"\x40\x02" + (n % 65535 + 1).to_bytes(2, "big")
+        self.buffer = b""
+
+    def _recvUntil(self, marker, timeout):
+        deadline = time.monotonic() + timeout
+        buffer = getattr(self, "buffer", b"")
+        while marker not in buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.buffer = buffer
+                return False
+            self.sock.settimeout(remaining)
+            data = self.sock.recv(65536)
+            if not data:
+                raise Closed()
+            buffer += data
+        self.buffer = buffer[buffer.index(marker) + len(marker):]
+        return True
+
+    def roundTrip(self, timeout=15.0):
+        self._next += 1
+        start = time.monotonic()
+        try:
+            self.sock.sendall(self._request(self._next))
+            if not self._recvUntil(self._answer(self._next), timeout):
+                return None
+        except (Closed, OSError):
+            return None
+        return time.monotonic() - start
+
+    def close(self):
+        self.sock.close()
 
 
 def ms(seconds):
