@@ -568,20 +568,20 @@ class ProbeThread(threading.Thread):
         self.timeout = timeout
         self.samples = []
         self.lost = 0
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self):
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             took = self.probe.roundTrip(self.timeout)
             if took is None:
                 self.lost += 1
                 self.samples.append(self.timeout)
             else:
                 self.samples.append(took)
-            self._stop.wait(self.interval)
+            self._halt.wait(self.interval)
 
     def stop(self):
-        self._stop.set()
+        self._halt.set()
         self.join(self.timeout + 5)
 
 
