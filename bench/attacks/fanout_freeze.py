@@ -267,6 +267,11 @@ def attackMosquitto():
         drain.join()
         probe.close()
     published, cpu = result["b"]
+    if drain.received < published * FILTER_CLIENTS:
+        raise lib.BenchError(
+            f"the subscribers received {drain.received} bytes for {published} publishes: "
+            "their filters did not take"
+        )
     passed = lib.median(samples) < LATENCY_LIMIT
     figure = (
         f"mosquitto: B ({FILTER_CLIENTS} clients x 1000 overlapping filters, {published} QoS 0 "
