@@ -1,0 +1,122 @@
+"""
+subscribe-storm: a subscription's cost is bounded too (beyond the issue's
+list).
+
+Two attacks a client may make with nothing but SUB and UNSUB, while a probe
+client (from 127.0.0.2) times its publish -> deliver round trip every
+50 ms:
+
+ A. retained replay: the broker holds 20,000 retained topics; the attacker
+    sends, every second for 10 s, 30 pipelined UNSUB+SUB pairs with
+    distinct filters that each match all of them (#, retained/#,
+    retained/+, +/+, +/#, ...), mode fire, and reads nothing. Each SUB
+    replays every matching retained message: one request costs 20,000
+    deliveries.
+ B. churn: for 10 s, the attacker pipelines SUB x / UNSUB x pairs (each
+    also empties the broker's route cache and logs an event), reading the
+    answers.
+
+PASS if the probe's median round trip stays under 100 ms in both, and B
+grows the broker's log by less than 1 MiB (as errors, subscription events
+a client can make at will need a rate limit or a lower level).
+"""
+
+import time
+
+import attacklib as lib
+
+NAME = "subscribe-storm"
+RETAINED = 20_000
+LATENCY_LIMIT = 0.1
+LOG_LIMIT = lib.MiB
+CHURN_SECONDS = 10.0
+REPLAY_SECONDS = 10.0
+REPLAY_FILTERS = ["#", "retained/#", "retained/+", "+/+", "+/#", "+/+/#"] + [
+    "+/" * depth + "#" for depth in range(3, 27)
+]
+
+
+def retainedReplay(broker, result):
+    attacker = lib.Connection(broker.port, receiveBuffer=4096, timeout=60)
+    subscribe = b"".join(
+        b"UNSUB u%d %s\r\nSUB s%d %s mode=fire\r\n" % (k, f.encode(), k, f.encode())
+        for k, f in enumerate(REPLAY_FILTERS)
+    )
+    rounds = 0
+    start = time.monotonic()
+    while time.monotonic() - start < REPLAY_SECONDS:
+        attacker.send(subscribe)
+        rounds += 1
+        time.sleep(max(0.0, start + rounds - time.monotonic()))
+    attacker.close()
+    result["rounds"] = rounds
+
+
+def churn(broker, result):
+    attacker = lib.Connection(broker.port, timeout=60)
+    pairs = 0
+    end = time.monotonic() + CHURN_SECONDS
+    while time.monotonic() < end:
+        attacker.send(b"SUB s churn/x\r\nUNSUB u churn/x\r\n" * 100)
+        for _ in range(100):
+            if attacker.waitFor(lambda line: line == b"UNSUBACK u", 30) is None:
+                raise lib.BenchError("the churn's UNSUBs were not answered in 30 s")
+        pairs += 100
+    attacker.close()
+    result["pairs"] = pairs
+
+
+def during(probe, attack):
+    thread = lib.ProbeThread(probe, interval=0.05)
+    thread.start()
+    try:
+        attack()
+    finally:
+        thread.stop()
+    return thread.samples
+
+
+def attack():
+    with lib.scratch() as directory, lib.dallal(directory) as broker:
+        filler = lib.Connection(broker.port, timeout=120)
+        for start in range(0, RETAINED, 1000):
+            filler.send(
+                b"".join(
+                    b"PUB r%d retained/%d 1 retain=1\r\nx\r\n" % (k, k)
+                    for k in range(start, start + 1000)
+                )
+            )
+            if filler.answer(b"r%d" % (start + 999), timeout=120) is None:
+                raise lib.BenchError("the retained topics were not stored in 120 s")
+        filler.close()
+        probe = lib.DallalProbe(broker.port)
+        result = {}
+        samplesA = during(probe, lambda: retainedReplay(broker, result))
+        logBefore = lib.logSize(broker)
+        samplesB = during(probe, lambda: churn(broker, result))
+        logGrowth = lib.logSize(broker) - logBefore
+        probe.close()
+    medianA, medianB = lib.median(samplesA), lib.median(samplesB)
+    passed = medianA < LATENCY_LIMIT and medianB < LATENCY_LIMIT and logGrowth < LOG_LIMIT
+    figure = (
+        f"A ({result['rounds']} rounds of {len(REPLAY_FILTERS)} pipelined UNSUB+SUB over "
+        f"{RETAINED} retained topics, in mode fire): probe "
+        f"median {lib.ms(medianA)}, max {lib.ms(max(samplesA))}; B ({result['pairs']} SUB/UNSUB "
+        f"pairs in {CHURN_SECONDS:g} s): probe median {lib.ms(medianB)}, max "
+        f"{lib.ms(max(samplesB))}, log +{logGrowth / lib.MiB:.1f} MiB "
+        f"(limits: median < {lib.ms(LATENCY_LIMIT)}, log < {lib.mib(LOG_LIMIT)})"
+    )
+    return passed, figure
+
+
+def main():
+    lib.arguments(__doc__).parse_args()
+    try:
+        passed, figure = attack()
+    except lib.BenchError as error:
+        lib.broken(NAME, error)
+    lib.verdict(NAME, passed, figure)
+
+
+if __name__ == "__main__":
+    main()
