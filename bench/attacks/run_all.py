@@ -29,6 +29,9 @@ ATTACKS = [
     ("retained_flood.py", ()),
     ("traceback_fuzz.py", ()),
     ("empty_store.py", ()),
+    # Beyond the list.
+    ("subscribe_storm.py", ()),
+    ("topics_scan.py", ()),
 ]
 TIMEOUT = 300
 
