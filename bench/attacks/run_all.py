@@ -32,6 +32,7 @@ ATTACKS = [
     # Beyond the list.
     ("subscribe_storm.py", ()),
     ("topics_scan.py", ()),
+    ("udp_lockout.py", ()),
 ]
 TIMEOUT = 300
 
