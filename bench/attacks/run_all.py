@@ -33,6 +33,7 @@ ATTACKS = [
     ("subscribe_storm.py", ()),
     ("topics_scan.py", ()),
     ("udp_lockout.py", ()),
+    ("acl_clientid.py", ()),
 ]
 TIMEOUT = 300
 
