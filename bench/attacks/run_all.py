@@ -34,6 +34,7 @@ ATTACKS = [
     ("topics_scan.py", ()),
     ("udp_lockout.py", ()),
     ("acl_clientid.py", ()),
+    ("udp_garbage.py", ()),
 ]
 TIMEOUT = 300
 
