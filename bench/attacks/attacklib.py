@@ -86,6 +86,28 @@ def arguments(description, peers=()):
     return parser
 
 
+def runAttack(name, description, attack, peers=(), note=None, addArguments=None):
+    """
+    An attack script's main: parse its command line (L{arguments}, and
+    what C{addArguments(parser)} adds), run C{attack(options)}, which
+    returns C{(passed, figure)} or C{(passed, figure, note)}, and print its
+    verdict.
+
+    @param note: what to add to the verdict about the options used (an
+        attack that returns its own note adds it to this one).
+    """
+    parser = arguments(description, peers)
+    if addArguments is not None:
+        addArguments(parser)
+    options = parser.parse_args()
+    try:
+        passed, figure, *ownNote = attack(options)
+    except (BenchError, OSError) as error:
+        broken(name, error)
+    notes = [text for text in (note, *ownNote) if text]
+    verdict(name, passed, figure, "; ".join(notes) or None)
+
+
 # Brokers
 
 
@@ -656,6 +678,39 @@ class PeerPublishProbe:
 
     def close(self):
         self.sock.close()
+
+
+def probeDuring(probe, attack, interval=0.05):
+    """
+    The probe's round trips, every C{interval} seconds, while C{attack()}
+    runs.
+    """
+    thread = ProbeThread(probe, interval=interval)
+    thread.start()
+    try:
+        attack()
+    finally:
+        thread.stop()
+    return thread.samples
+
+
+def fillRetained(port, count, prefix="retained"):
+    """
+    Give the broker C{count} retained topics, C{<prefix>/<n>}, 1000
+    pipelined at a time.
+    """
+    filler = Connection(port, timeout=120)
+    for start in range(0, count, 1000):
+        end = min(count, start + 1000)
+        filler.send(
+            b"".join(
+                b"PUB r%d %s/%d 1 retain=1\r\nx\r\n" % (k, prefix.encode(), k)
+                for k in range(start, end)
+            )
+        )
+        if filler.answer(b"r%d" % (end - 1), timeout=120) is None:
+            raise BenchError("the retained topics were not stored in 120 s")
+    filler.close()
 
 
 def ms(seconds):

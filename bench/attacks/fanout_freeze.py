@@ -85,19 +85,6 @@ class Drain(threading.Thread):
                         pass
 
 
-def duringAttack(probe, attack):
-    """
-    The probe's round trips while C{attack()} runs (every 50 ms).
-    """
-    thread = lib.ProbeThread(probe, interval=0.05)
-    thread.start()
-    try:
-        attack()
-    finally:
-        thread.stop()
-    return thread.samples
-
-
 def toMatchingAttack(broker):
     """
     Part A: 10 pipelined to-matching publishes on '#', again and again.
@@ -194,23 +181,13 @@ def filtersAttack(broker, subscribers):
 
 def attackDallal():
     with lib.scratch() as directory, lib.dallal(directory) as broker:
-        filler = lib.Connection(broker.port, timeout=120)
-        for start in range(0, RETAINED, 1000):
-            filler.send(
-                b"".join(
-                    b"PUB r%d retained/%d 1 retain=1\r\nx\r\n" % (k, k)
-                    for k in range(start, start + 1000)
-                )
-            )
-            if filler.answer(b"r%d" % (start + 999), timeout=120) is None:
-                raise lib.BenchError("the retained topics were not stored in 120 s")
-        filler.close()
+        lib.fillRetained(broker.port, RETAINED)
         probe = lib.DallalProbe(broker.port)
-        quiet = duringAttack(probe, lambda: time.sleep(1))
+        quiet = lib.probeDuring(probe, lambda: time.sleep(1))
         result = {}
-        samplesA = duringAttack(probe, lambda: result.update(a=toMatchingAttack(broker)))
-        samplesSub = duringAttack(probe, lambda: result.update(subscribers=subscribeFilters(broker)))
-        samplesB = duringAttack(
+        samplesA = lib.probeDuring(probe, lambda: result.update(a=toMatchingAttack(broker)))
+        samplesSub = lib.probeDuring(probe, lambda: result.update(subscribers=subscribeFilters(broker)))
+        samplesB = lib.probeDuring(
             probe, lambda: result.update(b=filtersAttack(broker, result["subscribers"]))
         )
         probe.close()
@@ -262,7 +239,7 @@ def attackMosquitto():
             published = publishAtRate(lambda n: publisher.sendall(payload(n)), None)
             result["b"] = (published, server.cpuSeconds() - cpuBefore)
 
-        samples = duringAttack(probe, attack)
+        samples = lib.probeDuring(probe, attack)
         drain.running = False
         drain.join()
         probe.close()
@@ -282,14 +259,9 @@ def attackMosquitto():
     return passed, figure
 
 
-def main():
-    options = lib.arguments(__doc__, peers=("mosquitto",)).parse_args()
-    try:
-        passed, figure = attackDallal() if options.broker == "dallal" else attackMosquitto()
-    except lib.BenchError as error:
-        lib.broken(NAME, error)
-    lib.verdict(NAME, passed, figure)
-
-
 if __name__ == "__main__":
-    main()
+    lib.runAttack(
+        NAME, __doc__,
+        lambda options: attackDallal() if options.broker == "dallal" else attackMosquitto(),
+        peers=("mosquitto",),
+    )

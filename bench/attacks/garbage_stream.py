@@ -116,14 +116,5 @@ def attack(kind):
     return passed, figure
 
 
-def main():
-    options = lib.arguments(__doc__, peers=tuple(lib.PEERS)).parse_args()
-    try:
-        passed, figure = attack(options.broker)
-    except lib.BenchError as error:
-        lib.broken(NAME, error)
-    lib.verdict(NAME, passed, figure)
-
-
 if __name__ == "__main__":
-    main()
+    lib.runAttack(NAME, __doc__, lambda options: attack(options.broker), peers=tuple(lib.PEERS))

@@ -138,14 +138,5 @@ def attack():
     return passed, figure
 
 
-def main():
-    lib.arguments(__doc__).parse_args()
-    try:
-        passed, figure = attack()
-    except lib.BenchError as error:
-        lib.broken(NAME, error)
-    lib.verdict(NAME, passed, figure, "--ping-interval 1")
-
-
 if __name__ == "__main__":
-    main()
+    lib.runAttack(NAME, __doc__, lambda options: attack(), note="--ping-interval 1")

@@ -159,17 +159,9 @@ def attackPeer(kind):
     )
 
 
-def main():
-    options = lib.arguments(__doc__, peers=tuple(lib.PEERS)).parse_args()
-    try:
-        if options.broker == "dallal":
-            passed, figure = attackDallal()
-        else:
-            passed, figure = attackPeer(options.broker)
-    except lib.BenchError as error:
-        lib.broken(NAME, error)
-    lib.verdict(NAME, passed, figure)
-
-
 if __name__ == "__main__":
-    main()
+    lib.runAttack(
+        NAME, __doc__,
+        lambda options: attackDallal() if options.broker == "dallal" else attackPeer(options.broker),
+        peers=tuple(lib.PEERS),
+    )

@@ -66,34 +66,14 @@ def churn(broker, result):
     result["pairs"] = pairs
 
 
-def during(probe, attack):
-    thread = lib.ProbeThread(probe, interval=0.05)
-    thread.start()
-    try:
-        attack()
-    finally:
-        thread.stop()
-    return thread.samples
-
-
 def attack():
     with lib.scratch() as directory, lib.dallal(directory) as broker:
-        filler = lib.Connection(broker.port, timeout=120)
-        for start in range(0, RETAINED, 1000):
-            filler.send(
-                b"".join(
-                    b"PUB r%d retained/%d 1 retain=1\r\nx\r\n" % (k, k)
-                    for k in range(start, start + 1000)
-                )
-            )
-            if filler.answer(b"r%d" % (start + 999), timeout=120) is None:
-                raise lib.BenchError("the retained topics were not stored in 120 s")
-        filler.close()
+        lib.fillRetained(broker.port, RETAINED)
         probe = lib.DallalProbe(broker.port)
         result = {}
-        samplesA = during(probe, lambda: retainedReplay(broker, result))
+        samplesA = lib.probeDuring(probe, lambda: retainedReplay(broker, result))
         logBefore = lib.logSize(broker)
-        samplesB = during(probe, lambda: churn(broker, result))
+        samplesB = lib.probeDuring(probe, lambda: churn(broker, result))
         logGrowth = lib.logSize(broker) - logBefore
         probe.close()
     medianA, medianB = lib.median(samplesA), lib.median(samplesB)
@@ -109,14 +89,5 @@ def attack():
     return passed, figure
 
 
-def main():
-    lib.arguments(__doc__).parse_args()
-    try:
-        passed, figure = attack()
-    except lib.BenchError as error:
-        lib.broken(NAME, error)
-    lib.verdict(NAME, passed, figure)
-
-
 if __name__ == "__main__":
-    main()
+    lib.runAttack(NAME, __doc__, lambda options: attack())

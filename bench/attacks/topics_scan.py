@@ -37,48 +37,37 @@ def attack():
             if connection.answer(b"s%d" % (FILTERS - 1), timeout=60) is None:
                 raise lib.BenchError("the filters were not subscribed in 60 s")
             holders.append(connection)
-        filler = lib.Connection(broker.port, timeout=60)
-        filler.send(b"".join(b"PUB r%d kept/%d 1 retain=1\r\nx\r\n" % (k, k) for k in range(RETAINED)))
-        if filler.answer(b"r%d" % (RETAINED - 1), timeout=60) is None:
-            raise lib.BenchError("the retained topics were not stored in 60 s")
-        filler.close()
+        lib.fillRetained(broker.port, RETAINED, "kept")
         probe = lib.DallalProbe(broker.port)
         attacker = lib.Connection(broker.port, timeout=60)
-        thread = lib.ProbeThread(probe, interval=0.05)
+        asked = [0]
+
+        def ask():
+            end = time.monotonic() + SECONDS
+            while time.monotonic() < end:
+                attacker.send(b"TOPICS t limit=1\r\n" * 50)
+                for _ in range(50):
+                    if attacker.waitFor(lambda line: line.startswith(b"TOPICS t "), 60) is None:
+                        raise lib.BenchError("TOPICS was not answered in 60 s")
+                asked[0] += 50
+
         cpuBefore = broker.cpuSeconds()
-        thread.start()
-        asked = 0
-        end = time.monotonic() + SECONDS
-        while time.monotonic() < end:
-            attacker.send(b"TOPICS t limit=1\r\n" * 50)
-            for _ in range(50):
-                if attacker.waitFor(lambda line: line.startswith(b"TOPICS t "), 60) is None:
-                    raise lib.BenchError("TOPICS was not answered in 60 s")
-            asked += 50
-        thread.stop()
+        samples = lib.probeDuring(probe, ask)
         cpu = broker.cpuSeconds() - cpuBefore
+        asked = asked[0]
         probe.close()
         for connection in holders + [attacker]:
             connection.close()
-    medianRtt = lib.median(thread.samples)
+    medianRtt = lib.median(samples)
     passed = medianRtt < LATENCY_LIMIT
     figure = (
         f"{asked} TOPICS limit=1 in {SECONDS:g} s over {CONNECTIONS * FILTERS} filters and "
         f"{RETAINED} retained topics: broker CPU {cpu / max(asked, 1) * 1000:.1f} ms per TOPICS; "
-        f"probe median {lib.ms(medianRtt)}, max {lib.ms(max(thread.samples))} "
+        f"probe median {lib.ms(medianRtt)}, max {lib.ms(max(samples))} "
         f"(limit: median < {lib.ms(LATENCY_LIMIT)})"
     )
     return passed, figure
 
 
-def main():
-    lib.arguments(__doc__).parse_args()
-    try:
-        passed, figure = attack()
-    except lib.BenchError as error:
-        lib.broken(NAME, error)
-    lib.verdict(NAME, passed, figure)
-
-
 if __name__ == "__main__":
-    main()
+    lib.runAttack(NAME, __doc__, lambda options: attack())

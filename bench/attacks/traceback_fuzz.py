@@ -16,7 +16,6 @@ expects an answer got one.
 """
 
 import random
-import socket
 
 import attacklib as lib
 
@@ -235,16 +234,11 @@ def attack(seed):
     return passed, figure
 
 
-def main():
-    parser = lib.arguments(__doc__)
+def seedArgument(parser):
     parser.add_argument("--seed", type=int, default=24, help="the random lines' seed")
-    options = parser.parse_args()
-    try:
-        passed, figure = attack(options.seed)
-    except (lib.BenchError, socket.error) as error:
-        lib.broken(NAME, error)
-    lib.verdict(NAME, passed, figure)
 
 
 if __name__ == "__main__":
-    main()
+    lib.runAttack(
+        NAME, __doc__, lambda options: attack(options.seed), addArguments=seedArgument
+    )

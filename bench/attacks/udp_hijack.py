@@ -15,7 +15,6 @@ SUBACK, PUBACK, PONG, STATS, BYE, no MSG), and the victim keeps its
 session, its subscription and every message published for it.
 """
 
-import os
 import re
 import secrets
 import time
@@ -61,8 +60,6 @@ def run(broker):
             got = attacker.waitFor(lambda d: not d.startswith(b"MSG "), 1.0)
         else:
             got = attacker.waitFor(lambda d: d.split()[1:2] == [requestId], 1.0)
-        if os.environ.get("ATTACK_DEBUG"):
-            print(line, got)
         if got is not None and not got.startswith((b"ERR", b"HELLO")):
             verb = got.split(b" ")[0].strip().decode()
             won.append(f"{what or line.split(b' ')[0].decode()}->{verb}")
@@ -124,14 +121,5 @@ def run(broker):
     return passed, figure
 
 
-def main():
-    lib.arguments(__doc__).parse_args()
-    try:
-        passed, figure = attack()
-    except lib.BenchError as error:
-        lib.broken(NAME, error)
-    lib.verdict(NAME, passed, figure)
-
-
 if __name__ == "__main__":
-    main()
+    lib.runAttack(NAME, __doc__, lambda options: attack())

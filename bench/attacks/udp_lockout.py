@@ -152,14 +152,7 @@ def attack():
     return passedA and passedB, f"{figureA}; {figureB} (limit: logins < {LOGIN_LIMIT:g} s)"
 
 
-def main():
-    lib.arguments(__doc__).parse_args()
-    try:
-        passed, figure = attack()
-    except lib.BenchError as error:
-        lib.broken(NAME, error)
-    lib.verdict(NAME, passed, figure, f"--max-udp-clients {MAX_UDP_CLIENTS} in A")
-
-
 if __name__ == "__main__":
-    main()
+    lib.runAttack(
+        NAME, __doc__, lambda options: attack(), note=f"--max-udp-clients {MAX_UDP_CLIENTS} in A"
+    )
