@@ -102,8 +102,8 @@ def runAttack(name, description, attack, peers=(), note=None, addArguments=None)
     options = parser.parse_args()
     try:
         passed, figure, *ownNote = attack(options)
-    except (BenchError, OSError) as error:
-        broken(name, error)
+    except (BenchError, Closed, OSError) as error:
+        broken(name, repr(error))
     notes = [text for text in (note, *ownNote) if text]
     verdict(name, passed, figure, "; ".join(notes) or None)
 
@@ -440,13 +440,17 @@ class UdpClient:
     def sendRaw(self, data, to=None):
         self.sock.sendto(data, to or self.server)
 
-    def receive(self, timeout):
+    def receive(self, seconds):
         """
-        The datagrams that arrive within C{timeout} seconds of the last one.
+        The datagrams that arrive within the next C{seconds}.
         """
         got = []
-        self.sock.settimeout(timeout)
+        deadline = time.monotonic() + seconds
         while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self.sock.settimeout(remaining)
             try:
                 data, _ = self.sock.recvfrom(70000)
             except socket.timeout:

@@ -9,9 +9,10 @@ attacker asks `TOPICS <id> limit=1`, the smallest answer there is, 50 at a
 time pipelined, reading the answers, for 10 s, while a probe client (from
 127.0.0.2) times its publish -> deliver round trip every 50 ms.
 
-PASS if the probe's median round trip stays under 100 ms; the figure gives
-the broker's CPU time per TOPICS: today each sorts and scans every filter
-(and looks each up in the retained store) to answer one row.
+PASS if the probe's median round trip stays under 100 ms and one TOPICS
+limit=1 costs the broker less than 1 ms of CPU: today each sorts and
+scans every filter (and looks each up in the retained store) to answer one
+row.
 """
 
 import time
@@ -24,6 +25,7 @@ FILTERS = 1000
 RETAINED = 5000
 SECONDS = 10.0
 LATENCY_LIMIT = 0.1
+CPU_LIMIT = 0.001
 
 
 def attack():
@@ -59,12 +61,13 @@ def attack():
         for connection in holders + [attacker]:
             connection.close()
     medianRtt = lib.median(samples)
-    passed = medianRtt < LATENCY_LIMIT
+    perRequest = cpu / max(asked, 1)
+    passed = medianRtt < LATENCY_LIMIT and perRequest < CPU_LIMIT
     figure = (
         f"{asked} TOPICS limit=1 in {SECONDS:g} s over {CONNECTIONS * FILTERS} filters and "
-        f"{RETAINED} retained topics: broker CPU {cpu / max(asked, 1) * 1000:.1f} ms per TOPICS; "
+        f"{RETAINED} retained topics: broker CPU {perRequest * 1000:.1f} ms per TOPICS; "
         f"probe median {lib.ms(medianRtt)}, max {lib.ms(max(samples))} "
-        f"(limit: median < {lib.ms(LATENCY_LIMIT)})"
+        f"(limits: median < {lib.ms(LATENCY_LIMIT)}, < {CPU_LIMIT * 1000:g} ms per TOPICS)"
     )
     return passed, figure
 
