@@ -9,7 +9,8 @@ it holds; then every connection trickles one byte every 0.5 s. A broker
 with --max-frame-seconds is run with 12 (its default, 60, is longer than
 this attack).
 
-PASS if the broker holds at most 4 bytes of memory per payload byte held,
+PASS if the broker holds at most 8 bytes of memory per payload byte held
+(today: over 80; the figure is resident memory, precise to some 100 KiB),
 and cuts every slow connection within 30 s of its first byte (a partial
 frame must complete within a deadline).
 
@@ -30,7 +31,7 @@ FAST_SECONDS = 8.0
 DEADLINE = 30.0
 # The fix's deadline option, set within the attack's time where it exists.
 FRAME_SECONDS = {"--max-frame-seconds": 12}
-BYTES_PER_BYTE_LIMIT = 4.0
+BYTES_PER_BYTE_LIMIT = 8.0
 SIZE = 1_000_000
 
 
