@@ -562,20 +562,20 @@ class DallalProbe:
         self._next += 1
         marker = b"m%d" % self._next
         start = time.monotonic()
+        header = b"MSG %s " % self.topic
         try:
-            self.connection.send(b"PUB p%d %s %d\r\n%s\r\n" % (self._next, self.topic, len(marker), marker))
-            frame = self.connection.waitFor(
-                lambda line: line.startswith(b"MSG %s " % self.topic) and True, timeout
+            self.connection.send(
+                b"PUB p%d %s %d\r\n%s\r\n" % (self._next, self.topic, len(marker), marker)
             )
-            while frame is not None and frame[1] != marker:
-                frame = self.connection.waitFor(
-                    lambda line: line.startswith(b"MSG %s " % self.topic), timeout
-                )
+            while True:
+                remaining = start + timeout - time.monotonic()
+                frame = self.connection.waitFor(lambda line: line.startswith(header), remaining)
+                if frame is None:
+                    return None
+                if frame[1] == marker:
+                    return time.monotonic() - start
         except (Closed, OSError):
             return None
-        if frame is None:
-            return None
-        return time.monotonic() - start
 
     def close(self):
         self.connection.close()
