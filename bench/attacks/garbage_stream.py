@@ -100,6 +100,13 @@ def attack(kind):
         garbage.join(5)
         logGrowth = (lib.logSize(server) if os.path.exists(server.logPath) else 0) - logBefore
         alive = server.alive()
+        logged = ""
+        if kind == "dallal":
+            text = lib.logText(server)
+            logged = (
+                f" ({text.count(b'event=protocol_error')} protocol_error, "
+                f"{text.count(b'event=connect ')} connect lines)"
+            )
         probe.close()
     lost = sum(1 for took in samples if took == float("inf"))
     answered = [took for took in samples if took != float("inf")]
@@ -110,7 +117,7 @@ def attack(kind):
         f"({garbage.reconnects} closed by the broker) in {SECONDS:g} s; a normal publish answered "
         f"in median {lib.ms(lib.median(answered))}, p95 {lib.ms(p95) if p95 != float('inf') else 'never'}, "
         f"max {lib.ms(max(answered)) if answered else '-'}, {lost} of {len(samples)} unanswered in 15 s; "
-        f"log +{logGrowth / lib.KiB:.0f} KiB"
+        f"log +{logGrowth / lib.KiB:.0f} KiB{logged}"
         f" (limits: p95 < {lib.ms(ANSWER_LIMIT)}, none lost, log < {lib.mib(LOG_LIMIT)})"
     )
     return passed, figure
