@@ -5,14 +5,17 @@ On a broker with --passwords, --acl and --udp, the victim (user alice,
 who may read secret/#) logs in over UDP and subscribes to secret/#. The
 attacker, from another address (127.0.0.2), knows only the victim's client
 id. It says HELLO with that id and no password, which any address may do
-and which answers a token bound to the id and the attacker's address, then
-sends with client=<victim's id> token=<that token>: SUB, PUB, PING, STATS,
+and which answers a token bound to the id and the attacker's address; it
+echoes the token in a HELLO without credentials, then in one with
+mallory's own (a user of the broker); then it sends with
+client=<victim's id> token=<that token>: SUB, PUB, PING, STATS,
 ACK of deliveries it saw, the victim's own datagrams replayed from its
 socket, BYE with a guessed token, and last BYE with its token.
 
 PASS if the attacker is answered nothing but its token and refusals (no
-SUBACK, PUBACK, PONG, STATS, BYE, no MSG), and the victim keeps its
-session, its subscription and every message published for it.
+HELLO resuming the session, no SUBACK, PUBACK, PONG, STATS, BYE, no MSG),
+and the victim keeps its session, its subscription and every message
+published for it.
 """
 
 import re
@@ -66,6 +69,16 @@ def run(broker):
         return got
 
     own = dict(clientId=victimId, token=token)
+    # HELLOs that would resume the victim's session here: without
+    # credentials, and with mallory's own.
+    for number, credentials in enumerate(("", lib.credentialOptions("mallory", "mallory-pw"))):
+        attacker.sendRaw(
+            b"HELLO r%d %s token=%s %s\r\n"
+            % (number, victimId.encode(), token.encode(), credentials.encode())
+        )
+        resumed = attacker.waitFor(lambda d: d.split()[1:2] == [b"r%d" % number], 3)
+        if resumed is not None and resumed.startswith(b"HELLO"):
+            won.append(f"HELLO {'with mallory' if credentials else 'without'} credentials->HELLO")
     tryAs(b"SUB a1 secret/# mode=fire", b"a1", **own)
     tryAs(b"PUB a2 secret/forged 6", b"a2", b"forged", **own)
     tryAs(b"PING", None, what="PING", **own)
@@ -117,7 +130,7 @@ def run(broker):
     attackerWon = bool(won) or attackerMessages > 0
     passed = not attackerWon and victimGot == len(expected) and sessionKept
     figure = (
-        f"attacker (another address, victim's client id, no password) obtained "
+        f"attacker (another address, the victim's client id, not its password) obtained "
         f"{', '.join(won) or 'nothing'} and {attackerMessages} of the victim's messages; "
         f"victim got {victimGot}/{len(expected)} of its messages, session "
         f"{'kept' if sessionKept else 'lost: ' + repr(after)}"
