@@ -30,7 +30,7 @@ ATTACKS = [
     ("traceback_fuzz.py", ()),
     ("empty_store.py", ()),
     # Beyond the list.
-    ("subscribe_storm.py", ()),
+    ("subscribe_storm.py", ("mosquitto",)),
     ("topics_scan.py", ()),
     ("udp_lockout.py", ()),
     ("acl_clientid.py", ()),
