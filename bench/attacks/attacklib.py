@@ -263,14 +263,6 @@ def logSize(broker):
     return sum(os.path.getsize(path) for path in glob.glob(glob.escape(broker.logPath) + "*"))
 
 
-def tracebacks(broker):
-    """
-    How many tracebacks and unhandled errors the broker logged.
-    """
-    text = logText(broker)
-    return text.count(b"Traceback") + text.count(b"Unhandled")
-
-
 # Clients
 
 
@@ -542,8 +534,13 @@ def percentile(values, fraction):
 class DallalProbe:
     """
     A normal client measuring its publish -> deliver round trip: one
-    connection subscribed to a topic of its own in mode fire, publishing
-    on it and timing each message's arrival.
+    connection subscribed to a topic of its own in mode fire, publishing on
+    it and timing each message's arrival.
+
+    It publishes at fixed times whatever the answers (open loop): a broker
+    frozen for a second delays the twenty publishes due in that second, not
+    one, so the median is the share of time the broker answers late, and
+    not hidden by the quick answers around a freeze.
     """
 
     def __init__(self, port, topic="probe/rtt", source=OTHER_HOST):
@@ -552,30 +549,67 @@ class DallalProbe:
         answer = self.connection.request(b"SUB ps %s mode=fire" % self.topic, b"ps")
         if answer is None or not answer[0].startswith(b"SUBACK"):
             raise BenchError(f"the probe could not subscribe: {answer!r}")
+        self.connection.answerPings = False
+        self._sending = threading.Lock()
         self._next = 0
 
-    def roundTrip(self, timeout=15.0):
+    def _send(self, data):
+        with self._sending:
+            self.connection.send(data)
+
+    def during(self, attack, interval=0.05, timeout=15.0):
         """
-        Seconds from a publish to its delivery, or None if it did not come
-        back within C{timeout} (or the broker closed the connection).
+        Publish every C{interval} seconds while C{attack()} runs.
+
+        @return: the round trip of each publish, in seconds; one that did
+            not come back within C{timeout} of the attack's end counts as
+            the time it waited.
         """
-        self._next += 1
-        marker = b"m%d" % self._next
-        start = time.monotonic()
+        sent, arrived = {}, {}
+        running = threading.Event()
+        running.set()
         header = b"MSG %s " % self.topic
-        try:
-            self.connection.send(
-                b"PUB p%d %s %d\r\n%s\r\n" % (self._next, self.topic, len(marker), marker)
-            )
-            while True:
-                remaining = start + timeout - time.monotonic()
-                frame = self.connection.waitFor(lambda line: line.startswith(header), remaining)
+
+        def receive():
+            while running.is_set() or len(arrived) < len(sent):
+                try:
+                    frame = self.connection.readFrame(0.1)
+                except (Closed, OSError):
+                    return
                 if frame is None:
-                    return None
-                if frame[1] == marker:
-                    return time.monotonic() - start
-        except (Closed, OSError):
-            return None
+                    if not running.is_set() and time.monotonic() > giveUp[0]:
+                        return
+                    continue
+                if frame[0] == b"PING":
+                    self._send(b"PONG\r\n")
+                elif frame[0].startswith(header) and frame[1] in sent:
+                    arrived.setdefault(frame[1], time.monotonic())
+
+        def publish():
+            start = time.monotonic()
+            while running.is_set():
+                self._next += 1
+                marker = b"m%d" % self._next
+                sent[marker] = time.monotonic()
+                try:
+                    self._send(b"PUB p %s %d\r\n%s\r\n" % (self.topic, len(marker), marker))
+                except OSError:
+                    return
+                time.sleep(max(0.0, start + len(sent) * interval - time.monotonic()))
+
+        giveUp = [float("inf")]
+        threads = [threading.Thread(target=receive, daemon=True), threading.Thread(target=publish, daemon=True)]
+        for thread in threads:
+            thread.start()
+        try:
+            attack()
+        finally:
+            giveUp[0] = time.monotonic() + timeout
+            running.clear()
+            for thread in threads:
+                thread.join(timeout + 5)
+        end = time.monotonic()
+        return [arrived.get(marker, end) - at for marker, at in sent.items()]
 
     def close(self):
         self.connection.close()
@@ -669,6 +703,19 @@ class PeerPublishProbe:
         self.buffer = buffer[buffer.index(marker) + len(marker):]
         return True
 
+    def during(self, attack, interval=0.05):
+        """
+        Time a publish every C{interval} seconds, one after the other, while
+        C{attack()} runs (closed loop: a publish waits for the one before).
+        """
+        thread = ProbeThread(self, interval=interval)
+        thread.start()
+        try:
+            attack()
+        finally:
+            thread.stop()
+        return thread.samples
+
     def roundTrip(self, timeout=15.0):
         self._next += 1
         start = time.monotonic()
@@ -684,18 +731,11 @@ class PeerPublishProbe:
         self.sock.close()
 
 
-def probeDuring(probe, attack, interval=0.05):
+def probeDuring(probe, attack):
     """
-    The probe's round trips, every C{interval} seconds, while C{attack()}
-    runs.
+    The probe's round trips, every 50 ms, while C{attack()} runs.
     """
-    thread = ProbeThread(probe, interval=interval)
-    thread.start()
-    try:
-        attack()
-    finally:
-        thread.stop()
-    return thread.samples
+    return probe.during(attack)
 
 
 def fillRetained(port, count, prefix="retained"):
