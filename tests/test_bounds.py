@@ -470,8 +470,10 @@ def publishes(peer, ids):
 
 def test_answersRememberedUpToTheBytesOfTheSession():
     """
-    A session's answers are remembered within --max-udp-answer-bytes: a
-    retry of a request whose answer was forgotten is carried out again.
+    A session's answers are remembered within --max-udp-answer-bytes; a
+    retry of a request whose answer was forgotten is not carried out again
+    (its decimal id is at or below the highest forgotten) but answered
+    ANSWER_FORGOTTEN.
     """
     answer = len(b"PUBACK 1\r\n") + ANSWER_BOOKKEEPING
     harness, (peer, _) = udpHarness(maxUdpAnswerBytes=3 * answer)
@@ -482,8 +484,26 @@ def test_answersRememberedUpToTheBytesOfTheSession():
     published = harness.broker.stats()["published"]
     assert publishes(peer, [2, 3, 4]) == [b"PUBACK %d\r\n" % n for n in (2, 3, 4)]
     assert harness.broker.stats()["published"] == published
-    publishes(peer, [1])
+    assert publishes(peer, [1]) == [
+        b"ERR 1 ANSWER_FORGOTTEN request 1 was received before, and its answer is no "
+        b"longer remembered: it is not carried out again\r\n"
+    ]
+    assert harness.broker.stats()["published"] == published
+    assert publishes(peer, [5]) == [b"PUBACK 5\r\n"]
     assert harness.broker.stats()["published"] == published + 1
+
+
+def test_aRetryOfAForgottenAnswerWithAnIdThatIsNotANumberIsCarriedOutAgain():
+    """
+    Only decimal ids are known to increase: a retry of a request with
+    another id, whose answer was forgotten, is carried out again.
+    """
+    answer = len(b"PUBACK a\r\n") + ANSWER_BOOKKEEPING
+    harness, (peer, _) = udpHarness(maxUdpAnswerBytes=answer)
+    for requestId in [b"a", b"b", b"a"]:
+        peer.request(b"PUB %s news 1" % requestId, b"x")
+    assert peer.received() == [b"PUBACK a\r\n", b"PUBACK b\r\n", b"PUBACK a\r\n"]
+    assert harness.broker.stats()["published"] == 3
 
 
 def test_answersRememberedUpToTheBytesOfAllSessions():
@@ -499,8 +519,8 @@ def test_answersRememberedUpToTheBytesOfAllSessions():
     publishes(first, [2])
     publishes(second, [1, 2, 3])
     assert harness.broker.stats()["published"] == published
-    publishes(first, [1])
-    assert harness.broker.stats()["published"] == published + 1
+    assert b"ANSWER_FORGOTTEN" in publishes(first, [1])[0]
+    assert harness.broker.stats()["published"] == published
 
 
 def test_aSessionThatEndsForgetsItsAnswers():

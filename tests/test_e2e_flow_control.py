@@ -68,9 +68,8 @@ def test_aBurstToAReadingSubscriberLosesNothing(startBroker, subscribers):
 def test_aUdpBurstIsAnsweredBusyAndResentNotDropped(tmp_path, subscribers):
     """
     A burst over UDP: the broker answers C{BUSY} while the queue is full,
-    and C{dallal --udp publish} resends until each message is taken.  (Fewer
-    messages than the 1,024 answers the broker remembers per UDP client, and
-    a smaller queue to fill.)
+    and C{dallal --udp publish} resends until each message is taken (a
+    smaller queue, to fill it).
     """
     count = 500
     broker = UdpBroker(tmp_path, "--max-inflight", "10", "--max-queued", "50")
@@ -85,6 +84,25 @@ def test_aUdpBurstIsAnsweredBusyAndResentNotDropped(tmp_path, subscribers):
     assert reader.payloads() == [b"m"] * count
     assert (counters["published"], counters["dropped"]) == (count, 0)
     assert counters["publishes_busy"] > 0
+
+
+def test_aUdpBurstIsPublishedExactlyOnce(tmp_path, subscribers):
+    """
+    C{dallal --udp publish --count 2000}: far more requests than the
+    answers the broker remembers per UDP session, each published exactly
+    once however many of them the client resends, and received once.
+    """
+    broker = UdpBroker(tmp_path)
+    try:
+        reader = subscribers(broker.tcpPort, "u", "all")
+        publishBurst(broker.udpPort, "u", "m", transport=("--udp",))
+        reader.waitForLines(BURST)
+        counters = stats(broker.tcpPort)
+        assert reader.stop() == 0
+    finally:
+        broker.process.stop()
+    assert reader.payloads() == [b"m"] * BURST
+    assert (counters["published"], counters["delivered"]) == (BURST, BURST)
 
 
 def test_aFireSubscriberThatPausesIsSlowedDownNotDropped(startBroker, subscribers):

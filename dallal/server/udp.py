@@ -51,6 +51,7 @@ from dallal import __version__
 from dallal.protocol import datagram, wire
 from dallal.security.auth import LoginFailed, TooManyChecks
 from dallal.errors import (
+    ANSWER_FORGOTTEN,
     BAD_CREDENTIALS,
     BUSY,
     BAD_TOKEN,
@@ -72,6 +73,7 @@ from dallal.limits import (
     LogWindow,
     RateTable,
 )
+from dallal.numbers import wholeNumber
 from dallal.server.requests import RequestHandler, helloLimits
 from dallal.server.addresses import formatDatagramAddress
 
@@ -92,6 +94,8 @@ REMEMBERED_ANSWERS = 1024
 ANSWER_BOOKKEEPING = 256
 # What is remembered for a retained PUB whose answer waits for the store.
 AWAITING_STORE = object()
+# What a retry gets whose answer was forgotten (AnswerCache.get).
+FORGOTTEN = object()
 # 96 bits of HMAC-SHA256: a forger gets one guess per datagram.
 TOKEN_BYTES = 12
 # Random bytes of a session's key (22 URL-safe base64 characters).
@@ -163,6 +167,13 @@ class AnswerCache:
     own for its bound and anyone's for the total: a retry comes within
     seconds of its request.
 
+    What is forgotten still leaves a mark: for each session, the highest
+    decimal request id whose answer was forgotten.  A client that numbers
+    its requests with increasing decimal integers (PROTOCOL.md, "Lost
+    datagrams") sends a retry with an id at or below it only for a request
+    already received, so such a retry is L{FORGOTTEN}, never carried out
+    twice.
+
     @param forgotten: called with C{(session, limit, maximum)} for each
         answer forgotten for a byte bound.
     """
@@ -177,10 +188,22 @@ class AnswerCache:
         self._order = OrderedDict()
         self._sessionBytes = Counter()
         self.bytes = 0
+        # session -> the highest decimal request id whose answer was
+        # forgotten for a bound.
+        self._forgottenUpTo = {}
 
     def get(self, session, requestId):
+        """
+        The answer remembered for a request, L{FORGOTTEN} if it is a retry
+        whose answer is forgotten, or C{None} for a request not seen.
+        """
         answers = self._sessions.get(session)
-        return None if answers is None else answers.get(requestId)
+        answer = None if answers is None else answers.get(requestId)
+        if answer is None and requestId is not None:
+            number = wholeNumber(requestId, wire.MAX_ID_LENGTH)
+            if number is not None and number <= self._forgottenUpTo.get(session, -1):
+                return FORGOTTEN
+        return answer
 
     def remember(self, session, requestId, answer):
         """
@@ -194,13 +217,13 @@ class AnswerCache:
         self._sessionBytes[session] += size
         self.bytes += size
         if len(answers) > REMEMBERED_ANSWERS:
-            self._forget(session, next(iter(answers)))
+            self._evict(session, next(iter(answers)))
         while self._sessionBytes[session] > self.maxBytesPerSession:
-            self._forget(session, next(iter(answers)))
+            self._evict(session, next(iter(answers)))
             self._forgotten(session, UDP_ANSWER_BYTES, self.maxBytesPerSession)
         while self.bytes > self.maxBytes:
             oldest = next(iter(self._order))
-            self._forget(*oldest)
+            self._evict(*oldest)
             self._forgotten(oldest[0], UDP_ANSWER_BYTES_TOTAL, self.maxBytes)
 
     def replace(self, session, requestId, answer):
@@ -215,6 +238,16 @@ class AnswerCache:
     def forgetSession(self, session):
         for requestId in list(self._sessions.get(session, ())):
             self._forget(session, requestId)
+        self._forgottenUpTo.pop(session, None)
+
+    def _evict(self, session, requestId):
+        """
+        Forget an answer for a bound, keeping its mark.
+        """
+        self._forget(session, requestId)
+        number = wholeNumber(requestId, wire.MAX_ID_LENGTH)
+        if number is not None and number > self._forgottenUpTo.get(session, -1):
+            self._forgottenUpTo[session] = number
 
     def _forget(self, session, requestId):
         size = self._order.pop((session, requestId), None)
@@ -289,6 +322,17 @@ class UdpSession(RequestHandler):
         """
         requestId = getattr(request, "id", None)
         answer = self._answers.get(self, requestId)
+        if answer is FORGOTTEN:
+            self.broker.counters["duplicates"] += 1
+            self.refuse(
+                RequestError(
+                    ANSWER_FORGOTTEN,
+                    f"request {requestId} was received before, and its answer is no "
+                    "longer remembered: it is not carried out again",
+                    requestId,
+                )
+            )
+            return
         if answer is not None:
             self.broker.counters["duplicates"] += 1
             if answer is not AWAITING_STORE:
