@@ -13,10 +13,10 @@ import pytest
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from dallal.security.auth import MAX_CONCURRENT_CHECKS, CheckQueue
+from dallal.security.auth import FAILURE_DELAY, MAX_CONCURRENT_CHECKS, CheckQueue
 from dallal.broker.core import BrokerConfig
 from dallal.server.tcp import OUTPUT_SOFT_MARK, TURN_SECONDS
-from dallal.server.udp import ANSWER_BOOKKEEPING
+from dallal.server.udp import ANSWER_BOOKKEEPING, LOGIN_RESEND_TIMEOUT
 from helpers import PING_INTERVAL, BrokerHarness
 from test_auth import USERS, PendingChecks, credentialOptions, udpHello
 from test_topics_core import MemoryRetained
@@ -164,6 +164,55 @@ def test_aRequestCarriedOutEndsTheRun(carriedOut):
     assert not client.closing
 
 
+def test_aUdpSessionEndedAfterConsecutiveErrors():
+    """
+    Over UDP too: a session whose requests are refused ten times in a row
+    (garbage, or requests the broker refuses) gets TOO_MANY_ERRORS after
+    the tenth ERR, and its session ends: what it sends next finds none.
+    """
+    harness, (peer, _) = udpHarness()
+    for number in range(9):
+        peer.request(b"NOPE")
+    assert [answer.split()[2] for answer in peer.received()] == [b"BAD_COMMAND"] * 9
+    peer.request(b"PUB 1 +bad 2", b"hi")
+    assert peer.received() == [
+        b"ERR 1 BAD_TOPIC '+' and '#' are reserved for subscription wildcards\r\n",
+        b"ERR - TOO_MANY_ERRORS the last 10 requests were all refused: ending the session\r\n",
+    ]
+    assertRefusedBy(harness, "consecutive_errors", 10)
+    harness.clock.advance(0)
+    [disconnect] = harness.fields("disconnect")
+    assert (disconnect["reason"], disconnect["transport"]) == ("protocol_error", "udp")
+    peer.request(b"PING")
+    assert peer.received()[0].startswith(b"ERR - NO_SESSION ")
+
+
+@pytest.mark.parametrize("carriedOut", [(b"PING", None), (b"PUB 1 news 2", b"hi")])
+def test_aUdpRequestCarriedOutEndsTheRun(carriedOut):
+    harness, (peer, _) = udpHarness()
+    for number in range(9):
+        peer.request(b"NOPE")
+    peer.request(*carriedOut)
+    for number in range(9):
+        peer.request(b"NOPE")
+    assert b"TOO_MANY_ERRORS" not in b"".join(peer.received())
+    assert harness.broker.stats()["refused_consecutive_errors"] == 0
+
+
+def test_aStrangersErrorsEndNoSession():
+    """
+    Garbage with a session's client id but from another address (anyone
+    can send that) does not count in the session's run.
+    """
+    harness, (peer, _) = udpHarness()
+    stranger = harness.peer(40009)
+    for number in range(20):
+        stranger.send(b"NOPE client=me token=%s\r\n" % peer.token)
+    assert harness.broker.stats()["refused_consecutive_errors"] == 0
+    peer.request(b"PING")
+    assert peer.received()[-1] == b"PONG\r\n"
+
+
 def test_errorsLoggedPerClientAndInAll():
     """
     At most 10 protocol_error events a second per client and 100 in all;
@@ -290,6 +339,54 @@ def test_udpLoginOverTheBound():
     [answer] = udpHello(harness.peer(40002), b"you", credentialOptions("bob", USERS["bob"]))
     assert answer.startswith(b"ERR 2 TOO_MANY_CLIENTS the broker is checking its maximum of 1 ")
     assert harness.broker.stats()["refused_pending_logins_per_ip"] == 1
+
+
+def busyChecks():
+    """
+    A UDP harness whose password checks all run for TCP clients from
+    other addresses: a UDP login waits its turn.
+    """
+    checks = PendingChecks()
+    harness = UdpHarness(BrokerConfig(messageEvents=True), users=USERS, runHash=checks)
+    for number in range(MAX_CONCURRENT_CHECKS):
+        harness.connect(host=f"10.0.0.{number + 1}").login("alice", b"guess")
+    return harness, checks
+
+
+def test_aUdpLoginWhoseSenderIsGoneIsDroppedUnchecked():
+    """
+    A UDP login waiting for its check whose HELLO is not resent within
+    LOGIN_RESEND_TIMEOUT leaves the queue: its password is never checked,
+    and nothing is answered.
+    """
+    harness, checks = busyChecks()
+    peer = harness.peer(40001)
+    assert udpHello(peer, b"me", credentialOptions("alice", USERS["alice"])) == []
+    assert len(harness.gatekeeper.checks) == MAX_CONCURRENT_CHECKS + 1
+    harness.clock.advance(LOGIN_RESEND_TIMEOUT)
+    assert len(harness.gatekeeper.checks) == MAX_CONCURRENT_CHECKS
+    checks.runAll()
+    assert checks.waiting == []
+    harness.clock.advance(FAILURE_DELAY)
+    assert peer.received() == []
+    assert harness.fields("login") == []
+
+
+def test_aUdpLoginWhoseHelloIsResentWaitsForItsCheck():
+    harness, checks = busyChecks()
+    peer = harness.peer(40001)
+    hello = b"HELLO 2 me token=%s %s\r\n"
+    udpHello(peer, b"me", credentialOptions("alice", USERS["alice"]))
+    for number in range(3):
+        harness.clock.advance(LOGIN_RESEND_TIMEOUT - 0.5)
+        peer.send(hello % (peer.token, credentialOptions("alice", USERS["alice"])))
+    checks.runAll()
+    checks.runAll()
+    [answer] = peer.received()
+    assert answer.endswith(b" session=new user=alice\r\n")
+    # Answered: nothing is left to drop.
+    harness.clock.advance(LOGIN_RESEND_TIMEOUT)
+    assert len(harness.gatekeeper.checks) == 0
 
 
 def test_aCheckCancelledBeforeItsTurnLeavesNothing():

@@ -300,8 +300,9 @@ class Options(usage.Options):
             "max-consecutive-errors",
             None,
             _config.maxConsecutiveErrors,
-            "Requests refused in a row on one TCP connection; the last is "
-            "answered ERR - TOO_MANY_ERRORS and the connection closed.",
+            "Requests refused in a row on one TCP connection or UDP session; the "
+            "last is answered ERR - TOO_MANY_ERRORS and the connection closed (the "
+            "session ended).",
             _whole("max-consecutive-errors"),
         ],
         [

@@ -42,6 +42,7 @@ import secrets
 from collections import Counter, OrderedDict, namedtuple
 from math import ceil
 
+from twisted.internet.defer import CancelledError
 from twisted.internet.error import MessageLengthError
 from twisted.internet.protocol import DatagramProtocol
 from twisted.logger import Logger
@@ -100,6 +101,10 @@ FORGOTTEN = object()
 TOKEN_BYTES = 12
 # Random bytes of a session's key (22 URL-safe base64 characters).
 SESSION_KEY_BYTES = 16
+# Seconds a login waits for its password check without its HELLO being
+# resent: a client resends at least every second (dallal.client), so one
+# silent this long is gone, and its check is dropped.
+LOGIN_RESEND_TIMEOUT = 3.0
 # Refusals of datagrams that named no session logged per second, at most.
 STRANGER_ERRORS_LOGGED_PER_SECOND = 10
 
@@ -275,6 +280,7 @@ class UdpSession(RequestHandler):
     """
 
     transportName = "udp"
+    endOfErrorStreak = "ending the session"
 
     def __init__(self, protocol, clientId, address):
         self.protocol = protocol
@@ -340,6 +346,7 @@ class UdpSession(RequestHandler):
             return
         self._answering = requestId or NO_ID
         self._remember = requestId is not None
+        streak = self.errorStreak
         try:
             if type(request) is wire.Publish:
                 if self._busy:
@@ -354,6 +361,8 @@ class UdpSession(RequestHandler):
                 self.handleRequest(request)
         except RequestError as error:
             self.refuse(error)
+        else:
+            self.carriedOut(streak)
         finally:
             self._answering = NO_ID
             self._remember = False
@@ -429,6 +438,10 @@ class UdpSession(RequestHandler):
         # A refused request is not remembered: its retry is judged again.
         self._remember = False
         RequestHandler.refuse(self, error, fatal)
+        if fatal:
+            self.disconnect("protocol_error")
+        elif self.errorStreakOver(error) and self.protocol.serves(self):
+            self.refuse(self.tooManyErrors(), fatal=True)
 
     def pongReceived(self):
         # The broker does not ping UDP clients: they ping it, and every
@@ -494,8 +507,9 @@ class BrokerDatagramProtocol(DatagramProtocol):
         self.broker = broker
         self.sweep = sweep
         self.gatekeeper = gatekeeper
-        # (client id, address) of the logins being checked.
-        self._loggingIn = set()
+        # (client id, address) of the logins being checked -> the delayed
+        # call that drops the check if the client stops resending.
+        self._loggingIn = {}
         self.ackTimeout = ackTimeout
         self.followConfig()
         self._secret = os.urandom(32) if secret is None else secret
@@ -615,11 +629,17 @@ class BrokerDatagramProtocol(DatagramProtocol):
         if not self._sessionAddresses[address]:
             del self._sessionAddresses[address]
 
+    def serves(self, session):
+        """
+        Whether C{session} is the one its client's datagrams find.
+        """
+        return self._sessions.get(session.clientId) is session
+
     def forget(self, session):
         """
         Stop serving a session: its client's datagrams find none.
         """
-        if self._sessions.get(session.clientId) is not session:
+        if not self.serves(session):
             return
         del self._sessions[session.clientId]
         self._leave(session.address)
@@ -647,11 +667,17 @@ class BrokerDatagramProtocol(DatagramProtocol):
                 address,
             )
             return
+        line, clientId, token = datagram.takeIdentity(line)
         try:
-            line, clientId, token = datagram.takeIdentity(line)
             request = wire.parseRequest(line)
         except RequestError as error:
-            self._refuse(error, address)
+            session = self._sessionAt(clientId, token, address)
+            if session is None:
+                self._refuse(error, address)
+            else:
+                # In the session's run of errors, as over TCP.
+                self._settle(session, address)
+                session.refuse(error)
             return
         if request is None:
             return
@@ -708,6 +734,18 @@ class BrokerDatagramProtocol(DatagramProtocol):
             self.endSession(session, "closed")
             return
         session.requestReceived(request, rest)
+
+    def _sessionAt(self, clientId, token, address):
+        """
+        The session a datagram names with its client's token, if the
+        datagram comes from the session's address; else C{None}.
+        """
+        if clientId is None or not self._tokenMatches(clientId, token, address):
+            return None
+        session = self._sessions.get(clientId.decode("ascii"))
+        if session is None or session.address != address:
+            return None
+        return session
 
     def _helloReceived(self, hello, rest, address):
         """
@@ -850,20 +888,42 @@ class BrokerDatagramProtocol(DatagramProtocol):
                 self._startSession(hello, address)
                 return
         attempt = (hello.clientId, address)
-        if attempt in self._loggingIn:
-            # A resend while its password is checked: the first gets the
-            # answer.
+        senderGone = self._loggingIn.get(attempt)
+        if senderGone is not None:
+            # A resend while its password is checked: the client is still
+            # there, and the first gets the answer.
+            senderGone.reset(LOGIN_RESEND_TIMEOUT)
             return
-        self._loggingIn.add(attempt)
-        self.gatekeeper.login(user, password, hello.clientId, address[0]).addCallbacks(
+        checking = self.gatekeeper.login(user, password, hello.clientId, address[0])
+        self._loggingIn[attempt] = self.broker.clock.callLater(
+            LOGIN_RESEND_TIMEOUT, self._loginAbandoned, attempt, checking
+        )
+        checking.addCallbacks(
             self._loginSucceeded,
             self._loginFailed,
             callbackArgs=(hello, address, fingerprint),
             errbackArgs=(hello, address),
         )
 
+    def _loginAbandoned(self, attempt, checking):
+        """
+        The client stopped resending its HELLO while its password waited
+        to be checked: it is gone (or spoofed once and left), so its check
+        leaves the queue unrun, or its answer is dropped.
+        """
+        del self._loggingIn[attempt]
+        checking.cancel()
+
+    def _loginAnswered(self, hello, address):
+        """
+        A login's check is over: stop watching for its client's resends.
+        """
+        senderGone = self._loggingIn.pop((hello.clientId, address), None)
+        if senderGone is not None and senderGone.active():
+            senderGone.cancel()
+
     def _loginSucceeded(self, user, hello, address, fingerprint):
-        self._loggingIn.discard((hello.clientId, address))
+        self._loginAnswered(hello, address)
         if self.transport is None:
             # The port stopped while the password was checked.
             return
@@ -882,7 +942,10 @@ class BrokerDatagramProtocol(DatagramProtocol):
         self._startSession(hello, address, user, fingerprint)
 
     def _loginFailed(self, failure, hello, address):
-        self._loggingIn.discard((hello.clientId, address))
+        self._loginAnswered(hello, address)
+        if failure.check(CancelledError):
+            # Abandoned: nobody to answer.
+            return
         if failure.check(TooManyChecks):
             error = failure.value
             self._refuse(
