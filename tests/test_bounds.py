@@ -19,7 +19,7 @@ from dallal.server.tcp import OUTPUT_SOFT_MARK, TURN_SECONDS
 from dallal.server.udp import ANSWER_BOOKKEEPING, LOGIN_RESEND_TIMEOUT
 from helpers import PING_INTERVAL, BrokerHarness
 from test_auth import USERS, PendingChecks, credentialOptions, udpHello
-from test_topics_core import MemoryRetained
+from test_topics_core import MemoryRetained, document
 from test_udp import UdpHarness
 
 
@@ -651,6 +651,51 @@ def test_publishToMatchingTopicsUpToTheLimit():
     )
     assert harness.broker.stats()["published"] == published
     assertRefusedBy(harness, "matching_topics", 3)
+
+
+@pytest.mark.parametrize(
+    "request_, listed",
+    [
+        (b"TOPICS 1", 3),
+        (b"TOPICS 1 limit=3", 3),
+        (b"TOPICS 1 limit=2", 2),
+        (b"TOPICS 1 limit=4", 3),
+    ],
+)
+def test_topicsListedUpToTheLimit(request_, listed):
+    """
+    A TOPICS answer lists at most --max-listed topics: with three topics
+    and a bound of three, all of them, whatever the limit= asked.
+    """
+    harness = retainedHarness(maxListed=3)
+    client = harness.connect()
+    client.send(b"PUB 2 t/a 1 retain=1\r\nx\r\nSUB 3 t/b\r\nSUB 4 t/c\r\n")
+    client.received()
+    client.send(request_ + b"\r\n")
+    answer = document(client.received(), b"TOPICS")
+    assert (answer["total"], len(answer["topics"]), answer["truncated"]) == (3, listed, listed < 3)
+    assert harness.broker.stats()["refused_listed"] == 0
+
+
+@pytest.mark.parametrize("request_", [b"TOPICS 1", b"TOPICS 1 limit=4", b"TOPICS 1 limit=1000"])
+def test_topicsOverTheLimitAreCutCountedAndLogged(request_):
+    """
+    With one topic more than --max-listed, a TOPICS that asks for no fewer
+    gets the first ones, truncated, and the cut is counted and logged; one
+    that asks for exactly the bound is not cut by it.
+    """
+    harness = retainedHarness(maxListed=3)
+    client = harness.connect()
+    client.send(b"PUB 2 t/a 1 retain=1\r\nx\r\nSUB 3 t/b\r\nSUB 4 t/c\r\nSUB 5 t/d\r\n")
+    client.received()
+    client.send(request_ + b"\r\n")
+    answer = document(client.received(), b"TOPICS")
+    assert [row["topic"] for row in answer["topics"]] == ["t/a", "t/b", "t/c"]
+    assert (answer["total"], answer["truncated"]) == (4, True)
+    assertRefusedBy(harness, "listed", 3)
+    client.send(b"TOPICS 6 limit=3\r\n")
+    assert document(client.received(), b"TOPICS")["truncated"] is True
+    assert harness.broker.stats()["refused_listed"] == 1
 
 
 class BusyClock(Clock):

@@ -46,6 +46,7 @@ from dallal.limits import (
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MAX_PENDING_LOGINS,
     DEFAULT_MAX_PENDING_LOGINS_PER_IP,
+    DEFAULT_MAX_LISTED,
     DEFAULT_MAX_MATCHING_TOPICS,
     DEFAULT_MAX_RETAINED,
     DEFAULT_MAX_RETAINED_BYTES,
@@ -115,7 +116,7 @@ class BrokerConfig:
     maxRetainedBytes: int = DEFAULT_MAX_RETAINED_BYTES
     messageEvents: bool = True
     delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
-    maxListed: int = 1000
+    maxListed: int = DEFAULT_MAX_LISTED
     # The broker's name among bridged brokers; generated if None.
     name: str | None = None
 

@@ -14,7 +14,7 @@ from dallal.protocol import wire
 from dallal.modes import LATEST
 from dallal.numbers import wholeNumber
 from dallal.errors import BAD_ARGUMENTS, BROKER_STATE, FORBIDDEN, RequestError
-from dallal.limits import CONSECUTIVE_ERRORS
+from dallal.limits import CONSECUTIVE_ERRORS, LISTED
 
 
 def helloLimits(config, maxPayload):
@@ -252,6 +252,9 @@ class RequestHandler:
             )
             return
         rows, total = self.broker.topics(min(limit, maxListed))
+        if total > maxListed and ("limit" not in request.options or limit > maxListed):
+            # Cut by the broker's bound, not by what the client asked for.
+            self.broker.refusedByLimit(self, LISTED, maxListed)
         self._sendData(
             b"TOPICS",
             request.id,

@@ -356,6 +356,14 @@ class Options(usage.Options):
             _whole("max-matching-topics"),
         ],
         [
+            "max-listed",
+            None,
+            _config.maxListed,
+            "Topics one TOPICS answer lists at most, whatever limit= it asks "
+            "for; the answer says truncated.",
+            _whole("max-listed"),
+        ],
+        [
             "max-retained",
             None,
             _config.maxRetained,
@@ -665,6 +673,7 @@ def brokerConfig(options):
         maxUdpAnswerBytes=options["max-udp-answer-bytes"],
         maxUdpAnswerBytesTotal=options["max-udp-answer-bytes-total"],
         maxMatchingTopics=options["max-matching-topics"],
+        maxListed=options["max-listed"],
         maxRetained=options["max-retained"],
         maxRetainedBytes=options["max-retained-bytes"],
         messageEvents=bool(options["message-events"]),
