@@ -67,6 +67,7 @@ from dallal.limits import (
 )
 from dallal.broker.origin import MAX_HOPS, Origin, SeenMessages, generatedName, originFromOptions
 from dallal.broker.retained import StoreError
+from dallal.broker.feed import RetainedFeed
 from dallal.broker.sharing import ShareGroup
 from dallal.topics import MAX_TOPIC_LENGTH, WILDCARDS, TopicError, checkTopic
 from dallal.topictree import RESERVED_PREFIX, SubscriptionTree, TopicMap, checkFilter
@@ -750,30 +751,38 @@ class Broker:
         """
         Offer a new subscription the retained messages its filter matches,
         marked as retained: the broker's own topics' last values, and the
-        store's (those the client may read).
+        store's (those the client may read when each is offered).  The
+        first slice is offered now, the rest on later turns of the reactor
+        as the subscriber takes them (L{dallal.broker.feed}).
         """
         found = self._ownTopics.match(subscription.topic)
         if self.retained is not None:
             found += self.retained.match(subscription.topic)
+        if subscription.retainedFeed is not None:
+            subscription.retainedFeed.stop()
         session = self._sessions[subscriber]
+
+        def offer(topic, payload):
+            self._offerRetained(session, subscription, topic, payload)
+
+        RetainedFeed(self.clock, subscription, found, offer).start()
+
+    def _offerRetained(self, session, subscription, topic, payload):
         permissions = session.permissions
-        for topic, payload in found:
-            if permissions is not None and not permissions.mayRead(topic):
-                continue
-            message = Message(
-                self._nextMid, topic, payload, "retained", self.clock.seconds(), True
+        if permissions is not None and not permissions.mayRead(topic):
+            return
+        message = Message(self._nextMid, topic, payload, "retained", self.clock.seconds(), True)
+        self._nextMid += 1
+        if self.events.messageEvents:
+            self.events.emit(
+                "retained",
+                mid=message.mid,
+                topic=topic,
+                bytes=len(payload),
+                session=session.sid,
+                client=session.subscriber.peer,
             )
-            self._nextMid += 1
-            if self.events.messageEvents:
-                self.events.emit(
-                    "retained",
-                    mid=message.mid,
-                    topic=topic,
-                    bytes=len(payload),
-                    session=session.sid,
-                    client=subscriber.peer,
-                )
-            session.outbox.offer(subscription, message)
+        session.outbox.offer(subscription, message)
 
     def unsubscribe(self, subscriber, topicFilter, requestId, group=None):
         """
@@ -1161,6 +1170,8 @@ class Broker:
                 hops=0 if message.origin is None else message.origin.hops,
             )
         for subscription in receivers:
+            if subscription.retainedFeed is not None:
+                subscription.retainedFeed.before(message.topic)
             outbox = subscription.outbox
             outbox.offer(
                 subscription, message, None if outbox.subscriber is publisher else publisher
