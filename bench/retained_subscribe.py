@@ -124,7 +124,7 @@ class Attacker(threading.Thread):
                 chunk = tail + data
                 self.received += chunk.count(b"\r\nMSG ") + chunk.startswith(b"MSG ")
                 tail = chunk[-6:]
-        except socket.timeout:
+        except TimeoutError:
             return
         self.seconds = time.monotonic() - started
 

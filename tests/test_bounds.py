@@ -653,6 +653,20 @@ def test_publishToMatchingTopicsUpToTheLimit():
     assertRefusedBy(harness, "matching_topics", 3)
 
 
+def listedTopics(count):
+    """
+    A broker with --max-listed 3 and C{count} topics, t/a first (retained),
+    the others subscribed to; a client of it.
+    """
+    harness = retainedHarness(maxListed=3)
+    client = harness.connect()
+    client.send(b"PUB 1 t/a 1 retain=1\r\nx\r\n")
+    for number in range(1, count):
+        client.send(b"SUB %d t/%s\r\n" % (number + 1, b"abcd"[number : number + 1]))
+    client.received()
+    return harness, client
+
+
 @pytest.mark.parametrize(
     "request_, listed",
     [
@@ -667,10 +681,7 @@ def test_topicsListedUpToTheLimit(request_, listed):
     A TOPICS answer lists at most --max-listed topics: with three topics
     and a bound of three, all of them, whatever the limit= asked.
     """
-    harness = retainedHarness(maxListed=3)
-    client = harness.connect()
-    client.send(b"PUB 2 t/a 1 retain=1\r\nx\r\nSUB 3 t/b\r\nSUB 4 t/c\r\n")
-    client.received()
+    harness, client = listedTopics(3)
     client.send(request_ + b"\r\n")
     answer = document(client.received(), b"TOPICS")
     assert (answer["total"], len(answer["topics"]), answer["truncated"]) == (3, listed, listed < 3)
@@ -684,10 +695,7 @@ def test_topicsOverTheLimitAreCutCountedAndLogged(request_):
     gets the first ones, truncated, and the cut is counted and logged; one
     that asks for exactly the bound is not cut by it.
     """
-    harness = retainedHarness(maxListed=3)
-    client = harness.connect()
-    client.send(b"PUB 2 t/a 1 retain=1\r\nx\r\nSUB 3 t/b\r\nSUB 4 t/c\r\nSUB 5 t/d\r\n")
-    client.received()
+    harness, client = listedTopics(4)
     client.send(request_ + b"\r\n")
     answer = document(client.received(), b"TOPICS")
     assert [row["topic"] for row in answer["topics"]] == ["t/a", "t/b", "t/c"]
