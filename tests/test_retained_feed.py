@@ -175,3 +175,14 @@ def test_aClientThatLeavesStopsTheFeed():
     oneTurn(harness.clock)
     oneTurn(harness.clock)
     assert harness.broker.stats()["matched"] == RETAINED_PER_TURN
+
+
+def test_aQueueOfOneStillTakesTheFeed():
+    """
+    The feed's room is half the queue rounded up: a queue of one message
+    gets its retained messages one at a time.
+    """
+    harness, client = retainedTopics(count=3, maxInflight=1, maxQueued=1)
+    client.send(b"SUB 1 # mode=all\r\n")
+    total = drain(harness, client, turns=10)
+    assert sorted(topicsOf(total)) == ["t/0000", "t/0001", "t/0002"]

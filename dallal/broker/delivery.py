@@ -393,12 +393,14 @@ class Outbox:
         than C{maxInflight} messages await their ack.
         """
         config = self.config
+        # Half the bounds, rounded up: a queue of one has room for one.
+        halfQueued = config.maxQueued - config.maxQueued // 2
         return (
             not (self.paused or self.closed or self._disconnecting)
             and len(self._inflight) <= config.maxInflight
-            and len(self._latestReady) < config.maxQueued // 2
-            and len(self._queue) < config.maxQueued // 2
-            and self._queuedBytes < config.maxQueuedBytes // 2
+            and len(self._latestReady) < halfQueued
+            and len(self._queue) < halfQueued
+            and self._queuedBytes < config.maxQueuedBytes - config.maxQueuedBytes // 2
         )
 
     def whenRoom(self, callback):
