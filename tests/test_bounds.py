@@ -370,6 +370,7 @@ def test_aUdpLoginWhoseSenderIsGoneIsDroppedUnchecked():
     harness.clock.advance(FAILURE_DELAY)
     assert peer.received() == []
     assert harness.fields("login") == []
+    assert harness.broker.stats()["logins_abandoned"] == 1
 
 
 def test_aUdpLoginWhoseHelloIsResentWaitsForItsCheck():
@@ -387,6 +388,7 @@ def test_aUdpLoginWhoseHelloIsResentWaitsForItsCheck():
     # Answered: nothing is left to drop.
     harness.clock.advance(LOGIN_RESEND_TIMEOUT)
     assert len(harness.gatekeeper.checks) == 0
+    assert harness.broker.stats()["logins_abandoned"] == 0
 
 
 def test_aCheckCancelledBeforeItsTurnLeavesNothing():

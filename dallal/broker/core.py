@@ -314,6 +314,7 @@ class Broker:
             sys_published=0,
             logins=0,
             logins_failed=0,
+            logins_abandoned=0,
             denied=0,
             bridged_published=0,
             bridged_duplicates=0,

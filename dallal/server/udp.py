@@ -205,9 +205,11 @@ class AnswerCache:
         answers = self._sessions.get(session)
         answer = None if answers is None else answers.get(requestId)
         if answer is None and requestId is not None:
-            number = wholeNumber(requestId, wire.MAX_ID_LENGTH)
-            if number is not None and number <= self._forgottenUpTo.get(session, -1):
-                return FORGOTTEN
+            forgottenUpTo = self._forgottenUpTo.get(session)
+            if forgottenUpTo is not None:
+                number = wholeNumber(requestId, wire.MAX_ID_LENGTH)
+                if number is not None and number <= forgottenUpTo:
+                    return FORGOTTEN
         return answer
 
     def remember(self, session, requestId, answer):
@@ -912,6 +914,7 @@ class BrokerDatagramProtocol(DatagramProtocol):
         leaves the queue unrun, or its answer is dropped.
         """
         del self._loggingIn[attempt]
+        self.broker.counters["logins_abandoned"] += 1
         checking.cancel()
 
     def _loginAnswered(self, hello, address):
