@@ -33,6 +33,10 @@ SHUTTING_DOWN = "SHUTTING_DOWN"
 # was published, and the client resends later (a TCP connection is not
 # read instead).
 BUSY = "BUSY"
+# Over UDP: a retry of a request whose answer the broker no longer
+# remembers (a decimal id at or below one whose answer it forgot): it is
+# not carried out again.
+ANSWER_FORGOTTEN = "ANSWER_FORGOTTEN"
 
 # Who may do what: a request before the client logged in (on a broker with
 # --passwords), a login refused (a bad user name or password), a topic the

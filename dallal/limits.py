@@ -62,6 +62,9 @@ DEFAULT_MAX_UDP_ANSWER_BYTES_TOTAL = 64 * 1024 * 1024
 # Topics one publish to every matching topic (to-matching=1) may reach:
 # each is a message routed while the broker serves nobody else.
 DEFAULT_MAX_MATCHING_TOPICS = 1000
+# Topics one TOPICS answer lists: each is a row of JSON built and written
+# while the broker serves nobody else.
+DEFAULT_MAX_LISTED = 1000
 DEFAULT_MAX_RETAINED = 100_000
 DEFAULT_MAX_RETAINED_BYTES = 256 * 1024 * 1024
 # Requests refused in a row on one TCP connection: a client that means well
@@ -135,6 +138,8 @@ PENDING_LOGINS_PER_IP = Limit("pending_logins_per_ip", TOO_MANY_CLIENTS)
 UDP_ANSWER_BYTES = Limit("udp_answer_bytes", None)
 UDP_ANSWER_BYTES_TOTAL = Limit("udp_answer_bytes_total", None)
 MATCHING_TOPICS = Limit("matching_topics", TOO_MANY_TOPICS)
+# A TOPICS answer cut to the limit: it says truncated, and is no error.
+LISTED = Limit("listed", None)
 RETAINED = Limit("retained", STORE_FAILED)
 RETAINED_BYTES = Limit("retained_bytes", STORE_FAILED)
 
@@ -158,6 +163,7 @@ LIMITS = (
     UDP_ANSWER_BYTES,
     UDP_ANSWER_BYTES_TOTAL,
     MATCHING_TOPICS,
+    LISTED,
     RETAINED,
     RETAINED_BYTES,
 )

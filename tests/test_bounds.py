@@ -13,13 +13,13 @@ import pytest
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from dallal.security.auth import MAX_CONCURRENT_CHECKS, CheckQueue
+from dallal.security.auth import FAILURE_DELAY, MAX_CONCURRENT_CHECKS, CheckQueue
 from dallal.broker.core import BrokerConfig
 from dallal.server.tcp import OUTPUT_SOFT_MARK, TURN_SECONDS
-from dallal.server.udp import ANSWER_BOOKKEEPING
+from dallal.server.udp import ANSWER_BOOKKEEPING, LOGIN_RESEND_TIMEOUT
 from helpers import PING_INTERVAL, BrokerHarness
 from test_auth import USERS, PendingChecks, credentialOptions, udpHello
-from test_topics_core import MemoryRetained
+from test_topics_core import MemoryRetained, document
 from test_udp import UdpHarness
 
 
@@ -164,6 +164,55 @@ def test_aRequestCarriedOutEndsTheRun(carriedOut):
     assert not client.closing
 
 
+def test_aUdpSessionEndedAfterConsecutiveErrors():
+    """
+    Over UDP too: a session whose requests are refused ten times in a row
+    (garbage, or requests the broker refuses) gets TOO_MANY_ERRORS after
+    the tenth ERR, and its session ends: what it sends next finds none.
+    """
+    harness, (peer, _) = udpHarness()
+    for number in range(9):
+        peer.request(b"NOPE")
+    assert [answer.split()[2] for answer in peer.received()] == [b"BAD_COMMAND"] * 9
+    peer.request(b"PUB 1 +bad 2", b"hi")
+    assert peer.received() == [
+        b"ERR 1 BAD_TOPIC '+' and '#' are reserved for subscription wildcards\r\n",
+        b"ERR - TOO_MANY_ERRORS the last 10 requests were all refused: ending the session\r\n",
+    ]
+    assertRefusedBy(harness, "consecutive_errors", 10)
+    harness.clock.advance(0)
+    [disconnect] = harness.fields("disconnect")
+    assert (disconnect["reason"], disconnect["transport"]) == ("protocol_error", "udp")
+    peer.request(b"PING")
+    assert peer.received()[0].startswith(b"ERR - NO_SESSION ")
+
+
+@pytest.mark.parametrize("carriedOut", [(b"PING", None), (b"PUB 1 news 2", b"hi")])
+def test_aUdpRequestCarriedOutEndsTheRun(carriedOut):
+    harness, (peer, _) = udpHarness()
+    for number in range(9):
+        peer.request(b"NOPE")
+    peer.request(*carriedOut)
+    for number in range(9):
+        peer.request(b"NOPE")
+    assert b"TOO_MANY_ERRORS" not in b"".join(peer.received())
+    assert harness.broker.stats()["refused_consecutive_errors"] == 0
+
+
+def test_aStrangersErrorsEndNoSession():
+    """
+    Garbage with a session's client id but from another address (anyone
+    can send that) does not count in the session's run.
+    """
+    harness, (peer, _) = udpHarness()
+    stranger = harness.peer(40009)
+    for number in range(20):
+        stranger.send(b"NOPE client=me token=%s\r\n" % peer.token)
+    assert harness.broker.stats()["refused_consecutive_errors"] == 0
+    peer.request(b"PING")
+    assert peer.received()[-1] == b"PONG\r\n"
+
+
 def test_errorsLoggedPerClientAndInAll():
     """
     At most 10 protocol_error events a second per client and 100 in all;
@@ -290,6 +339,56 @@ def test_udpLoginOverTheBound():
     [answer] = udpHello(harness.peer(40002), b"you", credentialOptions("bob", USERS["bob"]))
     assert answer.startswith(b"ERR 2 TOO_MANY_CLIENTS the broker is checking its maximum of 1 ")
     assert harness.broker.stats()["refused_pending_logins_per_ip"] == 1
+
+
+def busyChecks():
+    """
+    A UDP harness whose password checks all run for TCP clients from
+    other addresses: a UDP login waits its turn.
+    """
+    checks = PendingChecks()
+    harness = UdpHarness(BrokerConfig(messageEvents=True), users=USERS, runHash=checks)
+    for number in range(MAX_CONCURRENT_CHECKS):
+        harness.connect(host=f"10.0.0.{number + 1}").login("alice", b"guess")
+    return harness, checks
+
+
+def test_aUdpLoginWhoseSenderIsGoneIsDroppedUnchecked():
+    """
+    A UDP login waiting for its check whose HELLO is not resent within
+    LOGIN_RESEND_TIMEOUT leaves the queue: its password is never checked,
+    and nothing is answered.
+    """
+    harness, checks = busyChecks()
+    peer = harness.peer(40001)
+    assert udpHello(peer, b"me", credentialOptions("alice", USERS["alice"])) == []
+    assert len(harness.gatekeeper.checks) == MAX_CONCURRENT_CHECKS + 1
+    harness.clock.advance(LOGIN_RESEND_TIMEOUT)
+    assert len(harness.gatekeeper.checks) == MAX_CONCURRENT_CHECKS
+    checks.runAll()
+    assert checks.waiting == []
+    harness.clock.advance(FAILURE_DELAY)
+    assert peer.received() == []
+    assert harness.fields("login") == []
+    assert harness.broker.stats()["logins_abandoned"] == 1
+
+
+def test_aUdpLoginWhoseHelloIsResentWaitsForItsCheck():
+    harness, checks = busyChecks()
+    peer = harness.peer(40001)
+    hello = b"HELLO 2 me token=%s %s\r\n"
+    udpHello(peer, b"me", credentialOptions("alice", USERS["alice"]))
+    for number in range(3):
+        harness.clock.advance(LOGIN_RESEND_TIMEOUT - 0.5)
+        peer.send(hello % (peer.token, credentialOptions("alice", USERS["alice"])))
+    checks.runAll()
+    checks.runAll()
+    [answer] = peer.received()
+    assert answer.endswith(b" session=new user=alice\r\n")
+    # Answered: nothing is left to drop.
+    harness.clock.advance(LOGIN_RESEND_TIMEOUT)
+    assert len(harness.gatekeeper.checks) == 0
+    assert harness.broker.stats()["logins_abandoned"] == 0
 
 
 def test_aCheckCancelledBeforeItsTurnLeavesNothing():
@@ -470,8 +569,10 @@ def publishes(peer, ids):
 
 def test_answersRememberedUpToTheBytesOfTheSession():
     """
-    A session's answers are remembered within --max-udp-answer-bytes: a
-    retry of a request whose answer was forgotten is carried out again.
+    A session's answers are remembered within --max-udp-answer-bytes; a
+    retry of a request whose answer was forgotten is not carried out again
+    (its decimal id is at or below the highest forgotten) but answered
+    ANSWER_FORGOTTEN.
     """
     answer = len(b"PUBACK 1\r\n") + ANSWER_BOOKKEEPING
     harness, (peer, _) = udpHarness(maxUdpAnswerBytes=3 * answer)
@@ -482,8 +583,26 @@ def test_answersRememberedUpToTheBytesOfTheSession():
     published = harness.broker.stats()["published"]
     assert publishes(peer, [2, 3, 4]) == [b"PUBACK %d\r\n" % n for n in (2, 3, 4)]
     assert harness.broker.stats()["published"] == published
-    publishes(peer, [1])
+    assert publishes(peer, [1]) == [
+        b"ERR 1 ANSWER_FORGOTTEN request 1 was received before, and its answer is no "
+        b"longer remembered: it is not carried out again\r\n"
+    ]
+    assert harness.broker.stats()["published"] == published
+    assert publishes(peer, [5]) == [b"PUBACK 5\r\n"]
     assert harness.broker.stats()["published"] == published + 1
+
+
+def test_aRetryOfAForgottenAnswerWithAnIdThatIsNotANumberIsCarriedOutAgain():
+    """
+    Only decimal ids are known to increase: a retry of a request with
+    another id, whose answer was forgotten, is carried out again.
+    """
+    answer = len(b"PUBACK a\r\n") + ANSWER_BOOKKEEPING
+    harness, (peer, _) = udpHarness(maxUdpAnswerBytes=answer)
+    for requestId in [b"a", b"b", b"a"]:
+        peer.request(b"PUB %s news 1" % requestId, b"x")
+    assert peer.received() == [b"PUBACK a\r\n", b"PUBACK b\r\n", b"PUBACK a\r\n"]
+    assert harness.broker.stats()["published"] == 3
 
 
 def test_answersRememberedUpToTheBytesOfAllSessions():
@@ -499,8 +618,8 @@ def test_answersRememberedUpToTheBytesOfAllSessions():
     publishes(first, [2])
     publishes(second, [1, 2, 3])
     assert harness.broker.stats()["published"] == published
-    publishes(first, [1])
-    assert harness.broker.stats()["published"] == published + 1
+    assert b"ANSWER_FORGOTTEN" in publishes(first, [1])[0]
+    assert harness.broker.stats()["published"] == published
 
 
 def test_aSessionThatEndsForgetsItsAnswers():
@@ -534,6 +653,59 @@ def test_publishToMatchingTopicsUpToTheLimit():
     )
     assert harness.broker.stats()["published"] == published
     assertRefusedBy(harness, "matching_topics", 3)
+
+
+def listedTopics(count):
+    """
+    A broker with --max-listed 3 and C{count} topics, t/a first (retained),
+    the others subscribed to; a client of it.
+    """
+    harness = retainedHarness(maxListed=3)
+    client = harness.connect()
+    client.send(b"PUB 1 t/a 1 retain=1\r\nx\r\n")
+    for number in range(1, count):
+        client.send(b"SUB %d t/%s\r\n" % (number + 1, b"abcd"[number : number + 1]))
+    client.received()
+    return harness, client
+
+
+@pytest.mark.parametrize(
+    "request_, listed",
+    [
+        (b"TOPICS 1", 3),
+        (b"TOPICS 1 limit=3", 3),
+        (b"TOPICS 1 limit=2", 2),
+        (b"TOPICS 1 limit=4", 3),
+    ],
+)
+def test_topicsListedUpToTheLimit(request_, listed):
+    """
+    A TOPICS answer lists at most --max-listed topics: with three topics
+    and a bound of three, all of them, whatever the limit= asked.
+    """
+    harness, client = listedTopics(3)
+    client.send(request_ + b"\r\n")
+    answer = document(client.received(), b"TOPICS")
+    assert (answer["total"], len(answer["topics"]), answer["truncated"]) == (3, listed, listed < 3)
+    assert harness.broker.stats()["refused_listed"] == 0
+
+
+@pytest.mark.parametrize("request_", [b"TOPICS 1", b"TOPICS 1 limit=4", b"TOPICS 1 limit=1000"])
+def test_topicsOverTheLimitAreCutCountedAndLogged(request_):
+    """
+    With one topic more than --max-listed, a TOPICS that asks for no fewer
+    gets the first ones, truncated, and the cut is counted and logged; one
+    that asks for exactly the bound is not cut by it.
+    """
+    harness, client = listedTopics(4)
+    client.send(request_ + b"\r\n")
+    answer = document(client.received(), b"TOPICS")
+    assert [row["topic"] for row in answer["topics"]] == ["t/a", "t/b", "t/c"]
+    assert (answer["total"], answer["truncated"]) == (4, True)
+    assertRefusedBy(harness, "listed", 3)
+    client.send(b"TOPICS 6 limit=3\r\n")
+    assert document(client.received(), b"TOPICS")["truncated"] is True
+    assert harness.broker.stats()["refused_listed"] == 1
 
 
 class BusyClock(Clock):

@@ -65,26 +65,48 @@ def test_aBurstToAReadingSubscriberLosesNothing(startBroker, subscribers):
     assert (counters["published"], counters["dropped"]) == (BURST, 0)
 
 
-def test_aUdpBurstIsAnsweredBusyAndResentNotDropped(tmp_path, subscribers):
+def udpBurst(tmp_path, subscribers, count, *options):
     """
-    A burst over UDP: the broker answers C{BUSY} while the queue is full,
-    and C{dallal --udp publish} resends until each message is taken.  (Fewer
-    messages than the 1,024 answers the broker remembers per UDP client, and
-    a smaller queue to fill.)
+    C{dallal --udp publish --count} to a TCP subscriber in mode C{all} of a
+    broker started with C{options}: it receives each message once.
+
+    @return: the broker's counters afterwards.
     """
-    count = 500
-    broker = UdpBroker(tmp_path, "--max-inflight", "10", "--max-queued", "50")
+    broker = UdpBroker(tmp_path, *options)
     try:
-        reader = subscribers(broker.tcpPort, "al", "all")
-        publishBurst(broker.udpPort, "al", "m", count, transport=("--udp",))
+        reader = subscribers(broker.tcpPort, "u", "all")
+        publishBurst(broker.udpPort, "u", "m", count, transport=("--udp",))
         reader.waitForLines(count)
         counters = stats(broker.tcpPort)
         assert reader.stop() == 0
     finally:
         broker.process.stop()
     assert reader.payloads() == [b"m"] * count
-    assert (counters["published"], counters["dropped"]) == (count, 0)
+    assert (counters["published"], counters["delivered"], counters["dropped"]) == (
+        count,
+        count,
+        0,
+    )
+    return counters
+
+
+def test_aUdpBurstIsAnsweredBusyAndResentNotDropped(tmp_path, subscribers):
+    """
+    A burst over UDP: the broker answers C{BUSY} while the queue is full,
+    and C{dallal --udp publish} resends until each message is taken (a
+    smaller queue, to fill it).
+    """
+    counters = udpBurst(tmp_path, subscribers, 500, "--max-inflight", "10", "--max-queued", "50")
     assert counters["publishes_busy"] > 0
+
+
+def test_aUdpBurstIsPublishedExactlyOnce(tmp_path, subscribers):
+    """
+    C{dallal --udp publish --count 2000}: far more requests than the
+    answers the broker remembers per UDP session, each published exactly
+    once however many of them the client resends, and received once.
+    """
+    udpBurst(tmp_path, subscribers, BURST)
 
 
 def test_aFireSubscriberThatPausesIsSlowedDownNotDropped(startBroker, subscribers):

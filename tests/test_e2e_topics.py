@@ -9,6 +9,7 @@ import fcntl
 import json
 import os
 import re
+import socket
 import struct
 import subprocess
 import termios
@@ -79,6 +80,40 @@ def test_singleLevelWildcard(broker):
     finally:
         assert onePlus.terminate() == 0
         assert allBelow.terminate() == 0
+
+
+def storeRetained(port, count):
+    """
+    Publish C{count} retained messages, on r/0 to r/<count - 1>, pipelined
+    over one raw connection, and wait for their PubAcks.
+    """
+    with socket.create_connection(("127.0.0.1", port), timeout=COMMAND_TIMEOUT) as sock:
+        sock.sendall(
+            b"".join(b"PUB %d r/%d 1 retain=1\r\nx\r\n" % (n, n) for n in range(count))
+        )
+        received = b""
+        while received.count(b"PUBACK ") < count:
+            chunk = sock.recv(65536)
+            assert chunk and b"ERR" not in received, received[-200:]
+            received += chunk
+
+
+def test_subscribingToEverythingGetsEveryRetainedMessage(broker):
+    """
+    C{subscribe --mode fire '#'} over 5000 retained messages, more than the
+    subscriber's queue holds: they come as fast as it reads, none dropped.
+    """
+    count = 5000
+    storeRetained(broker.port, count)
+    everything = subscriber(broker.port, "#", mode="fire")
+    try:
+        everything.waitUntil(
+            lambda output: output.count(b"\nr/") >= count, COMMAND_TIMEOUT, f"{count} messages"
+        )
+    finally:
+        assert everything.terminate() == 0
+    lines = [line for line in everything.output.split(b"\n") if line.startswith(b"r/")]
+    assert sorted(lines) == sorted(b"r/%d: x" % n for n in range(count))
 
 
 def test_retainedMessageOutlivesTheBroker(tmp_path):

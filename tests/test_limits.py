@@ -554,6 +554,7 @@ LIMIT_OPTIONS = {
     "max-udp-answer-bytes": "maxUdpAnswerBytes",
     "max-udp-answer-bytes-total": "maxUdpAnswerBytesTotal",
     "max-matching-topics": "maxMatchingTopics",
+    "max-listed": "maxListed",
     "max-retained": "maxRetained",
     "max-retained-bytes": "maxRetainedBytes",
 }

@@ -15,6 +15,7 @@ from twisted.internet.task import Clock
 from dallal import __version__
 
 from dallal.server import udp
+from dallal import client
 from dallal.client import DallalDatagramClient, SessionLost
 from dallal.protocol.datagram import MAX_PAYLOAD
 from dallal.broker.retained import StoreError
@@ -973,6 +974,47 @@ def test_clientRequestsCarryItsIdentityAndAreResentUntilAnswered():
     assert published == [None]
     broker.clock.advance(5)
     assert [data for data in broker.sent() if not data.startswith(b"PING")] == []
+
+
+def test_clientKeepsAWindowOfRequestsUnanswered():
+    """
+    The client has at most REQUEST_WINDOW requests unanswered, their ids
+    within that span of the oldest: a request past it waits for the oldest
+    to be answered, so a lost answer's resend never trails more than the
+    window's requests the broker answered since.
+    """
+    broker = FakeBroker()
+    broker.handshake()
+    window = client.REQUEST_WINDOW
+    for number in range(window + 2):
+        broker.client.publish("news", b"hi").addErrback(lambda failure: None)
+    sent = broker.sent()
+    assert [data.split()[1] for data in sent] == [b"%d" % (3 + n) for n in range(window)]
+    # A later request answered makes no room: the oldest is still unanswered.
+    broker.answer(b"PUBACK 4\r\n")
+    assert broker.sent() == []
+    broker.clock.advance(0.25)
+    assert b"PUB 3 " in b"".join(broker.sent())
+    # The oldest answered: the window now starts at 5.
+    broker.answer(b"PUBACK 3\r\n")
+    assert [data.split()[1] for data in broker.sent()] == [
+        b"%d" % (3 + window),
+        b"%d" % (4 + window),
+    ]
+
+
+def test_aWaitingRequestCancelledIsNeverSent():
+    broker = FakeBroker()
+    broker.handshake()
+    for number in range(client.REQUEST_WINDOW):
+        broker.client.publish("news", b"hi")
+    waiting = broker.client.publish("news", b"last")
+    waiting.addErrback(lambda failure: None)
+    broker.sent()
+    waiting.cancel()
+    broker.answer(b"PUBACK 3\r\n")
+    broker.clock.advance(5)
+    assert not any(b"last" in data for data in broker.sent())
 
 
 def test_cancelledRequestIsNotResent():

@@ -46,6 +46,7 @@ from dallal.limits import (
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MAX_PENDING_LOGINS,
     DEFAULT_MAX_PENDING_LOGINS_PER_IP,
+    DEFAULT_MAX_LISTED,
     DEFAULT_MAX_MATCHING_TOPICS,
     DEFAULT_MAX_RETAINED,
     DEFAULT_MAX_RETAINED_BYTES,
@@ -66,6 +67,7 @@ from dallal.limits import (
 )
 from dallal.broker.origin import MAX_HOPS, Origin, SeenMessages, generatedName, originFromOptions
 from dallal.broker.retained import StoreError
+from dallal.broker.feed import RetainedFeed
 from dallal.broker.sharing import ShareGroup
 from dallal.topics import MAX_TOPIC_LENGTH, WILDCARDS, TopicError, checkTopic
 from dallal.topictree import RESERVED_PREFIX, SubscriptionTree, TopicMap, checkFilter
@@ -115,7 +117,7 @@ class BrokerConfig:
     maxRetainedBytes: int = DEFAULT_MAX_RETAINED_BYTES
     messageEvents: bool = True
     delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
-    maxListed: int = 1000
+    maxListed: int = DEFAULT_MAX_LISTED
     # The broker's name among bridged brokers; generated if None.
     name: str | None = None
 
@@ -312,6 +314,7 @@ class Broker:
             sys_published=0,
             logins=0,
             logins_failed=0,
+            logins_abandoned=0,
             denied=0,
             bridged_published=0,
             bridged_duplicates=0,
@@ -749,30 +752,38 @@ class Broker:
         """
         Offer a new subscription the retained messages its filter matches,
         marked as retained: the broker's own topics' last values, and the
-        store's (those the client may read).
+        store's (those the client may read when each is offered).  The
+        first slice is offered now, the rest on later turns of the reactor
+        as the subscriber takes them (L{dallal.broker.feed}).
         """
         found = self._ownTopics.match(subscription.topic)
         if self.retained is not None:
             found += self.retained.match(subscription.topic)
+        if subscription.retainedFeed is not None:
+            subscription.retainedFeed.stop()
         session = self._sessions[subscriber]
+
+        def offer(topic, payload):
+            self._offerRetained(session, subscription, topic, payload)
+
+        RetainedFeed(self.clock, subscription, found, offer).start()
+
+    def _offerRetained(self, session, subscription, topic, payload):
         permissions = session.permissions
-        for topic, payload in found:
-            if permissions is not None and not permissions.mayRead(topic):
-                continue
-            message = Message(
-                self._nextMid, topic, payload, "retained", self.clock.seconds(), True
+        if permissions is not None and not permissions.mayRead(topic):
+            return
+        message = Message(self._nextMid, topic, payload, "retained", self.clock.seconds(), True)
+        self._nextMid += 1
+        if self.events.messageEvents:
+            self.events.emit(
+                "retained",
+                mid=message.mid,
+                topic=topic,
+                bytes=len(payload),
+                session=session.sid,
+                client=session.subscriber.peer,
             )
-            self._nextMid += 1
-            if self.events.messageEvents:
-                self.events.emit(
-                    "retained",
-                    mid=message.mid,
-                    topic=topic,
-                    bytes=len(payload),
-                    session=session.sid,
-                    client=subscriber.peer,
-                )
-            session.outbox.offer(subscription, message)
+        session.outbox.offer(subscription, message)
 
     def unsubscribe(self, subscriber, topicFilter, requestId, group=None):
         """
@@ -1160,6 +1171,8 @@ class Broker:
                 hops=0 if message.origin is None else message.origin.hops,
             )
         for subscription in receivers:
+            if subscription.retainedFeed is not None:
+                subscription.retainedFeed.before(message.topic)
             outbox = subscription.outbox
             outbox.offer(
                 subscription, message, None if outbox.subscriber is publisher else publisher

@@ -75,9 +75,11 @@ class Subscription:
         with a message in flight or waiting.
     @ivar bridge: whether it carries messages to another broker (a bridge's
         subscription), for the accounting of bridged traffic.
+    @ivar retainedFeed: the L{dallal.broker.feed.RetainedFeed} of the
+        retained messages still waiting to be offered, or C{None}.
     """
 
-    __slots__ = ("id", "topic", "mode", "outbox", "lastSeq", "latest", "bridge")
+    __slots__ = ("id", "topic", "mode", "outbox", "lastSeq", "latest", "bridge", "retainedFeed")
 
     def __init__(self, subscriptionId, topic, mode, outbox, bridge=False):
         self.id = subscriptionId
@@ -87,6 +89,7 @@ class Subscription:
         self.lastSeq = 0
         self.latest = {}
         self.bridge = bridge
+        self.retainedFeed = None
 
 
 class _LatestSlot:
@@ -232,6 +235,8 @@ class Outbox:
         # latest-mode subscriptions with a waiting message and nothing in
         # flight: what a resume must send.
         self._latestReady = []
+        # Called on the next turn once the outbox has room (L{whenRoom}).
+        self._roomWaiters = []
 
     # From the broker
 
@@ -377,6 +382,39 @@ class Outbox:
             self._progressed()
         self._flush()
 
+    # Room for what the broker offers of itself (a new subscription's
+    # retained messages, dallal.broker.feed): it waits for the subscriber,
+    # as a held publisher does, but never goes beyond the bounds.
+
+    def hasRoom(self):
+        """
+        Whether a message offered now is sent, or waits within half the
+        queue's bounds: the transport takes what is written, and no more
+        than C{maxInflight} messages await their ack.
+        """
+        config = self.config
+        # Half the bounds, rounded up: a queue of one has room for one.
+        halfQueued = config.maxQueued - config.maxQueued // 2
+        return (
+            not (self.paused or self.closed or self._disconnecting)
+            and len(self._inflight) <= config.maxInflight
+            and len(self._latestReady) < halfQueued
+            and len(self._queue) < halfQueued
+            and self._queuedBytes < config.maxQueuedBytes - config.maxQueuedBytes // 2
+        )
+
+    def whenRoom(self, callback):
+        """
+        Call C{callback()} on a turn of the clock after this outbox has
+        room again; never if it closes first.
+        """
+        self._roomWaiters.append(callback)
+
+    def _callRoomWaiters(self):
+        waiters, self._roomWaiters = self._roomWaiters, []
+        for callback in waiters:
+            self.clock.callLater(0, callback)
+
     # Backpressure
 
     def _hold(self, publisher):
@@ -453,6 +491,7 @@ class Outbox:
         """
         self.closed = True
         self._releasePublishers()
+        self._roomWaiters = []
         for subscription in subscriptions:
             self.unsubscribe(subscription)
         if self._ackTimer is not None and self._ackTimer.active():
@@ -471,9 +510,12 @@ class Outbox:
 
     def unsubscribe(self, subscription):
         """
-        Drop what waits for C{subscription} in C{latest} mode: it will never
-        be sent.  What is in flight may still be acked.
+        Drop what waits for C{subscription} in C{latest} mode, and stop
+        offering it retained messages: they will never be sent.  What is
+        in flight may still be acked.
         """
+        if subscription.retainedFeed is not None:
+            subscription.retainedFeed.stop()
         for slot in subscription.latest.values():
             if slot.waiting is not None:
                 message, _ = slot.waiting
@@ -591,6 +633,8 @@ class Outbox:
             self._send(subscription, message, seq)
         if self.holding and self._belowLowWater():
             self._releasePublishers()
+        if self._roomWaiters and self.hasRoom():
+            self._callRoomWaiters()
 
     def _ackTimedOut(self, delivery):
         subscription = delivery.subscription

@@ -24,6 +24,8 @@ class ShareGroup:
     """
 
     __slots__ = ("name", "topic", "members", "_mayRead", "_next")
+    # A group is sent no retained messages: none wait to go before a message.
+    retainedFeed = None
 
     subscriber = None
 

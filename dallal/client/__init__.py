@@ -55,6 +55,12 @@ from dallal.topics import MAX_TOPIC_LENGTH
 # each time, up to RETRY_MAX_DELAY.
 RETRY_FIRST_DELAY = 0.25
 RETRY_MAX_DELAY = 1.0
+# Requests a UDP client has unanswered at once, and the span of their ids:
+# a request whose id is this far past the oldest unanswered one waits.  The
+# broker remembers the answers to more than twice as many of a session's
+# requests (PROTOCOL.md, "Lost datagrams"), so a resend always finds its
+# answer there, however many requests were answered since.
+REQUEST_WINDOW = 64
 # Reconnecting (a bridge, `dallal subscribe --reconnect`): 1 s after losing
 # an established connection, then twice as long after each failure, at most
 # 15 s, plus up to 1 s of jitter so that the clients of a restarted broker do
@@ -779,6 +785,10 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
         self.maxPayload = datagram.MAX_PAYLOAD
         # Request id -> the DelayedCall that sends it again.
         self._resends = {}
+        # Requests sent and unanswered (their ids as numbers, oldest first),
+        # and those waiting for room in the window: request id -> frame.
+        self._inFlight = OrderedDict()
+        self._waiting = OrderedDict()
         # The HELLO waiting for its answer, while saying hello.
         self._helloId = None
         self._rehello = None
@@ -904,12 +914,33 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
 
     def _sendRequest(self, requestId, frame, send=None):
         """
-        Send a request, and send it again until it is answered.
+        Send a request, and send it again until it is answered.  A request
+        of the session waits while the window is full (L{REQUEST_WINDOW});
+        a HELLO (C{send} given) goes at once.
         """
         deferred = Deferred(lambda d: self._takePending(requestId))
         self._pending[requestId] = deferred
-        self._resend(requestId, frame, send or self._sendFrame, RETRY_FIRST_DELAY)
+        if send is not None:
+            self._resend(requestId, frame, send, RETRY_FIRST_DELAY)
+        else:
+            self._waiting[requestId] = frame
+            self._sendWaiting()
         return deferred
+
+    def _sendWaiting(self):
+        """
+        Send the requests waiting, oldest first, as far as the window allows.
+        """
+        while self._waiting:
+            requestId, frame = next(iter(self._waiting.items()))
+            number = int(requestId)
+            if self._inFlight:
+                oldest = next(iter(self._inFlight.values()))
+                if len(self._inFlight) >= REQUEST_WINDOW or number - oldest >= REQUEST_WINDOW:
+                    return
+            del self._waiting[requestId]
+            self._inFlight[requestId] = number
+            self._resend(requestId, frame, self._sendFrame, RETRY_FIRST_DELAY)
 
     def _resend(self, requestId, frame, send, delay):
         send(frame)
@@ -922,6 +953,9 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
         resend = self._resends.pop(requestId, None)
         if resend is not None and resend.active():
             resend.cancel()
+        self._waiting.pop(requestId, None)
+        if self._inFlight.pop(requestId, None) is not None:
+            self._sendWaiting()
         return _ClientSession._takePending(self, requestId)
 
     def publish(self, topic, payload, retain=False, options=None):
@@ -1022,6 +1056,8 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
         for resend in resends.values():
             if resend.active():
                 resend.cancel()
+        self._waiting.clear()
+        self._inFlight.clear()
         if self._rehello is not None:
             self._rehello.cancel()
         if self.transport is not None:

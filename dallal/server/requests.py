@@ -13,7 +13,8 @@ import json
 from dallal.protocol import wire
 from dallal.modes import LATEST
 from dallal.numbers import wholeNumber
-from dallal.errors import BAD_ARGUMENTS, FORBIDDEN, RequestError
+from dallal.errors import BAD_ARGUMENTS, BROKER_STATE, FORBIDDEN, RequestError
+from dallal.limits import CONSECUTIVE_ERRORS, LISTED
 
 
 def helloLimits(config, maxPayload):
@@ -73,6 +74,48 @@ class RequestHandler:
         """
         self.sendFrame(wire.encodeError(error.requestId, error.code, error.reason))
         self.broker.protocolError(self, error.code, fatal)
+
+    # Requests refused in a row: a client that means well reads its errors
+    # long before --max-consecutive-errors, a stream of garbage costs an
+    # ERR and a count each until its session ends.
+
+    errorStreak = 0
+    # What the last ERR of a run says happens now.
+    endOfErrorStreak = "closing the connection"
+
+    def errorStreakOver(self, error):
+        """
+        Count a refused request in the client's run of errors (refusals
+        that are the broker's state, L{BROKER_STATE}, do not count).
+
+        @return: whether the run reached C{--max-consecutive-errors}.
+        """
+        if error.code in BROKER_STATE:
+            return False
+        self.errorStreak += 1
+        return self.errorStreak >= self.broker.config.maxConsecutiveErrors
+
+    def tooManyErrors(self):
+        """
+        Count and log the refusal that ends a client's run of errors.
+
+        @return: the L{RequestError} to send it, with id C{-}.
+        """
+        maximum = self.broker.config.maxConsecutiveErrors
+        return self.broker.refusedByLimit(
+            self,
+            CONSECUTIVE_ERRORS,
+            maximum,
+            f"the last {maximum} requests were all refused: {self.endOfErrorStreak}",
+        )
+
+    def carriedOut(self, streak):
+        """
+        A request was handled: if nothing of it was refused (the run of
+        errors is still C{streak} long), the run is over.
+        """
+        if self.errorStreak == streak:
+            self.errorStreak = 0
 
     def subscriptionRevoked(self, subscriptionId, reason):
         """
@@ -209,6 +252,9 @@ class RequestHandler:
             )
             return
         rows, total = self.broker.topics(min(limit, maxListed))
+        if total > maxListed and ("limit" not in request.options or limit > maxListed):
+            # Cut by the broker's bound, not by what the client asked for.
+            self.broker.refusedByLimit(self, LISTED, maxListed)
         self._sendData(
             b"TOPICS",
             request.id,

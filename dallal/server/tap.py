@@ -300,8 +300,9 @@ class Options(usage.Options):
             "max-consecutive-errors",
             None,
             _config.maxConsecutiveErrors,
-            "Requests refused in a row on one TCP connection; the last is "
-            "answered ERR - TOO_MANY_ERRORS and the connection closed.",
+            "Requests refused in a row on one TCP connection or UDP session; the "
+            "last is answered ERR - TOO_MANY_ERRORS and the connection closed (the "
+            "session ended).",
             _whole("max-consecutive-errors"),
         ],
         [
@@ -353,6 +354,14 @@ class Options(usage.Options):
             "Topics one publish to every matching topic (to-matching=1) may "
             "reach; a filter matching more is refused (ERR TOO_MANY_TOPICS).",
             _whole("max-matching-topics"),
+        ],
+        [
+            "max-listed",
+            None,
+            _config.maxListed,
+            "Topics one TOPICS answer lists at most, whatever limit= it asks "
+            "for; the answer says truncated.",
+            _whole("max-listed"),
         ],
         [
             "max-retained",
@@ -664,6 +673,7 @@ def brokerConfig(options):
         maxUdpAnswerBytes=options["max-udp-answer-bytes"],
         maxUdpAnswerBytesTotal=options["max-udp-answer-bytes-total"],
         maxMatchingTopics=options["max-matching-topics"],
+        maxListed=options["max-listed"],
         maxRetained=options["max-retained"],
         maxRetainedBytes=options["max-retained-bytes"],
         messageEvents=bool(options["message-events"]),

@@ -23,7 +23,6 @@ from dallal.security.auth import LoginFailed, TooManyChecks
 from dallal.errors import (
     BAD_ARGUMENTS,
     BAD_CREDENTIALS,
-    BROKER_STATE,
     BAD_FRAMING,
     LOGIN_TIMEOUT,
     NO_ID,
@@ -34,7 +33,6 @@ from dallal.protocol.framing import FrameReceiver
 from dallal.broker.interfaces import ISubscriber
 from dallal.server.keepalive import IPingable
 from dallal.limits import (
-    CONSECUTIVE_ERRORS,
     FRAME_SECONDS,
     LINE,
     OUTPUT_BYTES,
@@ -148,8 +146,6 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         # it since then (L{BrokerConfig.maxOutputBytes} bounds them).
         self._full = False
         self._overflow = 0
-        # Requests refused since the last one carried out.
-        self._errorStreak = 0
         self._loginDeadline = None
         # Why reading from the client is paused: it reads again when no
         # reason is left.
@@ -274,20 +270,8 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
             self._closeReason = "protocol_error"
             self._close()
             return
-        if error.code in BROKER_STATE:
-            return
-        self._errorStreak += 1
-        maximum = self.broker.config.maxConsecutiveErrors
-        if self._errorStreak >= maximum and not self.transport.disconnecting:
-            self.refuse(
-                self.broker.refusedByLimit(
-                    self,
-                    CONSECUTIVE_ERRORS,
-                    maximum,
-                    f"the last {maximum} requests were all refused: closing the connection",
-                ),
-                fatal=True,
-            )
+        if self.errorStreakOver(error) and not self.transport.disconnecting:
+            self.refuse(self.tooManyErrors(), fatal=True)
 
     def _carriedOut(self, streak):
         """
@@ -296,8 +280,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         connection's turn is over, the rest of what it sent waits for the
         next turn of the reactor.
         """
-        if self._errorStreak == streak:
-            self._errorStreak = 0
+        self.carriedOut(streak)
         clock = self.broker.clock
         if clock.seconds() - self._turnStarted > TURN_SECONDS and not self.readPause:
             self.pauseReading(TURN_OVER)
@@ -406,7 +389,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         if not self._loggedIn and kind not in _BEFORE_LOGIN:
             self._refuseBeforeLogin(request)
             return
-        streak = self._errorStreak
+        streak = self.errorStreak
         if kind is wire.Publish:
             # Carried out, or not, once its payload is read.
             self._publishReceived(request)
@@ -583,7 +566,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         request, self._publishing = self._publishing, None
         if not self._attached:
             return
-        streak = self._errorStreak
+        streak = self.errorStreak
         self.publish(request, payload)
         self._carriedOut(streak)
 

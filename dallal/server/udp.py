@@ -42,6 +42,7 @@ import secrets
 from collections import Counter, OrderedDict, namedtuple
 from math import ceil
 
+from twisted.internet.defer import CancelledError
 from twisted.internet.error import MessageLengthError
 from twisted.internet.protocol import DatagramProtocol
 from twisted.logger import Logger
@@ -51,6 +52,7 @@ from dallal import __version__
 from dallal.protocol import datagram, wire
 from dallal.security.auth import LoginFailed, TooManyChecks
 from dallal.errors import (
+    ANSWER_FORGOTTEN,
     BAD_CREDENTIALS,
     BUSY,
     BAD_TOKEN,
@@ -72,6 +74,7 @@ from dallal.limits import (
     LogWindow,
     RateTable,
 )
+from dallal.numbers import wholeNumber
 from dallal.server.requests import RequestHandler, helloLimits
 from dallal.server.addresses import formatDatagramAddress
 
@@ -92,10 +95,16 @@ REMEMBERED_ANSWERS = 1024
 ANSWER_BOOKKEEPING = 256
 # What is remembered for a retained PUB whose answer waits for the store.
 AWAITING_STORE = object()
+# What a retry gets whose answer was forgotten (AnswerCache.get).
+FORGOTTEN = object()
 # 96 bits of HMAC-SHA256: a forger gets one guess per datagram.
 TOKEN_BYTES = 12
 # Random bytes of a session's key (22 URL-safe base64 characters).
 SESSION_KEY_BYTES = 16
+# Seconds a login waits for its password check without its HELLO being
+# resent: a client resends at least every second (dallal.client), so one
+# silent this long is gone, and its check is dropped.
+LOGIN_RESEND_TIMEOUT = 3.0
 # Refusals of datagrams that named no session logged per second, at most.
 STRANGER_ERRORS_LOGGED_PER_SECOND = 10
 
@@ -163,6 +172,13 @@ class AnswerCache:
     own for its bound and anyone's for the total: a retry comes within
     seconds of its request.
 
+    What is forgotten still leaves a mark: for each session, the highest
+    decimal request id whose answer was forgotten.  A client that numbers
+    its requests with increasing decimal integers (PROTOCOL.md, "Lost
+    datagrams") sends a retry with an id at or below it only for a request
+    already received, so such a retry is L{FORGOTTEN}, never carried out
+    twice.
+
     @param forgotten: called with C{(session, limit, maximum)} for each
         answer forgotten for a byte bound.
     """
@@ -177,10 +193,24 @@ class AnswerCache:
         self._order = OrderedDict()
         self._sessionBytes = Counter()
         self.bytes = 0
+        # session -> the highest decimal request id whose answer was
+        # forgotten for a bound.
+        self._forgottenUpTo = {}
 
     def get(self, session, requestId):
+        """
+        The answer remembered for a request, L{FORGOTTEN} if it is a retry
+        whose answer is forgotten, or C{None} for a request not seen.
+        """
         answers = self._sessions.get(session)
-        return None if answers is None else answers.get(requestId)
+        answer = None if answers is None else answers.get(requestId)
+        if answer is None and requestId is not None:
+            forgottenUpTo = self._forgottenUpTo.get(session)
+            if forgottenUpTo is not None:
+                number = wholeNumber(requestId, wire.MAX_ID_LENGTH)
+                if number is not None and number <= forgottenUpTo:
+                    return FORGOTTEN
+        return answer
 
     def remember(self, session, requestId, answer):
         """
@@ -194,13 +224,13 @@ class AnswerCache:
         self._sessionBytes[session] += size
         self.bytes += size
         if len(answers) > REMEMBERED_ANSWERS:
-            self._forget(session, next(iter(answers)))
+            self._evict(session, next(iter(answers)))
         while self._sessionBytes[session] > self.maxBytesPerSession:
-            self._forget(session, next(iter(answers)))
+            self._evict(session, next(iter(answers)))
             self._forgotten(session, UDP_ANSWER_BYTES, self.maxBytesPerSession)
         while self.bytes > self.maxBytes:
             oldest = next(iter(self._order))
-            self._forget(*oldest)
+            self._evict(*oldest)
             self._forgotten(oldest[0], UDP_ANSWER_BYTES_TOTAL, self.maxBytes)
 
     def replace(self, session, requestId, answer):
@@ -215,6 +245,16 @@ class AnswerCache:
     def forgetSession(self, session):
         for requestId in list(self._sessions.get(session, ())):
             self._forget(session, requestId)
+        self._forgottenUpTo.pop(session, None)
+
+    def _evict(self, session, requestId):
+        """
+        Forget an answer for a bound, keeping its mark.
+        """
+        self._forget(session, requestId)
+        number = wholeNumber(requestId, wire.MAX_ID_LENGTH)
+        if number is not None and number > self._forgottenUpTo.get(session, -1):
+            self._forgottenUpTo[session] = number
 
     def _forget(self, session, requestId):
         size = self._order.pop((session, requestId), None)
@@ -242,6 +282,7 @@ class UdpSession(RequestHandler):
     """
 
     transportName = "udp"
+    endOfErrorStreak = "ending the session"
 
     def __init__(self, protocol, clientId, address):
         self.protocol = protocol
@@ -289,6 +330,17 @@ class UdpSession(RequestHandler):
         """
         requestId = getattr(request, "id", None)
         answer = self._answers.get(self, requestId)
+        if answer is FORGOTTEN:
+            self.broker.counters["duplicates"] += 1
+            self.refuse(
+                RequestError(
+                    ANSWER_FORGOTTEN,
+                    f"request {requestId} was received before, and its answer is no "
+                    "longer remembered: it is not carried out again",
+                    requestId,
+                )
+            )
+            return
         if answer is not None:
             self.broker.counters["duplicates"] += 1
             if answer is not AWAITING_STORE:
@@ -296,6 +348,7 @@ class UdpSession(RequestHandler):
             return
         self._answering = requestId or NO_ID
         self._remember = requestId is not None
+        streak = self.errorStreak
         try:
             if type(request) is wire.Publish:
                 if self._busy:
@@ -310,6 +363,8 @@ class UdpSession(RequestHandler):
                 self.handleRequest(request)
         except RequestError as error:
             self.refuse(error)
+        else:
+            self.carriedOut(streak)
         finally:
             self._answering = NO_ID
             self._remember = False
@@ -385,6 +440,10 @@ class UdpSession(RequestHandler):
         # A refused request is not remembered: its retry is judged again.
         self._remember = False
         RequestHandler.refuse(self, error, fatal)
+        if fatal:
+            self.disconnect("protocol_error")
+        elif self.errorStreakOver(error) and self.protocol.serves(self):
+            self.refuse(self.tooManyErrors(), fatal=True)
 
     def pongReceived(self):
         # The broker does not ping UDP clients: they ping it, and every
@@ -450,8 +509,9 @@ class BrokerDatagramProtocol(DatagramProtocol):
         self.broker = broker
         self.sweep = sweep
         self.gatekeeper = gatekeeper
-        # (client id, address) of the logins being checked.
-        self._loggingIn = set()
+        # (client id, address) of the logins being checked -> the delayed
+        # call that drops the check if the client stops resending.
+        self._loggingIn = {}
         self.ackTimeout = ackTimeout
         self.followConfig()
         self._secret = os.urandom(32) if secret is None else secret
@@ -571,11 +631,17 @@ class BrokerDatagramProtocol(DatagramProtocol):
         if not self._sessionAddresses[address]:
             del self._sessionAddresses[address]
 
+    def serves(self, session):
+        """
+        Whether C{session} is the one its client's datagrams find.
+        """
+        return self._sessions.get(session.clientId) is session
+
     def forget(self, session):
         """
         Stop serving a session: its client's datagrams find none.
         """
-        if self._sessions.get(session.clientId) is not session:
+        if not self.serves(session):
             return
         del self._sessions[session.clientId]
         self._leave(session.address)
@@ -603,11 +669,17 @@ class BrokerDatagramProtocol(DatagramProtocol):
                 address,
             )
             return
+        line, clientId, token = datagram.takeIdentity(line)
         try:
-            line, clientId, token = datagram.takeIdentity(line)
             request = wire.parseRequest(line)
         except RequestError as error:
-            self._refuse(error, address)
+            session = self._sessionAt(clientId, token, address)
+            if session is None:
+                self._refuse(error, address)
+            else:
+                # In the session's run of errors, as over TCP.
+                self._settle(session, address)
+                session.refuse(error)
             return
         if request is None:
             return
@@ -664,6 +736,18 @@ class BrokerDatagramProtocol(DatagramProtocol):
             self.endSession(session, "closed")
             return
         session.requestReceived(request, rest)
+
+    def _sessionAt(self, clientId, token, address):
+        """
+        The session a datagram names with its client's token, if the
+        datagram comes from the session's address; else C{None}.
+        """
+        if clientId is None or not self._tokenMatches(clientId, token, address):
+            return None
+        session = self._sessions.get(clientId.decode("ascii"))
+        if session is None or session.address != address:
+            return None
+        return session
 
     def _helloReceived(self, hello, rest, address):
         """
@@ -806,20 +890,43 @@ class BrokerDatagramProtocol(DatagramProtocol):
                 self._startSession(hello, address)
                 return
         attempt = (hello.clientId, address)
-        if attempt in self._loggingIn:
-            # A resend while its password is checked: the first gets the
-            # answer.
+        senderGone = self._loggingIn.get(attempt)
+        if senderGone is not None:
+            # A resend while its password is checked: the client is still
+            # there, and the first gets the answer.
+            senderGone.reset(LOGIN_RESEND_TIMEOUT)
             return
-        self._loggingIn.add(attempt)
-        self.gatekeeper.login(user, password, hello.clientId, address[0]).addCallbacks(
+        checking = self.gatekeeper.login(user, password, hello.clientId, address[0])
+        self._loggingIn[attempt] = self.broker.clock.callLater(
+            LOGIN_RESEND_TIMEOUT, self._loginAbandoned, attempt, checking
+        )
+        checking.addCallbacks(
             self._loginSucceeded,
             self._loginFailed,
             callbackArgs=(hello, address, fingerprint),
             errbackArgs=(hello, address),
         )
 
+    def _loginAbandoned(self, attempt, checking):
+        """
+        The client stopped resending its HELLO while its password waited
+        to be checked: it is gone (or spoofed once and left), so its check
+        leaves the queue unrun, or its answer is dropped.
+        """
+        del self._loggingIn[attempt]
+        self.broker.counters["logins_abandoned"] += 1
+        checking.cancel()
+
+    def _loginAnswered(self, hello, address):
+        """
+        A login's check is over: stop watching for its client's resends.
+        """
+        senderGone = self._loggingIn.pop((hello.clientId, address), None)
+        if senderGone is not None and senderGone.active():
+            senderGone.cancel()
+
     def _loginSucceeded(self, user, hello, address, fingerprint):
-        self._loggingIn.discard((hello.clientId, address))
+        self._loginAnswered(hello, address)
         if self.transport is None:
             # The port stopped while the password was checked.
             return
@@ -838,7 +945,10 @@ class BrokerDatagramProtocol(DatagramProtocol):
         self._startSession(hello, address, user, fingerprint)
 
     def _loginFailed(self, failure, hello, address):
-        self._loggingIn.discard((hello.clientId, address))
+        self._loginAnswered(hello, address)
+        if failure.check(CancelledError):
+            # Abandoned: nobody to answer.
+            return
         if failure.check(TooManyChecks):
             error = failure.value
             self._refuse(

@@ -124,6 +124,10 @@ COUNTERS = {
     ),
     "logins": ("dallal_logins", "Logins that succeeded."),
     "logins_failed": ("dallal_logins_failed", "Logins refused."),
+    "logins_abandoned": (
+        "dallal_logins_abandoned",
+        "UDP logins dropped unchecked: their HELLO was not resent while they waited.",
+    ),
     "denied": ("dallal_denied", "Requests the ACL refused, and bridge frames from non-bridges."),
     "publishers_paused": (
         "dallal_publishers_paused",
