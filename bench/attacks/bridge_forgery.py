@@ -97,7 +97,13 @@ def run(hub, leaf):
     mallory.send(frames)
     accepted = refused = 0
     for k in range(1, FORGED + 1):
-        answer = mallory.answer(b"f%d" % k, timeout=10)
+        try:
+            answer = mallory.answer(b"f%d" % k, timeout=10)
+        except lib.Closed:
+            # The leaf closed her connection after refusing a run of them
+            # (--max-consecutive-errors): the rest are refused unread.
+            refused = FORGED - accepted
+            break
         if answer is None:
             break
         if answer[0].startswith(b"PUBACK"):
