@@ -13,28 +13,6 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-SPARK_DIR = REPO / "spark"
-REPORT = SPARK_DIR / "report.py"
-
-# spark/report.py runs as a script with its folder on sys.path; the tests
-# import its modules the same way.
-if str(SPARK_DIR) not in sys.path:
-    sys.path.insert(0, str(SPARK_DIR))
-
-
-@pytest.fixture(scope="session", autouse=True)
-def reportCache(tmp_path_factory):
-    """
-    The report's archives of JVM classes (dallal_analytics.classdata) go
-    under pytest's tmp path, not the user's cache.
-    """
-    from dallal_analytics.classdata import CACHE_VARIABLE
-
-    folder = tmp_path_factory.mktemp("report-cache")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(CACHE_VARIABLE, str(folder))
-        yield folder
 
 
 def requireJava():
@@ -63,10 +41,13 @@ def spark(tmp_path_factory):
 @pytest.fixture
 def reportCommand():
     """
-    The command line that runs spark/report.py as a user would.
+    The installed dallal-report command, run as a user would.
     """
     requireJava()
-    return [sys.executable, str(REPORT)]
+    command = Path(sys.executable).parent / "dallal-report"
+    if not command.exists():
+        pytest.skip("the dallal-report command is not installed (pip install '.[analytics]')")
+    return [str(command)]
 
 
 def twistdStamp(t):

@@ -355,7 +355,7 @@ def brokerRun(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def brokerReport(spark, brokerRun, tmp_path_factory):
-    import report
+    from dallal_analytics import report
 
     scenario, _, _ = brokerRun
     out = tmp_path_factory.mktemp("report")

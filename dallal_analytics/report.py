@@ -1,8 +1,8 @@
 """
 Analytics over Dallal broker logs, on Spark.
 
-    python spark/report.py LOGS... --out DIR [--window 1m] [--master URL]
-    spark-submit spark/report.py LOGS... --out DIR --master spark://host:7077
+    dallal-report LOGS... --out DIR [--window 1m] [--master URL]
+    spark-submit --py-files dallal-*.whl $(python -c 'import dallal_analytics.report as r; print(r.__file__)') LOGS... --out DIR
 
 LOGS are twistd log files (C{twistd --logfile=PATH dallal}), rotated ones
 included, as files, globs or directories.  DIR receives a Parquet table per
@@ -21,22 +21,21 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-# Run as a script (python or spark-submit), this file's folder is first on
-# sys.path: that is how dallal_analytics is found, wherever the working
-# directory is.
 from dallal_analytics import htmlreport, parse, questions
-from dallal_analytics.classdata import ClassDataArchive
-from dallal_analytics.prefetch import startReadingAhead
-from dallal_analytics.session import (
-    JVM_OPTIONS, buildSession, driverProcess, isLocalMaster, jvmRunning,
-    launchedBySparkSubmit,
-)
+from dallal_analytics.session import buildSession
 
 DEFAULT_WINDOW_SECONDS = 60
 UNPARSED_EXAMPLES = 5
 TOP = 10
 # The connections chart draws about this many steps, whatever --window is.
 CHART_STEPS = 200
+
+# The file of the report's folder that says how Spark ran it.
+EFFECTIVE_SETTINGS = "spark-settings.json"
+REPORTED_SETTINGS = (
+    "spark.master", "spark.app.name", "spark.driver.memory", "spark.executor.memory",
+    "spark.sql.session.timeZone", "spark.sql.mapKeyDedupPolicy",
+)
 
 UNITS = {"s": 1, "m": 60, "h": 3600}
 WINDOW = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|second|seconds|m|min|minute|minutes|h|hour|hours)?\s*$")
@@ -154,28 +153,30 @@ class Tables:
         return self.spark.read.schema(frame.schema).parquet(path)
 
 
+def writeEffectiveSettings(spark, outDir):
+    """
+    L{EFFECTIVE_SETTINGS}: the Spark settings the report ran with (the
+    site's and its own), and the driver JVM's arguments.
+    """
+    conf = spark.sparkContext.getConf()
+    settings = {key: conf.get(key) for key in REPORTED_SETTINGS}
+    settings["spark.sql.shuffle.partitions"] = spark.conf.get("spark.sql.shuffle.partitions")
+    runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    settings["jvm_arguments"] = list(runtime.getInputArguments())
+    (Path(outDir) / EFFECTIVE_SETTINGS).write_text(
+        json.dumps(settings, indent=2, sort_keys=True) + "\n"
+    )
+
+
 def _rows(frame):
     return [row.asDict(recursive=True) for row in frame.collect()]
 
 
-def surveyLines(spark, lines):
+def surveyLines(lines):
     """
-    L{questions.lineSurvey} of the parsed C{lines}, the first query to read
-    the report's caches, without adaptive execution: with it, Spark fills
-    each cache in a job of its own and only then reads the log's cache
-    again for the survey; without it, the survey's tasks fill the caches
-    as they count, in one pass over the log (docs/ANALYTICS.md has the
-    measurements).  The setting is the session's: queries that an embedder
-    runs in the same session meanwhile run without adaptive execution too.
-    It is as it was afterwards.
+    L{questions.lineSurvey} of the parsed C{lines}, as a dict.
     """
-    setting = "spark.sql.adaptive.enabled"
-    enabled = spark.conf.get(setting)
-    spark.conf.set(setting, "false")
-    try:
-        return _rows(questions.lineSurvey(lines, parse.KINDS))[0]
-    finally:
-        spark.conf.set(setting, enabled)
+    return _rows(questions.lineSurvey(lines, parse.KINDS))[0]
 
 
 def _sortedRows(frame, key):
@@ -276,6 +277,7 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
     outDir = Path(outDir)
     outDir.mkdir(parents=True, exist_ok=True)
     tables = Tables(spark, outDir)
+    writeEffectiveSettings(spark, outDir)
     cached = []
 
     def cache(frame):
@@ -291,7 +293,7 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
         split = cache(questions.cachedColumns(parse.splitLines(parse.readLines(spark, paths))))
         others = cache(parse.parseOtherLines(split))
         lines = parse.combine(split, others).select("kind", *questions.EVENT_COLUMNS, "raw")
-        survey = surveyLines(spark, lines)
+        survey = surveyLines(lines)
         # Every run with clients logs their connects, which are among the
         # other lines: they tell the starts apart without reading the
         # per-message events again.
@@ -515,7 +517,7 @@ def summarize(window, survey, starts, unparsedExamples, runRows, topicRows, loss
 
 def parseArguments(argv):
     parser = argparse.ArgumentParser(
-        prog="report.py",
+        prog="dallal-report",
         description="Analyse Dallal broker logs (twistd --logfile=...) with Spark: "
         "Parquet tables, summary.json and report.html in --out.",
     )
@@ -541,18 +543,12 @@ def parseArguments(argv):
     )
     parser.add_argument(
         "--shuffle-partitions", type=positiveCount, metavar="N",
-        help="spark.sql.shuffle.partitions (default 16 for local masters, "
-        "Spark's elsewhere)",
+        help="spark.sql.shuffle.partitions (default: the site's setting, else Spark's)",
     )
     parser.add_argument(
-        "--driver-memory", default="4g",
-        help="the driver JVM's heap when run with python (default 4g)",
-    )
-    parser.add_argument(
-        "--no-jvm-cache", action="store_true",
-        help="neither map nor write the archive of the JVM's classes that starts later "
-        "reports sooner (kept in $DALLAL_REPORT_CACHE, else $XDG_CACHE_HOME/dallal-report "
-        "or ~/.cache/dallal-report)",
+        "--driver-memory", metavar="SIZE",
+        help="the driver JVM's heap (spark.driver.memory), e.g. 4g, when the report "
+        "starts the JVM (default: the site's setting, else Spark's)",
     )
     parser.add_argument(
         "--quiet", action="store_true", help="no progress lines on standard error"
@@ -562,35 +558,26 @@ def parseArguments(argv):
 
 def main(argv=None):
     args = parseArguments(argv)
-    archive = None
-    if not launchedBySparkSubmit() and (args.master is None or isLocalMaster(args.master)):
-        # The tasks will read the logs from this machine's disk: it reads
-        # them ahead while the JVM starts (see dallal_analytics.prefetch).
-        startReadingAhead(args.logs)
-        # The JVM this process starts maps the classes an earlier report's
-        # JVM archived, or archives them for the next (see
-        # dallal_analytics.classdata).  A JVM already running (an embedder's
-        # session) is joined as it is, and left running.
-        if not args.no_jvm_cache and not jvmRunning():
-            archive = ClassDataArchive.find([*JVM_OPTIONS, f"-Xmx{args.driver_memory}"])
-    spark = buildSession(
-        master=args.master,
-        shufflePartitions=args.shuffle_partitions,
-        driverMemory=args.driver_memory,
-        driverJavaOptions=archive.javaOptions() if archive else (),
-    )
-    from pyspark.errors import AnalysisException
+    from pyspark.errors import AnalysisException, PySparkRuntimeError
+
+    try:
+        spark = buildSession(
+            master=args.master,
+            shufflePartitions=args.shuffle_partitions,
+            driverMemory=args.driver_memory,
+        )
+    except PySparkRuntimeError as error:
+        # The JVM wrote its reason on standard error, above.
+        print(f"dallal-report: Spark did not start: {error}", file=sys.stderr)
+        return 1
 
     progress = Progress(
         enabled=not args.quiet, statusTracker=spark.sparkContext.statusTracker()
     )
-    jvm = driverProcess()
-    completed = False
     try:
         summary = runReport(
             spark, args.logs, args.out, args.window, progress, deliveries=args.deliveries
         )
-        completed = True
     except AnalysisException as error:
         if error.getCondition() != "PATH_NOT_FOUND":
             raise
@@ -598,20 +585,11 @@ def main(argv=None):
         return 2
     finally:
         spark.stop()
-        if archive and jvm and not completed:
-            archive.abandon(jvm)
     out = Path(args.out)
     print(f"{summary['publishes']} publishes, {summary['deliveries']} deliveries, "
           f"{summary['sessions']} sessions, {summary['unparsed_lines']} unparsed lines")
     print(f"report: {out / 'report.html'}")
     print(f"summary: {out / 'summary.json'}", flush=True)
-    if archive and jvm:
-        seconds = archive.finish(jvm)
-        if seconds is not None:
-            progress.say(
-                f"the JVM's classes archived for the next reports in {seconds:.1f} s "
-                f"({archive.path})"
-            )
     return 0
 
 
