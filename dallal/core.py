@@ -200,6 +200,8 @@ class Broker:
         )
         self.retained = retained
         self.name = config.name or generatedName()
+        # Every event names the broker that logged it (docs/EVENTS.md).
+        self.events.broker = self.name
         # Message ids restart at each start: this tells them apart, for the
         # brokers that remember the messages they saw.
         self.incarnation = secrets.token_hex(4)

@@ -177,3 +177,18 @@ def test_statsCountersAreCatalogued():
     reasons = {name for name in stats if name.startswith("dropped_")}
     assert "dropped_<reason>" in counters
     assert set(stats) - reasons <= counters, set(stats) - reasons - counters
+
+
+def test_everyEventNamesItsBroker():
+    """
+    Every event carries the broker's name, between its fields and its time
+    (docs/EVENTS.md, "Format"): the logs of many brokers read together tell
+    them apart.
+    """
+    harness = exerciseEveryEvent()
+    events = [event for event in harness.events if "dallal_event" in event]
+    assert events
+    assert {event["broker"] for event in events} == {harness.broker.name}
+    assert all(
+        event["log_format"].endswith(" broker={broker} t={t:.6f}") for event in events
+    )
