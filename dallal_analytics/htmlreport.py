@@ -323,7 +323,8 @@ def counterCheck(summary, runs):
     mismatches = summary["counter_mismatches"]
     if mismatches:
         listed = ", ".join(
-            escape(f"run {m['run']} {m['counter']}: broker {m['broker']}, events {m['log']}")
+            escape(f"{m['broker']} run {m['run']} {m['counter']}: counted {m['counted']}, "
+                   f"events {m['log']}")
             for m in mismatches
         )
         return f'<p class="bad">The broker\'s counters disagree with its events: {listed}.</p>'

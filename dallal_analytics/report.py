@@ -202,7 +202,8 @@ def chartStep(runRows):
 def counterMismatches(runRows):
     """
     Where a run's last C{stats} event disagrees with what its events add up
-    to: C{[{"run", "counter", "broker", "log"}]}.
+    to: C{[{"broker", "run", "counter", "counted", "log"}]} (C{counted}: the
+    broker's counter, C{log}: what its events add up to).
     """
     names = dict(questions.COUNTERS_FROM_EVENTS, inflight="inflight")
     mismatches = []
@@ -222,8 +223,8 @@ def counterMismatches(runRows):
                 continue
             if counters[counter] != fromLog[column]:
                 mismatches.append(
-                    {"run": run["run"], "counter": counter,
-                     "broker": counters[counter], "log": fromLog[column]}
+                    {"broker": run["broker"], "run": run["run"], "counter": counter,
+                     "counted": counters[counter], "log": fromLog[column]}
                 )
     return mismatches
 
@@ -297,7 +298,7 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
         # Every run with clients logs their connects, which are among the
         # other lines: they tell the starts apart without reading the
         # per-message events again.
-        starts = questions.brokerStarts(others, survey.pop("listening"))
+        starts = questions.Runs.find(others, survey.pop("brokers"), survey.pop("listening"))
         messages = survey.pop("messages")
         unparsedExamples = [
             row.raw for row in others.where(col("kind") == parse.UNPARSED)
@@ -333,7 +334,7 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
             ).localCheckpoint()
             activity = cache(questions.sessionActivity(summary))
             sessionTable = tables.write("sessions", questions.sessions(
-                activity, questions.sessionNames(summary), len(starts)
+                activity, questions.sessionNames(summary), starts
             ))
             sessionTransports = sessionTable.select(
                 "run", "session", col("transport").alias("session_transport")
@@ -370,7 +371,7 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
         errorTable = tables.write("errors", questions.errors(summary))
         healthTable = tables.write("health", questions.health(summary))
         runTable = tables.write("runs", questions.runs(
-            summary, activity, sessionTable, messageTable, connectionTable
+            summary, activity, sessionTable, messageTable, connectionTable, starts
         ))
     for frame in cached:
         frame.unpersist()
@@ -387,6 +388,7 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
             window=window,
             survey=survey,
             starts=starts,
+            fleetPeak=_rows(questions.fleetPeak(connectionTable))[0],
             unparsedExamples=unparsedExamples,
             runRows=runRows,
             topicRows=topicRows,
@@ -433,8 +435,43 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
     return summary
 
 
-def summarize(window, survey, starts, unparsedExamples, runRows, topicRows, lossRows,
-              errorRows, overallLatency, sessionKinds, transports):
+# What the summary says of each broker, summed over its runs.
+BROKER_TOTALS = (
+    "sessions", "publishes", "sys_published", "bridged_published", "bridged_delivered",
+    "bridged_dropped", "deliveries", "redeliveries", "bytes_in", "bytes_out", "errors",
+    "pings_missed", "clients_dropped",
+)
+
+
+def brokerSummaries(runRows):
+    """
+    Per broker of the log: its runs and their totals, its peak of
+    concurrent connections (its runs do not overlap: the largest of
+    theirs) and when it was first reached, its first and last events.
+    """
+    brokers = {}
+    for row in runRows:
+        brokers.setdefault(row["broker"], []).append(row)
+    summaries = {}
+    for broker, rows in sorted(brokers.items()):
+        peak = max(rows, key=lambda row: row["peak_connections"])
+        summaries[broker] = {
+            "runs": sum(1 for row in rows if row["started"] is not None),
+            **{name: sum(row[name] or 0 for row in rows) for name in BROKER_TOTALS},
+            "peak_connections": peak["peak_connections"],
+            "peak_connections_at": htmlreport.isoformat(peak["peak_at"]),
+            "first_event_at": htmlreport.isoformat(min(
+                (row["first_event"] for row in rows if row["first_event"]), default=None
+            )),
+            "last_event_at": htmlreport.isoformat(max(
+                (row["last_event"] for row in rows if row["last_event"]), default=None
+            )),
+        }
+    return summaries
+
+
+def summarize(window, survey, starts, fleetPeak, unparsedExamples, runRows, topicRows,
+              lossRows, errorRows, overallLatency, sessionKinds, transports):
     """
     summary.json: the totals, from the rows the report collected.
     """
@@ -451,7 +488,6 @@ def summarize(window, survey, starts, unparsedExamples, runRows, topicRows, loss
         # A malformed event may lack its topic or code; JSON keys are text.
         return "" if value is None else value
 
-    peak = max(runRows, key=lambda row: row["peak_connections"], default=None)
     sessionsByTransport = tally(sessionKinds, "transport", "count")
     trafficByTransport = {row["transport"]: row for row in transports}
     return {
@@ -473,8 +509,10 @@ def summarize(window, survey, starts, unparsedExamples, runRows, topicRows, loss
         "inflight": total(lossRows, "inflight"),
         "messages_without_publish": total(runRows, "messages_without_publish"),
         "sessions": total(sessionKinds, "count"),
-        "peak_connections": peak["peak_connections"] if peak else 0,
-        "peak_connections_at": htmlreport.isoformat(peak["peak_at"]) if peak else None,
+        # Over every broker of the log at once.
+        "peak_connections": fleetPeak["peak_connections"] or 0,
+        "peak_connections_at": htmlreport.isoformat(fleetPeak["peak_at"]),
+        "brokers": brokerSummaries(runRows),
         "session_end_reasons": {
             reason or "still_connected": count
             for reason, count in tally(sessionKinds, "end_reason", "count").items()

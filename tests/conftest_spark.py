@@ -57,11 +57,18 @@ def twistdStamp(t):
     return time.strftime("%Y-%m-%dT%H:%M:%S+0000", time.gmtime(int(t)))
 
 
-def eventLine(t, name, level="info", **fields):
+# The broker of the hand-written logs.
+BROKER = "hub"
+
+
+def eventLine(t, name, level="info", broker=BROKER, **fields):
     """
     A broker event as twistd writes it, per docs/EVENTS.md: the fields in
-    the order given, then C{t}.
+    the order given, then C{broker} (none if C{None}, as older brokers
+    logged them) and C{t}.
     """
+    if broker is not None:
+        fields = dict(fields, broker=broker)
     text = "".join(f" {key}={value}" for key, value in fields.items())
     return f"{twistdStamp(t)} [dallal#{level}] event={name}{text} t={t:.6f}"
 

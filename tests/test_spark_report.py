@@ -476,10 +476,10 @@ def test_counter_mismatches_name_the_counter():
     from dallal_analytics import questions
 
     run = dict.fromkeys(questions.COUNTERS_FROM_EVENTS.values(), 0)
-    run.update(run=1, publishes=2, matched=2, acked=1, counters={"published": 3, "acked": 1,
+    run.update(broker="hub", run=1, publishes=2, matched=2, acked=1, counters={"published": 3, "acked": 1,
                                                                   "inflight": 1})
     assert reportModule.counterMismatches([run]) == [
-        {"run": 1, "counter": "published", "broker": 3, "log": 2}
+        {"broker": "hub", "run": 1, "counter": "published", "counted": 3, "log": 2}
     ]
 
 
