@@ -263,6 +263,12 @@ class Runs:
             name = F.when(held, broker) if name is None else name.when(held, broker)
         return name if name is not None else F.lit(UNNAMED_BROKER)
 
+    def withBroker(self, frame):
+        """
+        C{frame}, keyed by C{run}, with the name of the run's broker first.
+        """
+        return frame.select(self.brokerOf(col("run")).alias(BROKER), "*")
+
     def last(self):
         """
         The last run of each broker: the one its log ends in.
@@ -492,7 +498,6 @@ def sessions(activity, names, runs):
     perSession = activity.where(col("session") > 0).join(names, ["run", "session"], "left")
     runEnd = F.max("last_t").over(Window.partitionBy("run"))
     return perSession.select(
-        runs.brokerOf(col("run")).alias(BROKER),
         "run",
         "session",
         "client",
@@ -518,7 +523,7 @@ def sessions(activity, names, runs):
         F.coalesce(
             col("disconnect_t"), F.when(~col("run").isin(runs.last()), runEnd)
         ).alias("closed_t"),
-    )
+    ).transform(runs.withBroker)
 
 
 def connections(sessionTable):
@@ -633,8 +638,7 @@ def runs(summary, activity, sessionTable, messageTable, connectionTable, starts)
             "bytes_out", "messages_without_publish", "bridged_delivered", "bridged_dropped",
             "peak_connections",
         ])
-        .withColumn(BROKER, starts.brokerOf(col("run")))
-    )
+    ).transform(starts.withBroker)
 
 
 # Traffic

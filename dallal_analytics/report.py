@@ -357,7 +357,9 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
             actors = cache(questions.actorTraffic(summary, sessionTransports))
             trafficTable = tables.write("traffic", questions.traffic(actors))
             topicTable = tables.write("topics", questions.topics(actors))
-            publisherTable = tables.write("publishers", questions.publishers(actors))
+            publisherTable = tables.write(
+                "publishers", starts.withBroker(questions.publishers(actors))
+            )
 
         messageTable, lossTable = lossAccount.result()
         latencyTable, histogramTable, overallLatency = latency.result()
@@ -368,7 +370,7 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
         background.shutdown(wait=False, cancel_futures=True)
 
     with progress.stage("health"):
-        errorTable = tables.write("errors", questions.errors(summary))
+        errorTable = tables.write("errors", starts.withBroker(questions.errors(summary)))
         healthTable = tables.write("health", questions.health(summary))
         runTable = tables.write("runs", questions.runs(
             summary, activity, sessionTable, messageTable, connectionTable, starts
