@@ -36,6 +36,7 @@ from dallal.errors import (
     RequestError,
 )
 from dallal.events import EventLog
+from dallal.sysstats import TopicTraffic
 from dallal.limits import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_CONNECTIONS_PER_IP,
@@ -254,7 +255,8 @@ class Broker:
             bridged_refused=0,
         )
         self.limits = LimitLog(clock, self.counters, self.events)
-        self.ledger = Ledger(self.counters, self.events, self.limits)
+        self.topicTraffic = TopicTraffic(clock)
+        self.ledger = Ledger(self.counters, self.events, self.limits, self.topicTraffic)
 
     # Sessions
 
@@ -442,6 +444,7 @@ class Broker:
         for session in list(self._sessions.values()):
             self.detach(session.subscriber, "shutdown")
             session.subscriber.disconnect("shutdown")
+        self.topicTraffic.log(self.events)
         self.logStats()
 
     def stats(self):
@@ -883,6 +886,7 @@ class Broker:
         """
         if self._restricted and receivers:
             receivers = self._readers(receivers, message.topic)
+        self.topicTraffic.received(message.topic, len(message.payload))
         events = self.events
         if events.messageEvents:
             events.emit(
