@@ -36,8 +36,10 @@ JSON_RECORD_SEPARATOR = "\x1e"
 INT_FIELDS = (
     "mid", "bytes", "session", "subscribers", "seq", "attempt", "by",
     "missed", "subscriptions", "count", "hops",
+    # The traffic per topic (topic_traffic, topic_traffic_other).
+    "messages_in", "bytes_in", "messages_out", "bytes_out", "topics",
 )
-FLOAT_FIELDS = ("latency",)
+FLOAT_FIELDS = ("latency", "seconds")
 BOOL_FIELDS = ("fatal", "bridge")
 TEXT_FIELDS = ("topic", "client", "transport", "mode", "reason", "code", "address")
 FIELD_TYPES = {

@@ -1020,6 +1020,37 @@ def lossAccount(messageTable):
     )
 
 
+# Traffic per topic, from the broker's periodic summaries
+
+TRAFFIC_SUMMARIES = ("topic_traffic", "topic_traffic_other")
+# The topic of topic_traffic_other's traffic: the topics past the busiest.
+OTHER_TOPICS = "(other topics)"
+SUMMARIZED_MEASURES = {
+    "messages_in": "publishes", "messages_out": "deliveries",
+    "bytes_in": "bytes_in", "bytes_out": "bytes_out",
+}
+
+
+def summarizedTraffic(lines, windowSeconds):
+    """
+    Per window, broker and topic: messages and bytes in and out, from the
+    C{topic_traffic} summaries a broker logs each C{--sys-interval}
+    whether or not it logs an event per message (each summary counts in
+    the window where its interval ends).  C{lines}: parsed lines (the
+    report gives those that are not per-message events, where these are).
+    """
+    return (
+        lines.where((col("kind") == EVENT) & col("event").isin(*TRAFFIC_SUMMARIES))
+        .groupBy(
+            windowStart(col("t"), windowSeconds).alias("window_start"),
+            brokerName().alias(BROKER),
+            F.when(col("event") == "topic_traffic", col("topic"))
+            .otherwise(F.lit(OTHER_TOPICS)).alias("topic"),
+        )
+        .agg(*(_sum(field).alias(name) for field, name in SUMMARIZED_MEASURES.items()))
+    )
+
+
 # Health
 
 def _isTrouble():

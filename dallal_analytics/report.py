@@ -40,6 +40,16 @@ REPORTED_SETTINGS = (
 UNITS = {"s": 1, "m": 60, "h": 3600}
 WINDOW = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|second|seconds|m|min|minute|minutes|h|hour|hours)?\s*$")
 
+# The traffic measures of the brokers' periodic summaries, as the
+# summary names them (questions.summarizedTraffic).
+SUMMARIZED_MEASURES = tuple(questions.SUMMARIZED_MEASURES.values())
+# What only per-message events (--message-events) tell.
+MESSAGE_EVENT_FIGURES = (
+    "sys_published", "bridged_published", "bridged_delivered", "bridged_dropped", "retained",
+    "redeliveries", "matched", "acked", "fired", "replaced", "dropped", "dropped_by_reason",
+    "inflight", "messages_without_publish", "latency",
+)
+
 # Traffic to and from other brokers over bridges (EVENTS.md).
 BRIDGED_TOTALS = ("bridged_published", "bridged_delivered", "bridged_dropped")
 TRANSPORT_MEASURES = ("publishes", "deliveries", "redeliveries", "bytes_in", "bytes_out")
@@ -361,6 +371,10 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
                 "publishers", starts.withBroker(questions.publishers(actors))
             )
 
+            summarizedTable = tables.write(
+                "topic_traffic", questions.summarizedTraffic(others, window)
+            )
+
         messageTable, lossTable = lossAccount.result()
         latencyTable, histogramTable, overallLatency = latency.result()
     finally:
@@ -382,11 +396,23 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
         # The per-topic and per-code tables are small: what the summary and
         # the page need of them is computed here rather than by more jobs.
         runRows = _sortedRows(runTable, "run")
+        # Without per-message events, the traffic is the brokers' periodic
+        # summaries'.
+        messageEvents = messages > 0
+        if not messageEvents:
+            topicTable = summarizedTable.groupBy("topic").agg(
+                *(F.sum(name).alias(name) for name in SUMMARIZED_MEASURES)
+            )
+            trafficTable = summarizedTable
         topicRows = _rows(topicTable)
         topicRows.sort(key=lambda row: (-row["publishes"], -row["deliveries"], row["topic"] or ""))
         lossRows = _rows(lossTable)
         errorRows = _rows(errorTable)
         summary = summarize(
+            messageEvents=messageEvents,
+            summarizedPerBroker=_rows(summarizedTable.groupBy("broker").agg(
+                *(F.sum(name).alias(name) for name in SUMMARIZED_MEASURES)
+            )),
             window=window,
             survey=survey,
             starts=starts,
@@ -400,7 +426,7 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
             sessionKinds=_rows(sessionTable.groupBy("transport", "end_reason").count()),
             transports=_rows(trafficTable.groupBy("transport").agg(
                 *(F.sum(name).alias(name) for name in TRANSPORT_MEASURES)
-            )),
+            )) if messageEvents else [],
         )
         (outDir / "summary.json").write_text(
             json.dumps(summary, indent=2, sort_keys=True) + "\n"
@@ -472,13 +498,49 @@ def brokerSummaries(runRows):
     return summaries
 
 
-def summarize(window, survey, starts, fleetPeak, unparsedExamples, runRows, topicRows,
-              lossRows, errorRows, overallLatency, sessionKinds, transports):
+def withoutMessageEvents(summary, summarizedPerBroker):
+    """
+    A C{summary} of a log without per-message events: its traffic is the
+    brokers' periodic summaries' (C{summarizedPerBroker}), and what only
+    per-message events tell is null (L{MESSAGE_EVENT_FIGURES}), not zero.
+    """
+    perBroker = {row["broker"]: row for row in summarizedPerBroker}
+    for name in SUMMARIZED_MEASURES:
+        summary[name] = sum(row[name] or 0 for row in summarizedPerBroker)
+    for name in MESSAGE_EVENT_FIGURES:
+        summary[name] = None
+    for broker, figures in summary["brokers"].items():
+        for name in SUMMARIZED_MEASURES:
+            figures[name] = (perBroker.get(broker) or {}).get(name) or 0
+        for name in MESSAGE_EVENT_FIGURES:
+            figures.pop(name, None)
+    for figures in summary["transports"].values():
+        for name in TRANSPORT_MEASURES:
+            figures[name] = None
+    return summary
+
+
+def summarize(messageEvents, summarizedPerBroker, window, survey, starts, fleetPeak,
+              unparsedExamples, runRows, topicRows, lossRows, errorRows, overallLatency,
+              sessionKinds, transports):
     """
     summary.json: the totals, from the rows the report collected.
+    C{messageEvents}: whether the log has per-message events; without,
+    see L{withoutMessageEvents}.
     """
+    summary = _summarize(window, survey, starts, fleetPeak, unparsedExamples, runRows,
+                         topicRows, lossRows, errorRows, overallLatency, sessionKinds,
+                         transports)
+    summary["message_events"] = messageEvents
+    if messageEvents:
+        return summary
+    return withoutMessageEvents(summary, summarizedPerBroker)
+
+
+def _summarize(window, survey, starts, fleetPeak, unparsedExamples, runRows, topicRows,
+               lossRows, errorRows, overallLatency, sessionKinds, transports):
     def total(rows, name):
-        return sum(row[name] or 0 for row in rows)
+        return sum(row.get(name) or 0 for row in rows)
 
     def tally(rows, key, name):
         counts = {}
