@@ -239,6 +239,22 @@ class Runs:
             for broker, brokerTimes in times.items()
         })
 
+    @classmethod
+    def ofEvents(cls, events):
+        """
+        The runs of events that L{assignRuns} numbered: each broker's starts
+        are the first C{listening} event of each of its runs.
+        """
+        brokers = [row[0] for row in events.select(BROKER).distinct().collect()]
+        listening = (
+            events.where(isEvent("listening")).groupBy(BROKER, "run")
+            .agg(F.min("t").alias("t")).collect()
+        )
+        starts = {broker: [] for broker in brokers}
+        for row in sorted(listening, key=lambda row: row["run"]):
+            starts[row[BROKER]].append(row["t"])
+        return cls(starts)
+
     def __len__(self):
         return sum(len(times) for times in self.starts.values())
 
@@ -1036,11 +1052,12 @@ def summarizedTraffic(lines, windowSeconds):
     Per window, broker and topic: messages and bytes in and out, from the
     C{topic_traffic} summaries a broker logs each C{--sys-interval}
     whether or not it logs an event per message (each summary counts in
-    the window where its interval ends).  C{lines}: parsed lines (the
-    report gives those that are not per-message events, where these are).
+    the window where its interval ends).  C{lines}: parsed lines or events
+    (the report gives the lines that are not per-message events, where
+    these summaries are).
     """
     return (
-        lines.where((col("kind") == EVENT) & col("event").isin(*TRAFFIC_SUMMARIES))
+        lines.where(col("event").isin(*TRAFFIC_SUMMARIES))
         .groupBy(
             windowStart(col("t"), windowSeconds).alias("window_start"),
             brokerName().alias(BROKER),
