@@ -17,9 +17,14 @@ from pathlib import Path
 # - times are shown and bucketed into dates in UTC, as the broker logs them;
 # - str_to_map fails the whole job on a repeated key under the default
 #   EXCEPTION policy: one odd line must not do that;
+# - the report caches a few small aggregations (per session, per actor)
+#   that several queries read: adaptive execution may then merge their
+#   partitions as it does any shuffle's (without, each read ran one task
+#   per shuffle partition: 200 by default, for a few hundred rows).
 JOB_SETTINGS = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
+    "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true",
 }
 DEFAULT_MASTER = "local[*]"
 
