@@ -155,8 +155,10 @@ class Plot:
         for index in range(TICKS + 1):
             epoch = self.xMin + self.xSpan * index / TICKS
             x = self.x(epoch)
+            # The last label ends at the plot's edge rather than past it.
+            anchor = "end" if index == TICKS else "middle"
             parts.append(
-                f'<text x="{x:.1f}" y="{HEIGHT - MARGIN_BOTTOM + 16}" text-anchor="middle">'
+                f'<text x="{x:.1f}" y="{HEIGHT - MARGIN_BOTTOM + 16}" text-anchor="{anchor}">'
                 f"{escape(_timeLabel(epoch, self.xSpan))}</text>"
             )
         parts.append(
@@ -180,19 +182,19 @@ def _noData(title):
     )
 
 
-def timeChart(title, yLabel, series, step=False):
+def timeChart(title, yLabel, series, step=False, span=None):
     """
     Lines over time: C{series} is C{[(name, [(epoch, value), ...])]}.  With
     C{step}, each value holds until the next point.  Points without a time
-    (events logged with none) are left out.
+    (events logged with none) are left out.  C{span}: the times the x axis
+    covers, if not those of the points.
     """
     series = [(name, [(x, y) for x, y in data if x is not None]) for name, data in series]
     points = [point for _, data in series for point in data]
     if not points:
         return _noData(title)
-    plot = Plot(
-        min(x for x, _ in points), max(x for x, _ in points), max(y for _, y in points)
-    )
+    xMin, xMax = span or (min(x for x, _ in points), max(x for x, _ in points))
+    plot = Plot(xMin, xMax, max(y for _, y in points))
     parts = [plot.yAxis(yLabel), plot.timeAxis()]
     for index, (name, data) in enumerate(series):
         color = COLORS[index % len(COLORS)]
@@ -252,7 +254,7 @@ def table(columns, rows, empty="None in this log."):
     C{empty}: what to say when there are no rows.
     """
     if not rows:
-        return f"<p>{escape(empty)}</p>"
+        return f"<p>{escape(empty)}</p>" if empty else ""
     head = "".join(f'<th class="text">{escape(h)}</th>' if i == 0 else f"<th>{escape(h)}</th>"
                    for i, (_, h) in enumerate(columns))
     body = []
@@ -322,9 +324,9 @@ def figures(summary):
 
 def windowPoints(rows, key, windowSeconds):
     """
-    C{(epoch, value)} for every window from the first row's to the last's,
-    0 for a window without a row: an idle window is a zero, not a line
-    drawn across it.
+    C{(epoch, value)} at the middle of every window from the first row's to
+    the last's, 0 for a window without a row: an idle window is a zero, not
+    a line drawn across it.
     """
     values = {_epoch(row["window_start"]): row[key] or 0 for row in rows
               if row["window_start"] is not None}
@@ -332,8 +334,20 @@ def windowPoints(rows, key, windowSeconds):
         return []
     first, last = min(values), max(values)
     count = round((last - first) / windowSeconds)
-    return [(first + index * windowSeconds, values.get(first + index * windowSeconds, 0))
+    return [(first + (index + 0.5) * windowSeconds,
+             values.get(first + index * windowSeconds, 0))
             for index in range(count + 1)]
+
+
+def windowSpan(points, windowSeconds):
+    """
+    The times of the windows whose middles are C{points}, from the start of
+    the first to the end of the last: a log shorter than one window still
+    spans one.
+    """
+    if not points:
+        return None
+    return points[0][0] - windowSeconds / 2, points[-1][0] + windowSeconds / 2
 
 
 def caption(text):
@@ -397,7 +411,8 @@ def render(summary, traffic, histogram, connections, connectionStep, topics, pub
         ("publishes", windowPoints(traffic, "publishes", window)),
         ("deliveries", windowPoints(traffic, "deliveries", window)),
     ]
-    trafficChart = timeChart("Traffic over time", f"per {number(window)} s", trafficSeries)
+    trafficChart = timeChart("Traffic over time", f"per {number(window)} s", trafficSeries,
+                             span=windowSpan(trafficSeries[0][1], window))
     latencyChart = barChart("Publish-to-ack latency", "acks", histogramBars(histogram))
     connectionChart = timeChart(
         "Concurrent connections",
@@ -465,11 +480,13 @@ def render(summary, traffic, histogram, connections, connectionStep, topics, pub
         "<h2>Health</h2>",
         f"<p>{number(summary['pings_missed'])} pings missed, "
         f"{number(summary['clients_dropped'])} clients dropped for missed pings.</p>",
-        table([("code", "error code"), ("errors", "errors")], codes),
+        table([("code", "error code"), ("errors", "errors")], codes,
+              empty="No request refused."),
         table([("client", "client"), ("broker", "broker"), ("session", "session"),
-               ("code", "code"), ("errors", "errors"), ("fatal", "fatal")], errors),
+               ("code", "code"), ("errors", "errors"), ("fatal", "fatal")], errors, empty=""),
         table([("window_start", "window (UTC)"), ("pings_missed", "pings missed"),
-               ("clients_dropped", "clients dropped"), ("errors", "errors")], health),
+               ("clients_dropped", "clients dropped"), ("errors", "errors")], health,
+              empty="No window with missed pings, dropped clients or errors."),
         "<h2>Brokers</h2>",
         "<p>Each broker of the log (the <code>broker</code> its events name), summed over "
         "its starts; the figures above are the fleet's, every broker's together.</p>",
@@ -477,8 +494,7 @@ def render(summary, traffic, histogram, connections, connectionStep, topics, pub
                ("peak_connections", "peak connections"), ("publishes", "publishes"),
                ("deliveries", "deliveries"), ("bridged_published", "bridged in"),
                ("bridged_delivered", "bridged out"), ("bytes_in", "bytes in"),
-               ("bytes_out", "bytes out"), ("errors", "errors"),
-               ("first_event_at", "first event (UTC)"), ("last_event_at", "last event (UTC)")],
+               ("bytes_out", "bytes out"), ("errors", "errors")],
               [dict(values, broker=name) for name, values in summary["brokers"].items()]),
         "<h3>Broker starts</h3>",
         table([("broker", "broker"), ("run", "run"), ("started", "started (UTC)"),
