@@ -1,5 +1,5 @@
 """
-Parsing twistd log lines into typed events (spark/dallal_analytics/parse.py),
+Parsing twistd log lines into typed events (dallal_analytics/parse.py),
 on lines written exactly per docs/EVENTS.md.  The lines of a real broker are
 parsed in test_spark_end_to_end.py.
 """
