@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from dallal_analytics import htmlreport, parse, questions
+from dallal_analytics import htmlreport, incremental, parse, questions
 from dallal_analytics.session import buildSession
 
 DEFAULT_WINDOW_SECONDS = 60
@@ -271,10 +271,13 @@ def _writeLatency(tables, events, sessionTransports, progress):
 
 
 def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None,
-              deliveries=False):
+              deliveries=False, incrementally=False):
     """
     Analyse the logs at C{paths} into C{outDir}; return the summary.
     C{deliveries}: also write the table of every (message, subscriber).
+    C{incrementally}: parse only what is new since the last such run into
+    the parsed lines kept in C{outDir}, and report on all of them (see
+    L{dallal_analytics.incremental}).
 
     The logs are read and parsed once, into a cache of the columns the
     questions read; every question then reads that cache or smaller results
@@ -301,9 +304,19 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
     with progress.stage("read and parse"):
         # The log is read once: split into the per-message events, read by
         # position, and the few other lines, parsed from that cache.
-        split = cache(questions.cachedColumns(parse.splitLines(parse.readLines(spark, paths))))
-        others = cache(parse.parseOtherLines(split))
-        lines = parse.combine(split, others).select("kind", *questions.EVENT_COLUMNS, "raw")
+        if incrementally:
+            parsed, added = incremental.update(spark, paths, outDir)
+            progress.say(f"{added} new lines parsed")
+            lines = cache(parsed.select("kind", *questions.EVENT_COLUMNS, "raw"))
+            others = cache(parsed.where(F.coalesce(col(parse.EVENT_NUMBER), F.lit(0)) == 0))
+        else:
+            split = cache(questions.cachedColumns(
+                parse.splitLines(parse.readLines(spark, paths))
+            ))
+            others = cache(parse.parseOtherLines(split))
+            lines = parse.combine(split, others).select(
+                "kind", *questions.EVENT_COLUMNS, "raw"
+            )
         survey = surveyLines(lines)
         # Every run with clients logs their connects, which are among the
         # other lines: they tell the starts apart without reading the
@@ -653,6 +666,12 @@ def parseArguments(argv):
         "starts the JVM (default: the site's setting, else Spark's)",
     )
     parser.add_argument(
+        "--incremental", action="store_true",
+        help="parse only what the logs gained since the last --incremental run into "
+        "--out (the parsed lines are kept there as Parquet, by broker and date), then "
+        "report on all of them; the logs must be files of this machine",
+    )
+    parser.add_argument(
         "--quiet", action="store_true", help="no progress lines on standard error"
     )
     return parser.parse_args(argv)
@@ -678,8 +697,12 @@ def main(argv=None):
     )
     try:
         summary = runReport(
-            spark, args.logs, args.out, args.window, progress, deliveries=args.deliveries
+            spark, args.logs, args.out, args.window, progress, deliveries=args.deliveries,
+            incrementally=args.incremental,
         )
+    except incremental.IncrementalError as error:
+        print(f"dallal-report: {error}", file=sys.stderr)
+        return 2
     except AnalysisException as error:
         if error.getCondition() != "PATH_NOT_FOUND":
             raise
