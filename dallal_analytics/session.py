@@ -78,8 +78,8 @@ def buildSession(master=None, appName="dallal-report", shufflePartitions=None,
     if isLocalMaster(master):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # Starts the JVM through spark-submit, which reads the site's settings
-    # (a JVM that fails to start says why on standard error); then
-    # SparkConf() holds them all.
+    # (a JVM that fails to start says why, as it writes it: nothing here
+    # reads its output); then SparkConf() holds them all.
     SparkContext._ensure_initialized(conf=launch)
     conf = SparkConf()
     conf.setAll(launch.getAll())
