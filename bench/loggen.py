@@ -29,7 +29,8 @@ from pathlib import Path
 
 ROTATE_BYTES = 1_000_000
 START = 1795219200.0  # 2026-11-21T00:00:00Z
-# The name this broker logs as the origin of its clients' messages (hops=0).
+# The name this broker logs on every event and as the origin of its
+# clients' messages (hops=0).
 BROKER_NAME = "dallal-bench"
 PING_INTERVAL = 10.0
 SUBSCRIBERS = 150
@@ -185,8 +186,8 @@ class Broker:
 
     def event(self, t, name, level="info", **fields):
         t = self.now(t)
-        text = " ".join(f"{key}={value}" for key, value in fields.items())
-        self.log.entry(t, f"dallal#{level}", f"event={name} {text} t={t:.6f}")
+        text = "".join(f" {key}={value}" for key, value in fields.items())
+        self.log.entry(t, f"dallal#{level}", f"event={name}{text} broker={BROKER_NAME} t={t:.6f}")
 
     # Sessions
 

@@ -9,7 +9,7 @@ The Spark report against a single-process plain-Python baseline.
                                                 # on another Java (it prints which)
 
 It generates a busy broker's rotated log with bench/loggen.py (unless given
-one), runs `python spark/report.py` on it as a user would (JVM start
+one), runs `dallal-report` on it as a user would (JVM start
 included), then the baseline: one Python process reading the same files in
 order and computing the same aggregations in dictionaries -- lines by kind,
 traffic per window, topic and transport with distinct publishers and
@@ -36,9 +36,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REPORT = HERE.parent / "spark" / "report.py"
-sys.path.insert(0, str(REPORT.parent))
-from dallal_analytics.classdata import PREFIX, SUFFIX, cacheFolder  # noqa: E402
+# The dallal-report command of this interpreter's installation.
+REPORT = Path(sys.executable).parent / "dallal-report"
 LOGGEN = HERE / "loggen.py"
 SIZES = {"1m": 1_000_000, "10m": 10_000_000}
 WINDOW = 60
@@ -248,29 +247,15 @@ def runBaseline(folder):
     return lines, baseline.summary()
 
 
-def classArchives():
-    """
-    The archives of JVM classes that reports keep (see
-    spark/dallal_analytics/classdata.py).
-    """
-    try:
-        return set(cacheFolder().glob(f"{PREFIX}*{SUFFIX}"))
-    except OSError:
-        return set()
-
-
 def runSpark(folder, out, master):
     """
-    The report's summary, and whether this run wrote the archive of the
-    JVM's classes that the next runs map (its time includes writing it).
+    The report's summary.
     """
-    command = [sys.executable, str(REPORT), str(folder), "--out", str(out), "--quiet"]
+    command = [str(REPORT), str(folder), "--out", str(out), "--quiet"]
     if master:
         command += ["--master", master]
-    before = classArchives()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-    wroteArchive = bool(classArchives() - before)
-    return json.loads((Path(out) / "summary.json").read_text()), wroteArchive
+    return json.loads((Path(out) / "summary.json").read_text())
 
 
 def javaVersion():
@@ -332,7 +317,7 @@ def main(argv=None):
                 print("each contender reads the log from disk (dropped from the page cache "
                       "before it)" if evicted else "the log may be in the page cache "
                       "(posix_fadvise is missing here)")
-            (sparkSummary, wroteArchive), sparkSeconds = timed(
+            sparkSummary, sparkSeconds = timed(
                 runSpark, folder, work / "report", args.master
             )
             sparkTimes.append(sparkSeconds)
@@ -340,9 +325,6 @@ def main(argv=None):
             print(f"{lines:,} lines, {len(files)} files, {size / 1e6:.0f} MB")
             print(f"spark report:    {sparkSeconds:8.1f} s  {lines / sparkSeconds:12,.0f} lines/s "
                   "(JVM start included)")
-            if wroteArchive:
-                print("  this run wrote the archive of the JVM's classes that later runs map: "
-                      "its time includes writing it")
             if args.no_baseline:
                 continue
             evictFromPageCache(files)

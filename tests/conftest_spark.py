@@ -13,28 +13,6 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-SPARK_DIR = REPO / "spark"
-REPORT = SPARK_DIR / "report.py"
-
-# spark/report.py runs as a script with its folder on sys.path; the tests
-# import its modules the same way.
-if str(SPARK_DIR) not in sys.path:
-    sys.path.insert(0, str(SPARK_DIR))
-
-
-@pytest.fixture(scope="session", autouse=True)
-def reportCache(tmp_path_factory):
-    """
-    The report's archives of JVM classes (dallal_analytics.classdata) go
-    under pytest's tmp path, not the user's cache.
-    """
-    from dallal_analytics.classdata import CACHE_VARIABLE
-
-    folder = tmp_path_factory.mktemp("report-cache")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(CACHE_VARIABLE, str(folder))
-        yield folder
 
 
 def requireJava():
@@ -63,10 +41,13 @@ def spark(tmp_path_factory):
 @pytest.fixture
 def reportCommand():
     """
-    The command line that runs spark/report.py as a user would.
+    The installed dallal-report command, run as a user would.
     """
     requireJava()
-    return [sys.executable, str(REPORT)]
+    command = Path(sys.executable).parent / "dallal-report"
+    if not command.exists():
+        pytest.skip("the dallal-report command is not installed (pip install '.[analytics]')")
+    return [str(command)]
 
 
 def twistdStamp(t):
@@ -76,11 +57,18 @@ def twistdStamp(t):
     return time.strftime("%Y-%m-%dT%H:%M:%S+0000", time.gmtime(int(t)))
 
 
-def eventLine(t, name, level="info", **fields):
+# The broker of the hand-written logs.
+BROKER = "hub"
+
+
+def eventLine(t, name, level="info", broker=BROKER, **fields):
     """
     A broker event as twistd writes it, per docs/EVENTS.md: the fields in
-    the order given, then C{t}.
+    the order given, then C{broker} (none if C{None}, as older brokers
+    logged them) and C{t}.
     """
+    if broker is not None:
+        fields = dict(fields, broker=broker)
     text = "".join(f" {key}={value}" for key, value in fields.items())
     return f"{twistdStamp(t)} [dallal#{level}] event={name}{text} t={t:.6f}"
 

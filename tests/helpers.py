@@ -193,13 +193,14 @@ class BrokerHarness:
 
     def fields(self, name):
         """
-        The fields of each event named C{name}, without the time.
+        The fields of each event named C{name}, without the broker's name
+        and the time, which every event carries.
         """
         return [
             {
                 key: value
                 for key, value in event.items()
-                if not key.startswith("log_") and key not in ("dallal_event", "t")
+                if not key.startswith("log_") and key not in ("dallal_event", "broker", "t")
             }
             for event in self.events
             if event.get("dallal_event") == name

@@ -237,7 +237,8 @@ def test_latestKeepsOneInFlightAndReplacesTheWaitingOne():
         {"mid": 2, "topic": TOPIC, "session": subscriber.sid, "by": 3}
     ]
     assert bench.harness.logLines("replace")[0].startswith(
-        f"event=replace mid=2 topic={TOPIC} session={subscriber.sid} by=3 t="
+        f"event=replace mid=2 topic={TOPIC} session={subscriber.sid} by=3 "
+        f"broker={bench.harness.broker.name} t="
     )
     assert (bench.counters()["replaced"], bench.counters()["inflight"]) == (1, 2)
     bench.assertAccountsAgree()
@@ -367,7 +368,8 @@ def test_redeliveryLimit(mode):
     assert subscriber.take() == []
     assert bench.drops() == [(b"m1", subscriber.sid, "redelivery_limit")]
     assert bench.harness.logLines("drop")[0].startswith(
-        f"event=drop mid=1 topic={TOPIC} session={subscriber.sid} reason=redelivery_limit t="
+        f"event=drop mid=1 topic={TOPIC} session={subscriber.sid} reason=redelivery_limit "
+        f"broker={bench.harness.broker.name} t="
     )
     counters = bench.counters()
     assert (counters["redelivered"], counters["dropped_redelivery_limit"]) == (2, 1)

@@ -39,6 +39,9 @@ SERVICE_EVENTS = {
     "option_changed",
     "restart_needed",
 }
+# The traffic of the topics past the busiest, which takes more topics than
+# the scenario has (tests/test_sysstats.py checks its fields).
+TRAFFIC_OVERFLOW_EVENTS = {"topic_traffic_other"}
 
 
 def catalogue():
@@ -192,7 +195,7 @@ def test_eventsCarryTheCataloguedFieldsInOrder():
     # The scenario must reach every per-session event, or the check above
     # proves less than it claims; the service's own are tested with it, and
     # the bridges' own with their links (tests/test_bridge.py).
-    notHere = SERVICE_EVENTS | set(LINK_EVENTS)
+    notHere = SERVICE_EVENTS | set(LINK_EVENTS) | TRAFFIC_OVERFLOW_EVENTS
     assert seen == set(events) - notHere, set(events) - notHere - seen
 
 
@@ -203,3 +206,18 @@ def test_statsCountersAreCatalogued():
     reasons = {name for name in stats if name.startswith("dropped_")}
     assert "dropped_<reason>" in counters
     assert set(stats) - reasons <= counters, set(stats) - reasons - counters
+
+
+def test_everyEventNamesItsBroker():
+    """
+    Every event carries the broker's name, between its fields and its time
+    (docs/EVENTS.md, "Format"): the logs of many brokers read together tell
+    them apart.
+    """
+    harness = exerciseEveryEvent()
+    events = [event for event in harness.events if "dallal_event" in event]
+    assert events
+    assert {event["broker"] for event in events} == {harness.broker.name}
+    assert all(
+        event["log_format"].endswith(" broker={broker} t={t:.6f}") for event in events
+    )

@@ -708,7 +708,7 @@ async def test_connectionLimitLoweredToTheDescriptorsIsLogged(tmp_path):
             f"{name}={value}"
             for name, value in zip(fields, ["connections", 480, 1000, 512], strict=True)
         )
-        + " t="
+        + f" broker={service.broker.name} t="
     )
 
 

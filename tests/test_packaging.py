@@ -139,3 +139,18 @@ def test_noPluginCacheTracked():
     ).stdout.decode().splitlines()
     assert "twisted/plugins/dallal_plugin.py" in tracked
     assert [name for name in tracked if name.endswith("dropin.cache")] == []
+
+
+def test_theBrokerDoesNotImportTheAnalytics():
+    """
+    The broker's install has no PySpark (an extra, `analytics`): neither
+    the twistd plugin nor the command line imports it.
+    """
+    checked = subprocess.run(
+        [sys.executable, "-c",
+         "import sys, dallal.server.tap, dallal.cli.main; "
+         "print(sorted(name for name in sys.modules "
+         "if name.split('.')[0] in ('pyspark', 'py4j', 'dallal_analytics')))"],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )
+    assert checked.stdout == "[]\n", checked.stderr

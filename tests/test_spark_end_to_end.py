@@ -93,11 +93,15 @@ class BrokerScenario:
 
     # The broker
 
-    def start(self):
+    def start(self, *options):
+        """
+        Start the broker, with C{options} (by default, its per-message
+        events).
+        """
         self.broker = subprocess.Popen(
             [script("twistd"), f"--logfile={self.log}", "-n", "--pidfile=", "dallal",
              "--tcp", "tcp:0:interface=127.0.0.1", "--ping-interval", str(PING_INTERVAL),
-             "--message-events"],
+             *(options or ["--message-events"])],
             cwd=self.folder,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -355,7 +359,7 @@ def brokerRun(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def brokerReport(spark, brokerRun, tmp_path_factory):
-    import report
+    from dallal_analytics import report
 
     scenario, _, _ = brokerRun
     out = tmp_path_factory.mktemp("report")
@@ -468,3 +472,45 @@ def test_slow_latest_subscriber_had_messages_replaced(spark, brokerRun, brokerRe
     mids = [row.mid for row in stories]
     # Each waiting message was replaced by the next.
     assert [row.replaced_by for row in stories[1:4]] == mids[2:5]
+
+
+def test_a_default_brokers_log_shows_its_traffic(spark, tmp_path):
+    """
+    A broker run without --message-events: the report shows its traffic
+    per topic from its periodic summaries, equal to its counters, and says
+    what needs per-message events rather than showing zeros.
+    """
+    from dallal_analytics import report
+    from dallal_analytics.htmlreport import NOT_IN_THIS_LOG
+
+    scenario = BrokerScenario(tmp_path / "broker")
+    scenario.folder.mkdir()
+    try:
+        scenario.start("--sys-interval", "0.5")
+        news = scenario.subscribe("news")
+        for message in ("hello world", "again"):
+            scenario.publish("news", message)
+        scenario.publish("weather", "nobody listens")
+        scenario.waitForMessages(news, 2)
+        # A summary logged while the broker runs, and the last at its stop.
+        scenario._waitForLogged(r"event=topic_traffic topic=weather ", "a traffic summary")
+        scenario.stop()
+    finally:
+        scenario.kill()
+    out = tmp_path / "report"
+    summary = report.runReport(spark, [str(scenario.log)], out)
+    (stats,) = re.findall(r"event=stats (.*) broker=", scenario.log.read_text())
+    counters = {key: int(value) for key, value in
+                (field.split("=") for field in stats.split())}
+    assert summary["message_events"] is False
+    assert (summary["publishes"], summary["deliveries"], summary["bytes_in"],
+            summary["bytes_out"]) == (counters["published"], counters["delivered"],
+                                      counters["bytes_in"], counters["bytes_out"])
+    assert {topic: (values["publishes"], values["deliveries"])
+            for topic, values in summary["topics"].items()
+            if not topic.startswith("$")} == {"news": (2, 2), "weather": (1, 0)}
+    assert summary["sessions"] == scenario.expected["sessions"]
+    assert summary["acked"] is None and summary["latency"] is None
+    page = (out / "report.html").read_text()
+    assert page.count(NOT_IN_THIS_LOG) == 2
+    assert "None." not in page

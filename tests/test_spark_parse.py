@@ -1,5 +1,5 @@
 """
-Parsing twistd log lines into typed events (spark/dallal_analytics/parse.py),
+Parsing twistd log lines into typed events (dallal_analytics/parse.py),
 on lines written exactly per docs/EVENTS.md.  The lines of a real broker are
 parsed in test_spark_end_to_end.py.
 """
@@ -244,27 +244,51 @@ def test_rotated_files_as_directory_glob_or_list(spark, tmp_path, logLines):
 
 @pytest.mark.e2e
 def test_sessions_are_told_apart_across_broker_starts(spark, tmp_path, logLines):
+    """
+    Sessions are numbered from 1 at each start of each broker: a run per
+    start of a broker, one for what a broker logged before its first start
+    in the log, and each broker's runs its own, whether the logs are read
+    together or not; events of brokers that did not name themselves are
+    one broker's.
+    """
     from dallal_analytics import parse, questions
 
-    def start(t):
+    def start(t, broker):
         # One start logs a listening event per listener, nothing between.
         return [
-            logLines.event(t, "listening", transport="tcp", address="127.0.0.1:1373"),
-            logLines.event(t + 0.001, "listening", transport="udp", address="127.0.0.1:1234"),
+            logLines.event(t, "listening", transport="tcp", address="127.0.0.1:1373",
+                           broker=broker),
+            logLines.event(t + 0.001, "listening", transport="udp", address="127.0.0.1:1234",
+                           broker=broker),
         ]
 
-    def session(t):
-        return logLines.event(t, "connect", session=1, client="127.0.0.1:1", transport="tcp")
+    def session(t, broker):
+        return logLines.event(t, "connect", session=1, client="127.0.0.1:1", transport="tcp",
+                              broker=broker)
 
-    lines = [session(T - 5), *start(T), session(T + 1), *start(T + 10), session(T + 11)]
-    path = logLines.write(tmp_path / "twistd.log", lines)
-    parsed = parse.parseLines(parse.readLines(spark, [str(path)]))
-    listening = questions.lineSurvey(parsed, parse.KINDS).first().listening
-    starts = questions.brokerStarts(parsed, listening)
-    assert starts == pytest.approx([T, T + 10])
-    connects = questions.assignRuns(parsed, starts).where("event = 'connect'")
-    # The session before the first start belongs to a run the log missed.
-    assert sorted((row.run, row.session) for row in connects.collect()) == [(0, 1), (1, 1), (2, 1)]
+    hub = [session(T - 5, "hub"), *start(T, "hub"), session(T + 1, "hub"),
+           *start(T + 10, "hub"), session(T + 11, "hub")]
+    # The leaf starts between the hub's starts, and an older broker too.
+    leaf = [*start(T + 5, "leaf"), session(T + 6, "leaf")]
+    older = [*start(T + 2, None), session(T + 3, None)]
+    logLines.write(tmp_path / "hub" / "twistd.log", hub)
+    logLines.write(tmp_path / "leaf" / "twistd.log", leaf)
+    logLines.write(tmp_path / "older" / "twistd.log", older)
+    parsed = parse.parseLines(parse.readLines(spark, [str(tmp_path / "*")]))
+    survey = questions.lineSurvey(parsed, parse.KINDS).first()
+    runs = questions.Runs.find(parsed, survey.brokers, survey.listening)
+    assert runs.starts == {
+        "hub": pytest.approx([T, T + 10]), "leaf": pytest.approx([T + 5]),
+        questions.UNNAMED_BROKER: pytest.approx([T + 2]),
+    }
+    assert len(runs) == 4
+    connects = questions.assignRuns(parsed, runs).where("event = 'connect'")
+    # The hub's session before its first start belongs to a run the log
+    # missed.
+    assert sorted((row.broker, row.run, row.session) for row in connects.collect()) == [
+        ("hub", 0, 1), ("hub", 1, 1), ("hub", 2, 1), ("leaf", 4, 1),
+        (questions.UNNAMED_BROKER, 6, 1),
+    ]
 
 
 @pytest.mark.e2e

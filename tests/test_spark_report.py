@@ -19,7 +19,7 @@ def report(spark, handWrittenLogs, tmp_path_factory):
     """
     The report of the hand-written log: its folder and summary.
     """
-    import report as reportModule
+    from dallal_analytics import report as reportModule
 
     out = tmp_path_factory.mktemp("report")
     summary = reportModule.runReport(spark, [str(handWrittenLogs)], out, deliveries=True)
@@ -150,7 +150,7 @@ def test_a_story_under_another_topic_is_told_apart(spark, logLines, tmp_path):
     send that names another is not counted in that message's account, but
     as a story whose publish is not in the log.
     """
-    import report as reportModule
+    from dallal_analytics import report as reportModule
 
     t = 1795292880.0
     path = logLines.write(tmp_path / "logs" / "twistd.log", [
@@ -262,7 +262,7 @@ def test_html_report_is_self_contained(report):
 
 @pytest.mark.e2e
 def test_odd_event_lines_are_never_fatal(spark, logLines, tmp_path):
-    import report as reportModule
+    from dallal_analytics import report as reportModule
 
     t = 1795292880.0  # 2026-11-21T20:28:00Z
     path = logLines.write(tmp_path / "logs" / "twistd.log", [
@@ -323,7 +323,7 @@ def test_sys_statistics_count_as_the_broker_counts_them(spark, tmp_path, logLine
     counters, and of sys_published: the report counts them the same way,
     so that its totals agree with a stats event that has them.
     """
-    import report as reportModule
+    from dallal_analytics import report as reportModule
 
     e = logLines.event
     t = 1795292880.0
@@ -355,7 +355,7 @@ def test_bridged_traffic_counts_as_the_broker_counts_it(spark, tmp_path, logLine
     own bridge, transport=bridge, or another's, which subscribes with
     bridge=True), add up to the broker's bridged_* counters.
     """
-    import report as reportModule
+    from dallal_analytics import report as reportModule
 
     e = logLines.event
     t = 1795292880.0
@@ -418,14 +418,14 @@ def test_report_escapes_what_the_log_says(report):
     [("90", 90), ("30s", 30), ("5m", 300), ("1 minute", 60), ("2h", 7200), ("0.5s", 0.5)],
 )
 def test_window_durations(text, seconds):
-    import report as reportModule
+    from dallal_analytics import report as reportModule
 
     assert reportModule.windowSeconds(text) == seconds
 
 
 @pytest.mark.parametrize("text", ["0", "-1m", "5 parsecs", ""])
 def test_bad_window_durations(text):
-    import report as reportModule
+    from dallal_analytics import report as reportModule
 
     with pytest.raises(argparse.ArgumentTypeError):
         reportModule.windowSeconds(text)
@@ -433,273 +433,11 @@ def test_bad_window_durations(text):
 
 @pytest.mark.parametrize("text", ["0", "-4", "many", "2.5"])
 def test_bad_shuffle_partitions(text, capsys):
-    import report as reportModule
+    from dallal_analytics import report as reportModule
 
     with pytest.raises(SystemExit):
         reportModule.parseArguments(["logs", "--out", "out", "--shuffle-partitions", text])
     assert f"expected a whole number above 0, got {text!r}" in capsys.readouterr().err
-
-
-@pytest.mark.e2e
-def test_the_jvm_runs_with_the_reports_options(spark):
-    """
-    The driver JVM compiles huge methods, collects garbage for throughput,
-    keeps its optimizing compiler for the hottest code and from Spark's
-    planning code (the compiler directives: a JVM does not start with a
-    file it cannot read) and has room for Spark's generated classes up
-    front (docs/ANALYTICS.md, "How it computes"): the options are in
-    effect, not only on its command line.
-    """
-    from dallal_analytics.session import COMPILER_DIRECTIVES, JVM_OPTIONS
-
-    jvm = spark._jvm
-    arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
-    assert set(JVM_OPTIONS) <= set(arguments)
-    hotspot = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
-        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
-    )
-    values = {
-        name: hotspot.getVMOption(name).getValue()
-        for name in ("DontCompileHugeMethods", "UseParallelGC", "Tier4InvocationThreshold",
-                     "Tier4MinInvocationThreshold", "Tier4CompileThreshold",
-                     "Tier4BackEdgeThreshold", "ReservedCodeCacheSize", "MetaspaceSize",
-                     "CompilerDirectivesFile", "DisplayVMOutputToStderr")
-    }
-    assert values == {
-        "DontCompileHugeMethods": "false", "UseParallelGC": "true",
-        "Tier4InvocationThreshold": "50000", "Tier4MinInvocationThreshold": "6000",
-        "Tier4CompileThreshold": "150000", "Tier4BackEdgeThreshold": "400000",
-        "ReservedCodeCacheSize": str(512 << 20), "MetaspaceSize": str(256 << 20),
-        "CompilerDirectivesFile": str(COMPILER_DIRECTIVES), "DisplayVMOutputToStderr": "true",
-    }
-
-
-# Run in a process of its own: buildSession with the thread that
-# initializes classes ahead watched.
-INITIALIZED_AHEAD_SCRIPT = """
-import sys
-sys.path.insert(0, sys.argv[1])
-from dallal_analytics import session
-started = []
-initializeAhead = session._initializeAhead
-def watched(gateway):
-    thread = initializeAhead(gateway)
-    started.append(thread)
-    return thread
-session._initializeAhead = watched
-spark = session.buildSession(master="local[1]", driverMemory="512m", tmpDir=sys.argv[2])
-for thread in started:
-    thread.join(60)
-print(len(started), [thread.is_alive() for thread in started])
-spark.stop()
-"""
-
-
-@pytest.mark.e2e
-def test_a_session_starting_its_jvm_initializes_classes_ahead(spark, tmp_path):
-    """
-    buildSession, when it starts the JVM for a master whose tasks run in
-    the driver, has the classes initialized ahead, from a thread that ends.
-    (A JVM of its own, in another process: C{spark}, the suite's session,
-    is asked for only so that the test is skipped where Java is missing.)
-    """
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from dallal_analytics import session
-
-    sparkFolder = Path(session.__file__).resolve().parent.parent
-    result = subprocess.run(
-        [sys.executable, "-c", INITIALIZED_AHEAD_SCRIPT, str(sparkFolder), str(tmp_path)],
-        capture_output=True, text=True, timeout=180,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1] == "1 [False]"
-
-
-@pytest.mark.parametrize("master, inDriver", [
-    ("local", True), ("local[2]", True), ("local[*]", True), ("local[4, 2]", True),
-    ("local-cluster[2,1,1024]", False), ("spark://host:7077", False), ("yarn", False),
-])
-def test_where_tasks_run(master, inDriver):
-    """
-    Only local masters run the tasks in the driver's JVM, where classes
-    initialized ahead spare them the cost; local-cluster's executors are
-    JVMs of their own.
-    """
-    from dallal_analytics.session import tasksRunInDriver
-
-    assert tasksRunInDriver(master) == inDriver
-
-
-@pytest.mark.e2e
-def test_classes_initialized_ahead_exist_and_a_missing_one_is_skipped(spark, monkeypatch):
-    """
-    The classes whose first use costs a second are initialized from a
-    thread while the JVM starts (docs/ANALYTICS.md, "How it computes"):
-    this Spark has them (else that would silently do nothing), and one
-    that a Spark lacks is skipped without an error.
-    """
-    import threading
-
-    from dallal_analytics import session
-
-    jvm = spark._jvm
-    loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
-    for name in session.CLASSES_TO_INITIALIZE_AHEAD:
-        # Looked up without initializing it: the name has not changed in
-        # this Spark.
-        assert jvm.java.lang.Class.forName(name, False, loader).getName() == name
-    monkeypatch.setattr(
-        session, "CLASSES_TO_INITIALIZE_AHEAD",
-        ("org.example.NoSuchClass", *session.CLASSES_TO_INITIALIZE_AHEAD),
-    )
-    uncaught = []
-    monkeypatch.setattr(threading, "excepthook", uncaught.append)
-    thread = session._initializeAhead(spark.sparkContext._gateway)
-    thread.join(timeout=60)
-    assert not thread.is_alive()
-    assert uncaught == []
-
-
-@pytest.mark.e2e
-def test_aggregations_work_outside_the_heap(spark):
-    """
-    On a local master the memory of aggregations, joins and sorts is taken
-    outside the heap (docs/ANALYTICS.md, "How it computes"), so that the
-    collector does not copy it: the context runs with it, and its executor
-    has that memory.
-    """
-    context = spark.sparkContext
-    assert context.getConf().get("spark.memory.offHeap.enabled") == "true"
-    executor = context._jsc.sc().statusStore().executorList(True).head()
-    assert executor.memoryMetrics().get().totalOffHeapStorageMemory() > 0
-
-
-@pytest.mark.e2e
-def test_columns_carry_no_python_call_site(spark):
-    """
-    PySpark's DataFrame debugging (each Column's Python call site sent to
-    the JVM: seven calls in ten of those that build the parse) is off.
-    """
-    from pyspark.errors.utils import is_debugging_enabled
-
-    assert spark.conf.get("spark.python.sql.dataFrameDebugging.enabled") == "false"
-    assert not is_debugging_enabled()
-
-
-def test_jvm_noise_is_filtered_from_standard_error():
-    """
-    The lines a JVM writes before logging exists (the incubator module
-    Spark adds, on Java 25 a package it no longer has, and the count of
-    compiler directives read) do not reach the user; anything else the JVM
-    says does, in order.
-    """
-    import io
-
-    from dallal_analytics.session import _forwardStderr
-
-    said = (
-        b"Error: Could not find or load main class\n"
-        b"Could not load file: /tmp/compiler-directives.json\n"
-        b"[0.1s] 1 compiler directives added\n"
-        b"1 compiler directives added (of 2)\n"
-        b"WARNING: something the user should see\n"
-    )
-    jvm = io.BytesIO(
-        b"1 compiler directives added\n"
-        b"WARNING: Using incubator modules: jdk.incubator.vector\n"
-        b"WARNING: package sun.security.action not in java.base\n" + said
-    )
-    seen = io.BytesIO()
-    _forwardStderr(jvm, seen)
-    assert seen.getvalue() == said
-
-
-@pytest.mark.e2e
-def test_rotated_files_are_packed_into_few_tasks(spark, tmp_path, logLines):
-    """
-    On a local master, twistd's many small files are packed into tasks by
-    their size rather than by Spark's 4 MB per file opened: 200 files of a
-    line are 2 tasks, where Spark's default made them 7.
-    """
-    from dallal_analytics import parse
-    from dallal_analytics.session import LOCAL_FILE_OPEN_COST
-
-    line = logLines.event(1795292899.5, "ack", mid=1, topic="a/b", session=1, latency=0.001)
-    folder = tmp_path / "logs"
-    for index in range(200):
-        logLines.write(folder / f"twistd.log.{index + 1}", [line])
-
-    def tasks():
-        return parse.readLines(spark, [str(folder)]).rdd.getNumPartitions()
-
-    assert spark.conf.get("spark.sql.files.openCostInBytes") == str(LOCAL_FILE_OPEN_COST)
-    assert tasks() == 2
-    spark.conf.set("spark.sql.files.openCostInBytes", str(4 * 1024 * 1024))
-    try:
-        assert tasks() == 7
-    finally:
-        spark.conf.set("spark.sql.files.openCostInBytes", str(LOCAL_FILE_OPEN_COST))
-
-
-@pytest.mark.e2e
-def test_a_cached_aggregation_is_read_in_few_tasks(spark):
-    """
-    A small aggregation the report caches (per session, per actor) is read
-    by as few tasks as its rows need, not one per shuffle partition.
-    """
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
-
-    spark.conf.set("spark.sql.shuffle.partitions", "8")
-    try:
-        perKey = spark.range(1000).groupBy((F.col("id") % 10).alias("key")).count()
-        perKey.persist(StorageLevel.MEMORY_AND_DISK_DESER)
-        try:
-            assert perKey.count() == 10
-            assert perKey.rdd.getNumPartitions() == 1
-        finally:
-            perKey.unpersist()
-    finally:
-        spark.conf.set("spark.sql.shuffle.partitions", "2")
-
-
-@pytest.mark.e2e
-def test_the_survey_fills_the_caches_as_it_counts(spark, tmp_path, logLines):
-    """
-    The survey, the first query to read the report's caches, is one Spark
-    job: it parses the log, fills both caches and counts the lines in one
-    pass (adaptive execution would have filled each cache in a job of its
-    own, then read the log's again).  The session's setting is left as it
-    was.
-    """
-    from pyspark import StorageLevel
-
-    import report as reportModule
-    from dallal_analytics import parse, questions
-
-    path = logLines.write(tmp_path / "logs" / "twistd.log", [
-        logLines.event(1795292880.0, "ack", mid=1, topic="a/b", session=1, latency=0.001),
-        logLines.event(1795292880.5, "connect", session=2, client="c", transport="tcp"),
-        "a line from elsewhere",
-    ])
-    split = questions.cachedColumns(parse.splitLines(parse.readLines(spark, [str(path)])))
-    split.persist(StorageLevel.MEMORY_AND_DISK_DESER)
-    others = parse.parseOtherLines(split).persist(StorageLevel.MEMORY_AND_DISK_DESER)
-    lines = parse.combine(split, others).select("kind", *questions.EVENT_COLUMNS, "raw")
-    tracker = spark.sparkContext.statusTracker()
-    before = set(tracker.getJobIdsForGroup())
-    try:
-        survey = reportModule.surveyLines(spark, lines)
-        jobs = set(tracker.getJobIdsForGroup()) - before
-        assert (survey["lines"], survey[parse.EVENT], survey[parse.UNPARSED]) == (3, 2, 1)
-        assert len(jobs) == 1
-        assert spark.conf.get("spark.sql.adaptive.enabled") == "true"
-    finally:
-        others.unpersist()
-        split.unpersist()
 
 
 def test_progress_lines_are_written_whole():
@@ -708,7 +446,7 @@ def test_progress_lines_are_written_whole():
     the stream in one write: with two (the text, then the newline), another
     thread's line could come between them.
     """
-    import report as reportModule
+    from dallal_analytics import report as reportModule
 
     class Stream:
         def __init__(self):
@@ -739,7 +477,7 @@ def test_an_error_of_the_background_thread_is_the_reports(spark, logLines, tmp_p
     own: what fails there fails the report, as it would have in the
     report's own thread.
     """
-    import report as reportModule
+    from dallal_analytics import report as reportModule
     from dallal_analytics import questions
 
     def failing(frame):
@@ -754,14 +492,14 @@ def test_an_error_of_the_background_thread_is_the_reports(spark, logLines, tmp_p
 
 
 def test_counter_mismatches_name_the_counter():
-    import report as reportModule
+    from dallal_analytics import report as reportModule
     from dallal_analytics import questions
 
     run = dict.fromkeys(questions.COUNTERS_FROM_EVENTS.values(), 0)
-    run.update(run=1, publishes=2, matched=2, acked=1, counters={"published": 3, "acked": 1,
+    run.update(broker="hub", run=1, publishes=2, matched=2, acked=1, counters={"published": 3, "acked": 1,
                                                                   "inflight": 1})
     assert reportModule.counterMismatches([run]) == [
-        {"run": 1, "counter": "published", "broker": 3, "log": 2}
+        {"broker": "hub", "run": 1, "counter": "published", "counted": 3, "log": 2}
     ]
 
 
@@ -772,7 +510,7 @@ def test_suppressed_refusals_count_as_errors(spark, logLines, tmp_path):
     datagrams that named no session) are in the errors as its counter has
     them: no counter mismatch.
     """
-    import report as reportModule
+    from dallal_analytics import report as reportModule
 
     t = 1795292880.0
     stranger = dict(session=0, client="10.0.0.9:7")

@@ -192,3 +192,56 @@ def test_endToEnd(tmp_path):
             if process is not None:
                 process.terminate()
         broker.stop()
+
+
+def test_trafficPerTopicIsLoggedEveryInterval():
+    """
+    Each interval with traffic logs it per topic, busiest first, for the
+    interval only; the topics past the busiest are summed in one event;
+    the counts add up to the broker's counters.
+    """
+    from dallal.broker.sysstats import TOPICS_SUMMARIZED
+
+    harness, _ = sysHarness()
+    subscriberClient = harness.connect()
+    subscribe(subscriberClient, b"busy/#")
+    publisher = harness.connect()
+    harness.clock.advance(INTERVAL)
+    assert harness.fields("topic_traffic") == []
+    publisher.send(b"PUB 1 busy/a 5\r\nhello\r\n" * 3)
+    quiet = TOPICS_SUMMARIZED + 2
+    for number in range(quiet):
+        publisher.send(b"PUB 2 quiet/%d 2\r\nhi\r\n" % number)
+    harness.clock.advance(INTERVAL)
+    busiest, *others = harness.fields("topic_traffic")
+    assert busiest == {"topic": "busy/a", "messages_in": 3, "bytes_in": 15,
+                       "messages_out": 3, "bytes_out": 15, "seconds": INTERVAL}
+    assert len(others) == TOPICS_SUMMARIZED - 1
+    assert harness.fields("topic_traffic_other") == [
+        {"topics": quiet - len(others), "messages_in": quiet - len(others),
+         "bytes_in": 2 * (quiet - len(others)), "messages_out": 0, "bytes_out": 0,
+         "seconds": INTERVAL}
+    ]
+    counters = harness.broker.counters
+    logged = [*harness.fields("topic_traffic"), *harness.fields("topic_traffic_other")]
+    assert sum(event["messages_in"] for event in logged) == counters["published"]
+    assert sum(event["bytes_out"] for event in logged) == counters["bytes_out"]
+    # A quiet interval logs nothing.
+    harness.clock.advance(INTERVAL)
+    assert len(harness.fields("topic_traffic")) == TOPICS_SUMMARIZED
+
+
+def test_trafficPerTopicTakesBoundedMemory(monkeypatch):
+    """
+    Past the topics counted apart in an interval, traffic is summed with
+    the others'.
+    """
+    from dallal.broker import sysstats
+    from twisted.internet.task import Clock
+
+    monkeypatch.setattr(sysstats, "TOPICS_COUNTED", 3)
+    traffic = sysstats.TopicTraffic(Clock())
+    for number in range(5):
+        traffic.received(f"t/{number}", 10)
+    assert len(traffic.topics) == 3
+    assert traffic.overflow == [2, 20, 0, 0]

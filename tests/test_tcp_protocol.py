@@ -146,7 +146,7 @@ def test_connectionLog(harness):
     client = harness.connect()
     client.send(b"SUB 1 news\r\n")
     client.lose()
-    lines = [line.rsplit(" t=", 1)[0] for line in harness.logLines()]
+    lines = [line.rsplit(" broker=", 1)[0] for line in harness.logLines()]
     assert lines[0] == f"event=connect session=1 client={client.address} transport=tcp"
     assert lines[1].startswith(f"event=subscribe session=1 client={client.address} topic=news")
     assert lines[-1] == (
@@ -413,7 +413,11 @@ def test_nothingWrittenWhileClosing(harness):
 
 
 def logLinesWithoutTime(harness, name):
-    return [line.rsplit(" t=", 1)[0] for line in harness.logLines(name)]
+    """
+    The events C{name} as logged, without the broker's name and the time
+    that end every one.
+    """
+    return [line.rsplit(" broker=", 1)[0] for line in harness.logLines(name)]
 
 
 def test_pingsAnswered(harness):

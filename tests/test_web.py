@@ -359,7 +359,7 @@ def test_wrong_password_is_refused_after_the_failure_delay():
     assert harness.broker.counters["logins_failed"] == 1
     assert harness.logLines("login_failed") == [
         "event=login_failed session=0 client=127.0.0.1:50000 user=alice "
-        f"t={harness.clock.seconds():.6f}"
+        f"broker=harness t={harness.clock.seconds():.6f}"
     ]
 
 

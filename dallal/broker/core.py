@@ -36,6 +36,7 @@ from dallal.errors import (
 )
 from dallal.broker.events import EventLog
 from dallal.modes import ALL, FIRE, LATEST, MODES
+from dallal.broker.sysstats import TopicTraffic
 from dallal.limits import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_CONNECTIONS_PER_IP,
@@ -263,6 +264,8 @@ class Broker:
         )
         self.retained = retained
         self.name = config.name or generatedName()
+        # Every event names the broker that logged it (docs/EVENTS.md).
+        self.events.broker = self.name
         # Message ids restart at each start: this tells them apart, for the
         # brokers that remember the messages they saw.
         self.incarnation = secrets.token_hex(4)
@@ -323,7 +326,8 @@ class Broker:
         )
         self.limits = LimitLog(clock, self.counters, self.events)
         self.errorLog = ErrorLog(clock, self.events)
-        self.ledger = Ledger(self.counters, self.events, self.limits)
+        self.topicTraffic = TopicTraffic(clock)
+        self.ledger = Ledger(self.counters, self.events, self.limits, self.topicTraffic)
         self.flow = FlowControl(clock, self.counters)
 
     # Sessions
@@ -579,6 +583,7 @@ class Broker:
             self.detach(session.subscriber, "shutdown")
             session.subscriber.disconnect("shutdown")
         self.errorLog.reportSuppressed()
+        self.topicTraffic.log(self.events)
         self.logStats()
 
     def stats(self):
@@ -1156,6 +1161,7 @@ class Broker:
                 topicCounts.clear()
             count = 0
         topicCounts[message.topic] = count + 1
+        self.topicTraffic.received(message.topic, len(message.payload))
         events = self.events
         if events.messageEvents:
             events.emit(

@@ -765,14 +765,17 @@ class Ledger:
     replaced or dropped.
     """
 
-    def __init__(self, counters, events, limits):
+    def __init__(self, counters, events, limits, topicTraffic):
         """
         @param limits: the broker's L{dallal.limits.LimitLog}, which a full
             queue reports to.
+        @param topicTraffic: the broker's L{dallal.broker.sysstats.TopicTraffic},
+            which counts what is sent per topic.
         """
         self.counters = counters
         self.events = events
         self.limits = limits
+        self.topicTraffic = topicTraffic
         for name in DELIVERY_COUNTERS:
             counters[name] = 0
 
@@ -783,6 +786,7 @@ class Ledger:
     def sent(self, sid, subscription, message, seq, attempt):
         counters = self.counters
         counters["bytes_out"] += len(message.payload)
+        self.topicTraffic.sent(message.topic, len(message.payload), attempt == 1)
         if attempt == 1:
             counters["delivered"] += 1
             if subscription.bridge:

@@ -7,9 +7,10 @@ self-describing and machine-parseable::
     2026-11-21T20:28:19+0000 [dallal#info] event=publish mid=7 topic=a/b ...
 
 The text is C{event=<name>} followed by C{key=value} fields, none of which
-contains a space, and always a C{t=} field: the event's time in seconds
-since the epoch with microseconds, because twistd's own timestamp has
-one-second resolution.  The same fields are in the event dictionary (with
+contains a space, and always C{broker=}, the name of the broker that logs
+it (so that the logs of many brokers can be read together), and C{t=}: the
+event's time in seconds since the epoch with microseconds, because twistd's
+own timestamp has one-second resolution.  The same fields are in the event dictionary (with
 C{dallal_event} holding the name) for JSON observers.  docs/EVENTS.md is the
 catalogue of names and fields; tests check the two agree.
 """
@@ -22,11 +23,10 @@ NAMESPACE = "dallal"
 def formatFor(name, fieldNames):
     """
     The C{log_format} of an event: C{event=name} then each field in order,
-    with C{t} (the time) last.
+    then C{broker} (the broker's name) and C{t} (the time) last.
     """
-    fields = " ".join(f"{field}={{{field}}}" for field in fieldNames)
-    separator = " " if fields else ""
-    return f"event={name}{separator}{fields} t={{t:.6f}}"
+    fields = "".join(f" {field}={{{field}}}" for field in (*fieldNames, "broker"))
+    return f"event={name}{fields} t={{t:.6f}}"
 
 
 class EventLog:
@@ -35,10 +35,12 @@ class EventLog:
 
     @ivar messageEvents: whether per-message events (publish, deliver, ...)
         are emitted; the rest always are.
+    @ivar broker: the name of the broker, carried by every event.
     """
 
-    def __init__(self, clock, logger=None, messageEvents=True):
+    def __init__(self, clock, logger=None, messageEvents=True, broker=None):
         self._clock = clock
+        self.broker = broker
         self._log = logger if logger is not None else Logger(namespace=NAMESPACE)
         self._formats = {}
         self.messageEvents = messageEvents
@@ -49,5 +51,6 @@ class EventLog:
         if logFormat is None:
             logFormat = self._formats[key] = formatFor(name, fields)
         self._log.emit(
-            level, logFormat, dallal_event=name, t=self._clock.seconds(), **fields
+            level, logFormat, dallal_event=name, broker=self.broker, t=self._clock.seconds(),
+            **fields,
         )

@@ -1,6 +1,7 @@
 """
 The broker's statistics on its own topics, C{$SYS/broker/...}, as Mosquitto
-publishes them for operators.
+publishes them for operators, and its traffic per topic, logged for the log
+analytics (L{TopicTraffic}).
 
 Every interval the L{SysPublisher} reads the broker's counters and publishes
 the values that changed since its last round.  The broker keeps each topic's
@@ -92,6 +93,87 @@ def sysValues(stats):
     return values
 
 
+# The topics a topic_traffic summary names, the busiest first; the others'
+# traffic is summed in one topic_traffic_other event.
+TOPICS_SUMMARIZED = 20
+# The topics counted apart in one interval: the traffic of more is counted
+# with the others', so the counts take bounded memory whatever clients do.
+TOPICS_COUNTED = 1000
+
+
+class TopicTraffic:
+    """
+    Messages and bytes in and out per topic since the last summary: what
+    the log analytics need of a broker's traffic when it does not log an
+    event per message (docs/EVENTS.md, C{topic_traffic}).
+
+    Each count is a list C{[messages in, bytes in, messages out, bytes out]}
+    updated in place: one dictionary lookup per message published or sent.
+    """
+
+    def __init__(self, clock):
+        self.clock = clock
+        self.since = clock.seconds()
+        self.topics = {}
+        # The traffic of topics past TOPICS_COUNTED in this interval.
+        self.overflow = [0, 0, 0, 0]
+
+    def _counts(self, topic):
+        counts = self.topics.get(topic)
+        if counts is None:
+            if len(self.topics) >= TOPICS_COUNTED:
+                return self.overflow
+            counts = self.topics[topic] = [0, 0, 0, 0]
+        return counts
+
+    def received(self, topic, size):
+        """
+        A message of C{size} bytes was published on C{topic}.
+        """
+        counts = self._counts(topic)
+        counts[0] += 1
+        counts[1] += size
+
+    def sent(self, topic, size, first):
+        """
+        A message of C{size} bytes on C{topic} was sent to a subscriber,
+        C{first}: for the first time (else it is a redelivery, whose bytes
+        count but which is no new message out, as in the broker's
+        C{delivered} and C{bytes_out} counters).
+        """
+        counts = self._counts(topic)
+        counts[2] += first
+        counts[3] += size
+
+    def log(self, events):
+        """
+        Log the traffic since the last summary and start counting afresh:
+        a C{topic_traffic} event for each of the L{TOPICS_SUMMARIZED}
+        busiest topics, one C{topic_traffic_other} for the rest; nothing
+        for an interval without traffic.
+        """
+        now = self.clock.seconds()
+        seconds = round(now - self.since, 3)
+        ranked = sorted(
+            self.topics.items(), key=lambda item: (-(item[1][0] + item[1][2]), item[0])
+        )
+        for topic, (messagesIn, bytesIn, messagesOut, bytesOut) in ranked[:TOPICS_SUMMARIZED]:
+            events.emit(
+                "topic_traffic", topic=topic, messages_in=messagesIn, bytes_in=bytesIn,
+                messages_out=messagesOut, bytes_out=bytesOut, seconds=seconds,
+            )
+        rest = ranked[TOPICS_SUMMARIZED:]
+        other = [sum(column) for column in zip(self.overflow, *(counts for _, counts in rest))]
+        if any(other):
+            events.emit(
+                "topic_traffic_other", topics=len(rest), messages_in=other[0],
+                bytes_in=other[1], messages_out=other[2], bytes_out=other[3], seconds=seconds,
+            )
+        self.topics = {}
+        self.overflow = [0, 0, 0, 0]
+        self.since = now
+
+
 class _Load:
     """
     Per-second rates of one running total, as exponentially weighted moving
@@ -172,8 +254,10 @@ class SysPublisher:
 
     def publish(self):
         """
-        One round: publish the values that changed since the last.
+        One round: log the traffic per topic since the last round, and
+        publish the values that changed since the last.
         """
+        self.broker.topicTraffic.log(self.broker.events)
         for topic, value in self._values().items():
             if self._published.get(topic) != value:
                 self._published[topic] = value

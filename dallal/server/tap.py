@@ -200,7 +200,8 @@ class Options(usage.Options):
             None,
             DEFAULT_SYS_INTERVAL,
             "Seconds between updates of the broker's statistics on its "
-            "$SYS/broker/... topics.",
+            "$SYS/broker/... topics, and between the logged summaries of its "
+            "traffic per topic.",
             _positive("sys-interval", float, zeroTurnsOff=True),
         ],
         [
@@ -469,7 +470,8 @@ class Options(usage.Options):
             "message-events",
             None,
             "Also log an event per message published, delivered, acked, "
-            "replaced or dropped, for the log analytics in spark/; they cut "
+            "replaced or dropped, for the log analytics' latency and loss "
+            "account (dallal_analytics/); they cut "
             "throughput several times (docs/PERFORMANCE.md). Connections, "
             "subscriptions and errors are always logged.",
         ],

@@ -1,8 +1,8 @@
 """
 Analytics over Dallal broker logs, on Spark.
 
-    python spark/report.py LOGS... --out DIR [--window 1m] [--master URL]
-    spark-submit spark/report.py LOGS... --out DIR --master spark://host:7077
+    dallal-report LOGS... --out DIR [--window 1m] [--master URL]
+    spark-submit --py-files dallal-*.whl $(python -c 'import dallal_analytics.report as r; print(r.__file__)') LOGS... --out DIR
 
 LOGS are twistd log files (C{twistd --logfile=PATH dallal}), rotated ones
 included, as files, globs or directories.  DIR receives a Parquet table per
@@ -21,16 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-# Run as a script (python or spark-submit), this file's folder is first on
-# sys.path: that is how dallal_analytics is found, wherever the working
-# directory is.
-from dallal_analytics import htmlreport, parse, questions
-from dallal_analytics.classdata import ClassDataArchive
-from dallal_analytics.prefetch import startReadingAhead
-from dallal_analytics.session import (
-    JVM_OPTIONS, buildSession, driverProcess, isLocalMaster, jvmRunning,
-    launchedBySparkSubmit,
-)
+from dallal_analytics import htmlreport, incremental, parse, questions
+from dallal_analytics.session import buildSession
 
 DEFAULT_WINDOW_SECONDS = 60
 UNPARSED_EXAMPLES = 5
@@ -38,8 +30,25 @@ TOP = 10
 # The connections chart draws about this many steps, whatever --window is.
 CHART_STEPS = 200
 
+# The file of the report's folder that says how Spark ran it.
+EFFECTIVE_SETTINGS = "spark-settings.json"
+REPORTED_SETTINGS = (
+    "spark.master", "spark.app.name", "spark.driver.memory", "spark.executor.memory",
+    "spark.sql.session.timeZone", "spark.sql.mapKeyDedupPolicy",
+)
+
 UNITS = {"s": 1, "m": 60, "h": 3600}
 WINDOW = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|second|seconds|m|min|minute|minutes|h|hour|hours)?\s*$")
+
+# The traffic measures of the brokers' periodic summaries, as the
+# summary names them (questions.summarizedTraffic).
+SUMMARIZED_MEASURES = tuple(questions.SUMMARIZED_MEASURES.values())
+# What only per-message events (--message-events) tell.
+MESSAGE_EVENT_FIGURES = (
+    "sys_published", "bridged_published", "bridged_delivered", "bridged_dropped", "retained",
+    "redeliveries", "matched", "acked", "fired", "replaced", "dropped", "dropped_by_reason",
+    "inflight", "messages_without_publish", "latency",
+)
 
 # Traffic to and from other brokers over bridges (EVENTS.md).
 BRIDGED_TOTALS = ("bridged_published", "bridged_delivered", "bridged_dropped")
@@ -154,28 +163,30 @@ class Tables:
         return self.spark.read.schema(frame.schema).parquet(path)
 
 
+def writeEffectiveSettings(spark, outDir):
+    """
+    L{EFFECTIVE_SETTINGS}: the Spark settings the report ran with (the
+    site's and its own), and the driver JVM's arguments.
+    """
+    conf = spark.sparkContext.getConf()
+    settings = {key: conf.get(key) for key in REPORTED_SETTINGS}
+    settings["spark.sql.shuffle.partitions"] = spark.conf.get("spark.sql.shuffle.partitions")
+    runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    settings["jvm_arguments"] = list(runtime.getInputArguments())
+    (Path(outDir) / EFFECTIVE_SETTINGS).write_text(
+        json.dumps(settings, indent=2, sort_keys=True) + "\n"
+    )
+
+
 def _rows(frame):
     return [row.asDict(recursive=True) for row in frame.collect()]
 
 
-def surveyLines(spark, lines):
+def surveyLines(lines):
     """
-    L{questions.lineSurvey} of the parsed C{lines}, the first query to read
-    the report's caches, without adaptive execution: with it, Spark fills
-    each cache in a job of its own and only then reads the log's cache
-    again for the survey; without it, the survey's tasks fill the caches
-    as they count, in one pass over the log (docs/ANALYTICS.md has the
-    measurements).  The setting is the session's: queries that an embedder
-    runs in the same session meanwhile run without adaptive execution too.
-    It is as it was afterwards.
+    L{questions.lineSurvey} of the parsed C{lines}, as a dict.
     """
-    setting = "spark.sql.adaptive.enabled"
-    enabled = spark.conf.get(setting)
-    spark.conf.set(setting, "false")
-    try:
-        return _rows(questions.lineSurvey(lines, parse.KINDS))[0]
-    finally:
-        spark.conf.set(setting, enabled)
+    return _rows(questions.lineSurvey(lines, parse.KINDS))[0]
 
 
 def _sortedRows(frame, key):
@@ -201,7 +212,8 @@ def chartStep(runRows):
 def counterMismatches(runRows):
     """
     Where a run's last C{stats} event disagrees with what its events add up
-    to: C{[{"run", "counter", "broker", "log"}]}.
+    to: C{[{"broker", "run", "counter", "counted", "log"}]} (C{counted}: the
+    broker's counter, C{log}: what its events add up to).
     """
     names = dict(questions.COUNTERS_FROM_EVENTS, inflight="inflight")
     mismatches = []
@@ -221,8 +233,8 @@ def counterMismatches(runRows):
                 continue
             if counters[counter] != fromLog[column]:
                 mismatches.append(
-                    {"run": run["run"], "counter": counter,
-                     "broker": counters[counter], "log": fromLog[column]}
+                    {"broker": run["broker"], "run": run["run"], "counter": counter,
+                     "counted": counters[counter], "log": fromLog[column]}
                 )
     return mismatches
 
@@ -259,10 +271,13 @@ def _writeLatency(tables, events, sessionTransports, progress):
 
 
 def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None,
-              deliveries=False):
+              deliveries=False, incrementally=False):
     """
     Analyse the logs at C{paths} into C{outDir}; return the summary.
     C{deliveries}: also write the table of every (message, subscriber).
+    C{incrementally}: parse only what is new since the last such run into
+    the parsed lines kept in C{outDir}, and report on all of them (see
+    L{dallal_analytics.incremental}).
 
     The logs are read and parsed once, into a cache of the columns the
     questions read; every question then reads that cache or smaller results
@@ -276,6 +291,7 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
     outDir = Path(outDir)
     outDir.mkdir(parents=True, exist_ok=True)
     tables = Tables(spark, outDir)
+    writeEffectiveSettings(spark, outDir)
     cached = []
 
     def cache(frame):
@@ -288,14 +304,24 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
     with progress.stage("read and parse"):
         # The log is read once: split into the per-message events, read by
         # position, and the few other lines, parsed from that cache.
-        split = cache(questions.cachedColumns(parse.splitLines(parse.readLines(spark, paths))))
-        others = cache(parse.parseOtherLines(split))
-        lines = parse.combine(split, others).select("kind", *questions.EVENT_COLUMNS, "raw")
-        survey = surveyLines(spark, lines)
+        if incrementally:
+            parsed, added = incremental.update(spark, paths, outDir)
+            progress.say(f"{added} new lines parsed")
+            lines = cache(parsed.select("kind", *questions.EVENT_COLUMNS, "raw"))
+            others = cache(parsed.where(F.coalesce(col(parse.EVENT_NUMBER), F.lit(0)) == 0))
+        else:
+            split = cache(questions.cachedColumns(
+                parse.splitLines(parse.readLines(spark, paths))
+            ))
+            others = cache(parse.parseOtherLines(split))
+            lines = parse.combine(split, others).select(
+                "kind", *questions.EVENT_COLUMNS, "raw"
+            )
+        survey = surveyLines(lines)
         # Every run with clients logs their connects, which are among the
         # other lines: they tell the starts apart without reading the
         # per-message events again.
-        starts = questions.brokerStarts(others, survey.pop("listening"))
+        starts = questions.Runs.find(others, survey.pop("brokers"), survey.pop("listening"))
         messages = survey.pop("messages")
         unparsedExamples = [
             row.raw for row in others.where(col("kind") == parse.UNPARSED)
@@ -331,7 +357,7 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
             ).localCheckpoint()
             activity = cache(questions.sessionActivity(summary))
             sessionTable = tables.write("sessions", questions.sessions(
-                activity, questions.sessionNames(summary), len(starts)
+                activity, questions.sessionNames(summary), starts
             ))
             sessionTransports = sessionTable.select(
                 "run", "session", col("transport").alias("session_transport")
@@ -354,7 +380,13 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
             actors = cache(questions.actorTraffic(summary, sessionTransports))
             trafficTable = tables.write("traffic", questions.traffic(actors))
             topicTable = tables.write("topics", questions.topics(actors))
-            publisherTable = tables.write("publishers", questions.publishers(actors))
+            publisherTable = tables.write(
+                "publishers", starts.withBroker(questions.publishers(actors))
+            )
+
+            summarizedTable = tables.write(
+                "topic_traffic", questions.summarizedTraffic(others, window)
+            )
 
         messageTable, lossTable = lossAccount.result()
         latencyTable, histogramTable, overallLatency = latency.result()
@@ -365,10 +397,10 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
         background.shutdown(wait=False, cancel_futures=True)
 
     with progress.stage("health"):
-        errorTable = tables.write("errors", questions.errors(summary))
+        errorTable = tables.write("errors", starts.withBroker(questions.errors(summary)))
         healthTable = tables.write("health", questions.health(summary))
         runTable = tables.write("runs", questions.runs(
-            summary, activity, sessionTable, messageTable, connectionTable
+            summary, activity, sessionTable, messageTable, connectionTable, starts
         ))
     for frame in cached:
         frame.unpersist()
@@ -377,14 +409,27 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
         # The per-topic and per-code tables are small: what the summary and
         # the page need of them is computed here rather than by more jobs.
         runRows = _sortedRows(runTable, "run")
+        # Without per-message events, the traffic is the brokers' periodic
+        # summaries'.
+        messageEvents = messages > 0
+        if not messageEvents:
+            topicTable = summarizedTable.groupBy("topic").agg(
+                *(F.sum(name).alias(name) for name in SUMMARIZED_MEASURES)
+            )
+            trafficTable = summarizedTable
         topicRows = _rows(topicTable)
         topicRows.sort(key=lambda row: (-row["publishes"], -row["deliveries"], row["topic"] or ""))
         lossRows = _rows(lossTable)
         errorRows = _rows(errorTable)
         summary = summarize(
+            messageEvents=messageEvents,
+            summarizedPerBroker=_rows(summarizedTable.groupBy("broker").agg(
+                *(F.sum(name).alias(name) for name in SUMMARIZED_MEASURES)
+            )),
             window=window,
             survey=survey,
             starts=starts,
+            fleetPeak=_rows(questions.fleetPeak(connectionTable))[0],
             unparsedExamples=unparsedExamples,
             runRows=runRows,
             topicRows=topicRows,
@@ -394,7 +439,7 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
             sessionKinds=_rows(sessionTable.groupBy("transport", "end_reason").count()),
             transports=_rows(trafficTable.groupBy("transport").agg(
                 *(F.sum(name).alias(name) for name in TRANSPORT_MEASURES)
-            )),
+            )) if messageEvents else [],
         )
         (outDir / "summary.json").write_text(
             json.dumps(summary, indent=2, sort_keys=True) + "\n"
@@ -431,13 +476,84 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
     return summary
 
 
-def summarize(window, survey, starts, unparsedExamples, runRows, topicRows, lossRows,
-              errorRows, overallLatency, sessionKinds, transports):
+# What the summary says of each broker, summed over its runs.
+BROKER_TOTALS = (
+    "sessions", "publishes", "sys_published", "bridged_published", "bridged_delivered",
+    "bridged_dropped", "deliveries", "redeliveries", "bytes_in", "bytes_out", "errors",
+    "pings_missed", "clients_dropped",
+)
+
+
+def brokerSummaries(runRows):
+    """
+    Per broker of the log: its runs and their totals, its peak of
+    concurrent connections (its runs do not overlap: the largest of
+    theirs) and when it was first reached, its first and last events.
+    """
+    brokers = {}
+    for row in runRows:
+        brokers.setdefault(row["broker"], []).append(row)
+    summaries = {}
+    for broker, rows in sorted(brokers.items()):
+        peak = max(rows, key=lambda row: row["peak_connections"])
+        summaries[broker] = {
+            "runs": sum(1 for row in rows if row["started"] is not None),
+            **{name: sum(row[name] or 0 for row in rows) for name in BROKER_TOTALS},
+            "peak_connections": peak["peak_connections"],
+            "peak_connections_at": htmlreport.isoformat(peak["peak_at"]),
+            "first_event_at": htmlreport.isoformat(min(
+                (row["first_event"] for row in rows if row["first_event"]), default=None
+            )),
+            "last_event_at": htmlreport.isoformat(max(
+                (row["last_event"] for row in rows if row["last_event"]), default=None
+            )),
+        }
+    return summaries
+
+
+def withoutMessageEvents(summary, summarizedPerBroker):
+    """
+    A C{summary} of a log without per-message events: its traffic is the
+    brokers' periodic summaries' (C{summarizedPerBroker}), and what only
+    per-message events tell is null (L{MESSAGE_EVENT_FIGURES}), not zero.
+    """
+    perBroker = {row["broker"]: row for row in summarizedPerBroker}
+    for name in SUMMARIZED_MEASURES:
+        summary[name] = sum(row[name] or 0 for row in summarizedPerBroker)
+    for name in MESSAGE_EVENT_FIGURES:
+        summary[name] = None
+    for broker, figures in summary["brokers"].items():
+        for name in SUMMARIZED_MEASURES:
+            figures[name] = (perBroker.get(broker) or {}).get(name) or 0
+        for name in MESSAGE_EVENT_FIGURES:
+            figures.pop(name, None)
+    for figures in summary["transports"].values():
+        for name in TRANSPORT_MEASURES:
+            figures[name] = None
+    return summary
+
+
+def summarize(messageEvents, summarizedPerBroker, window, survey, starts, fleetPeak,
+              unparsedExamples, runRows, topicRows, lossRows, errorRows, overallLatency,
+              sessionKinds, transports):
     """
     summary.json: the totals, from the rows the report collected.
+    C{messageEvents}: whether the log has per-message events; without,
+    see L{withoutMessageEvents}.
     """
+    summary = _summarize(window, survey, starts, fleetPeak, unparsedExamples, runRows,
+                         topicRows, lossRows, errorRows, overallLatency, sessionKinds,
+                         transports)
+    summary["message_events"] = messageEvents
+    if messageEvents:
+        return summary
+    return withoutMessageEvents(summary, summarizedPerBroker)
+
+
+def _summarize(window, survey, starts, fleetPeak, unparsedExamples, runRows, topicRows,
+               lossRows, errorRows, overallLatency, sessionKinds, transports):
     def total(rows, name):
-        return sum(row[name] or 0 for row in rows)
+        return sum(row.get(name) or 0 for row in rows)
 
     def tally(rows, key, name):
         counts = {}
@@ -449,7 +565,6 @@ def summarize(window, survey, starts, unparsedExamples, runRows, topicRows, loss
         # A malformed event may lack its topic or code; JSON keys are text.
         return "" if value is None else value
 
-    peak = max(runRows, key=lambda row: row["peak_connections"], default=None)
     sessionsByTransport = tally(sessionKinds, "transport", "count")
     trafficByTransport = {row["transport"]: row for row in transports}
     return {
@@ -471,8 +586,10 @@ def summarize(window, survey, starts, unparsedExamples, runRows, topicRows, loss
         "inflight": total(lossRows, "inflight"),
         "messages_without_publish": total(runRows, "messages_without_publish"),
         "sessions": total(sessionKinds, "count"),
-        "peak_connections": peak["peak_connections"] if peak else 0,
-        "peak_connections_at": htmlreport.isoformat(peak["peak_at"]) if peak else None,
+        # Over every broker of the log at once.
+        "peak_connections": fleetPeak["peak_connections"] or 0,
+        "peak_connections_at": htmlreport.isoformat(fleetPeak["peak_at"]),
+        "brokers": brokerSummaries(runRows),
         "session_end_reasons": {
             reason or "still_connected": count
             for reason, count in tally(sessionKinds, "end_reason", "count").items()
@@ -515,7 +632,7 @@ def summarize(window, survey, starts, unparsedExamples, runRows, topicRows, loss
 
 def parseArguments(argv):
     parser = argparse.ArgumentParser(
-        prog="report.py",
+        prog="dallal-report",
         description="Analyse Dallal broker logs (twistd --logfile=...) with Spark: "
         "Parquet tables, summary.json and report.html in --out.",
     )
@@ -541,18 +658,18 @@ def parseArguments(argv):
     )
     parser.add_argument(
         "--shuffle-partitions", type=positiveCount, metavar="N",
-        help="spark.sql.shuffle.partitions (default 16 for local masters, "
-        "Spark's elsewhere)",
+        help="spark.sql.shuffle.partitions (default: the site's setting, else Spark's)",
     )
     parser.add_argument(
-        "--driver-memory", default="4g",
-        help="the driver JVM's heap when run with python (default 4g)",
+        "--driver-memory", metavar="SIZE",
+        help="the driver JVM's heap (spark.driver.memory), e.g. 4g, when the report "
+        "starts the JVM (default: the site's setting, else Spark's)",
     )
     parser.add_argument(
-        "--no-jvm-cache", action="store_true",
-        help="neither map nor write the archive of the JVM's classes that starts later "
-        "reports sooner (kept in $DALLAL_REPORT_CACHE, else $XDG_CACHE_HOME/dallal-report "
-        "or ~/.cache/dallal-report)",
+        "--incremental", action="store_true",
+        help="parse only what the logs gained since the last --incremental run into "
+        "--out (the parsed lines are kept there as Parquet, by broker and date), then "
+        "report on all of them; the logs must be files of this machine",
     )
     parser.add_argument(
         "--quiet", action="store_true", help="no progress lines on standard error"
@@ -562,35 +679,30 @@ def parseArguments(argv):
 
 def main(argv=None):
     args = parseArguments(argv)
-    archive = None
-    if not launchedBySparkSubmit() and (args.master is None or isLocalMaster(args.master)):
-        # The tasks will read the logs from this machine's disk: it reads
-        # them ahead while the JVM starts (see dallal_analytics.prefetch).
-        startReadingAhead(args.logs)
-        # The JVM this process starts maps the classes an earlier report's
-        # JVM archived, or archives them for the next (see
-        # dallal_analytics.classdata).  A JVM already running (an embedder's
-        # session) is joined as it is, and left running.
-        if not args.no_jvm_cache and not jvmRunning():
-            archive = ClassDataArchive.find([*JVM_OPTIONS, f"-Xmx{args.driver_memory}"])
-    spark = buildSession(
-        master=args.master,
-        shufflePartitions=args.shuffle_partitions,
-        driverMemory=args.driver_memory,
-        driverJavaOptions=archive.javaOptions() if archive else (),
-    )
-    from pyspark.errors import AnalysisException
+    from pyspark.errors import AnalysisException, PySparkRuntimeError
+
+    try:
+        spark = buildSession(
+            master=args.master,
+            shufflePartitions=args.shuffle_partitions,
+            driverMemory=args.driver_memory,
+        )
+    except PySparkRuntimeError as error:
+        # The JVM wrote its reason on standard error, above.
+        print(f"dallal-report: Spark did not start: {error}", file=sys.stderr)
+        return 1
 
     progress = Progress(
         enabled=not args.quiet, statusTracker=spark.sparkContext.statusTracker()
     )
-    jvm = driverProcess()
-    completed = False
     try:
         summary = runReport(
-            spark, args.logs, args.out, args.window, progress, deliveries=args.deliveries
+            spark, args.logs, args.out, args.window, progress, deliveries=args.deliveries,
+            incrementally=args.incremental,
         )
-        completed = True
+    except incremental.IncrementalError as error:
+        print(f"dallal-report: {error}", file=sys.stderr)
+        return 2
     except AnalysisException as error:
         if error.getCondition() != "PATH_NOT_FOUND":
             raise
@@ -598,20 +710,11 @@ def main(argv=None):
         return 2
     finally:
         spark.stop()
-        if archive and jvm and not completed:
-            archive.abandon(jvm)
     out = Path(args.out)
     print(f"{summary['publishes']} publishes, {summary['deliveries']} deliveries, "
           f"{summary['sessions']} sessions, {summary['unparsed_lines']} unparsed lines")
     print(f"report: {out / 'report.html'}")
     print(f"summary: {out / 'summary.json'}", flush=True)
-    if archive and jvm:
-        seconds = archive.finish(jvm)
-        if seconds is not None:
-            progress.say(
-                f"the JVM's classes archived for the next reports in {seconds:.1f} s "
-                f"({archive.path})"
-            )
     return 0
 
 

@@ -15,7 +15,8 @@ WIDTH = 760
 HEIGHT = 240
 MARGIN_LEFT = 64
 MARGIN_RIGHT = 16
-MARGIN_TOP = 16
+# Room above the plot for the legend, so that it never covers a line.
+MARGIN_TOP = 28
 MARGIN_BOTTOM = 40
 TICKS = 5
 COLORS = ("#1f6fb2", "#d9782d", "#3a9a5b", "#9b4dca")
@@ -30,8 +31,15 @@ th { background: #f4f4f4; } td.text, th.text { text-align: left; }
 .figure { border: 1px solid #ddd; border-radius: 4px; padding: 0.4em 0.8em; min-width: 8em; }
 .figure b { display: block; font-size: 1.4em; }
 svg text { font: 11px sans-serif; fill: #444; }
-.ok { color: #3a9a5b; } .bad { color: #c0392b; }
+.ok { color: #3a9a5b; } .bad { color: #c0392b; } .missing { color: #777; }
+p.caption { margin-top: 0; color: #555; font-size: 0.9em; }
 """
+
+# What a section that needs per-message events says of a log without them.
+NOT_IN_THIS_LOG = (
+    '<p class="missing">Not in this log: run the broker with '
+    "<code>--message-events</code>.</p>"
+)
 
 
 def utc(moment):
@@ -147,8 +155,10 @@ class Plot:
         for index in range(TICKS + 1):
             epoch = self.xMin + self.xSpan * index / TICKS
             x = self.x(epoch)
+            # The last label ends at the plot's edge rather than past it.
+            anchor = "end" if index == TICKS else "middle"
             parts.append(
-                f'<text x="{x:.1f}" y="{HEIGHT - MARGIN_BOTTOM + 16}" text-anchor="middle">'
+                f'<text x="{x:.1f}" y="{HEIGHT - MARGIN_BOTTOM + 16}" text-anchor="{anchor}">'
                 f"{escape(_timeLabel(epoch, self.xSpan))}</text>"
             )
         parts.append(
@@ -172,19 +182,19 @@ def _noData(title):
     )
 
 
-def timeChart(title, yLabel, series, step=False):
+def timeChart(title, yLabel, series, step=False, span=None):
     """
     Lines over time: C{series} is C{[(name, [(epoch, value), ...])]}.  With
     C{step}, each value holds until the next point.  Points without a time
-    (events logged with none) are left out.
+    (events logged with none) are left out.  C{span}: the times the x axis
+    covers, if not those of the points.
     """
     series = [(name, [(x, y) for x, y in data if x is not None]) for name, data in series]
     points = [point for _, data in series for point in data]
     if not points:
         return _noData(title)
-    plot = Plot(
-        min(x for x, _ in points), max(x for x, _ in points), max(y for _, y in points)
-    )
+    xMin, xMax = span or (min(x for x, _ in points), max(x for x, _ in points))
+    plot = Plot(xMin, xMax, max(y for _, y in points))
     parts = [plot.yAxis(yLabel), plot.timeAxis()]
     for index, (name, data) in enumerate(series):
         color = COLORS[index % len(COLORS)]
@@ -193,19 +203,21 @@ def timeChart(title, yLabel, series, step=False):
             if step and position:
                 coordinates.append(f"{plot.x(x):.1f},{plot.y(data[position - 1][1]):.1f}")
             coordinates.append(f"{plot.x(x):.1f},{plot.y(y):.1f}")
-        if len(data) == 1:
-            x, y = data[0]
-            parts.append(
+        if len(data) <= 2:
+            # Too few points to read as a line.
+            parts.extend(
                 f'<circle cx="{plot.x(x):.1f}" cy="{plot.y(y):.1f}" r="3" fill="{color}"/>'
+                for x, y in data
             )
         parts.append(
             f'<polyline fill="none" stroke="{color}" stroke-width="1.5" '
             f'points="{" ".join(coordinates)}"/>'
         )
+        # Above the plot area, where no line goes.
         parts.append(
-            f'<rect x="{MARGIN_LEFT + 10 + index * 140}" y="{MARGIN_TOP}" width="10" '
-            f'height="10" fill="{color}"/><text x="{MARGIN_LEFT + 24 + index * 140}" '
-            f'y="{MARGIN_TOP + 9}">{escape(name)}</text>'
+            f'<rect x="{MARGIN_LEFT + 10 + index * 180}" y="6" width="10" '
+            f'height="10" fill="{color}"/><text x="{MARGIN_LEFT + 24 + index * 180}" '
+            f'y="15">{escape(name)}</text>'
         )
     return _svg(title, "".join(parts))
 
@@ -236,12 +248,13 @@ def barChart(title, yLabel, bars):
     return _svg(title, "".join(parts))
 
 
-def table(columns, rows):
+def table(columns, rows, empty="None in this log."):
     """
     C{columns} is C{[(key, heading)]}; text cells align left, numbers right.
+    C{empty}: what to say when there are no rows.
     """
     if not rows:
-        return "<p>None.</p>"
+        return f"<p>{escape(empty)}</p>" if empty else ""
     head = "".join(f'<th class="text">{escape(h)}</th>' if i == 0 else f"<th>{escape(h)}</th>"
                    for i, (_, h) in enumerate(columns))
     body = []
@@ -302,16 +315,70 @@ def figures(summary):
         ("peak_connections", "peak connections"), ("errors", "errors"),
         ("clients_dropped", "clients dropped"), ("unparsed_lines", "unparsed lines"),
     )
+    # A figure a log without per-message events does not tell is not shown.
     return '<div class="figures">' + "".join(
         f'<div class="figure"><b>{escape(number(summary[key]))}</b>{escape(label)}</div>'
-        for key, label in shown
+        for key, label in shown if summary[key] is not None
     ) + "</div>"
+
+
+def windowPoints(rows, key, windowSeconds):
+    """
+    C{(epoch, value)} at the middle of every window from the first row's to
+    the last's, 0 for a window without a row: an idle window is a zero, not
+    a line drawn across it.
+    """
+    values = {_epoch(row["window_start"]): row[key] or 0 for row in rows
+              if row["window_start"] is not None}
+    if not values:
+        return []
+    first, last = min(values), max(values)
+    count = round((last - first) / windowSeconds)
+    return [(first + (index + 0.5) * windowSeconds,
+             values.get(first + index * windowSeconds, 0))
+            for index in range(count + 1)]
+
+
+def windowSpan(points, windowSeconds):
+    """
+    The times of the windows whose middles are C{points}, from the start of
+    the first to the end of the last: a log shorter than one window still
+    spans one.
+    """
+    if not points:
+        return None
+    return points[0][0] - windowSeconds / 2, points[-1][0] + windowSeconds / 2
+
+
+def caption(text):
+    return f'<p class="caption">{escape(text)}</p>'
+
+
+def trafficCaption(summary, windows):
+    """
+    What the traffic chart shows, and how to read its ends.
+    """
+    window = number(summary["window_seconds"])
+    source = (
+        "from the per-message events" if summary["message_events"] else
+        "from the brokers' traffic summaries (topic_traffic, one per --sys-interval, "
+        "each counted in the window where its interval ends)"
+    )
+    text = (f"Messages published and sent to subscribers (first sends) per {window} s "
+            f"window, every broker together, {source}; a window without traffic is a zero.")
+    if windows == 1:
+        text += " The log spans less than one window: one point."
+    elif windows:
+        text += (" The first and last windows may be partial (the log starts or ends in "
+                 "them), so lower.")
+    return caption(text)
 
 
 def accountCheck(summary):
     resolved = sum(summary[name] for name in ("acked", "fired", "replaced", "dropped"))
     total = resolved + summary["inflight"]
-    css = "ok" if total == summary["matched"] else "bad"
+    # More outcomes than matches (a negative in flight) is no balance either.
+    css = "ok" if total == summary["matched"] and summary["inflight"] >= 0 else "bad"
     return (
         f'<p class="{css}">matched {summary["matched"]:,} = acked {summary["acked"]:,} '
         f'+ fired {summary["fired"]:,} + replaced {summary["replaced"]:,} '
@@ -323,7 +390,8 @@ def counterCheck(summary, runs):
     mismatches = summary["counter_mismatches"]
     if mismatches:
         listed = ", ".join(
-            escape(f"run {m['run']} {m['counter']}: broker {m['broker']}, events {m['log']}")
+            escape(f"{m['broker']} run {m['run']} {m['counter']}: counted {m['counted']}, "
+                   f"events {m['log']}")
             for m in mismatches
         )
         return f'<p class="bad">The broker\'s counters disagree with its events: {listed}.</p>'
@@ -338,14 +406,13 @@ def render(summary, traffic, histogram, connections, connectionStep, topics, pub
     The whole report as a string.
     """
     window = summary["window_seconds"]
-    trafficChart = timeChart(
-        "Traffic over time",
-        f"per {number(window)} s",
-        [
-            ("publishes", [(_epoch(r["window_start"]), r["publishes"]) for r in traffic]),
-            ("deliveries", [(_epoch(r["window_start"]), r["deliveries"]) for r in traffic]),
-        ],
-    )
+    messageEvents = summary["message_events"]
+    trafficSeries = [
+        ("publishes", windowPoints(traffic, "publishes", window)),
+        ("deliveries", windowPoints(traffic, "deliveries", window)),
+    ]
+    trafficChart = timeChart("Traffic over time", f"per {number(window)} s", trafficSeries,
+                             span=windowSpan(trafficSeries[0][1], window))
     latencyChart = barChart("Publish-to-ack latency", "acks", histogramBars(histogram))
     connectionChart = timeChart(
         "Concurrent connections",
@@ -355,7 +422,7 @@ def render(summary, traffic, histogram, connections, connectionStep, topics, pub
     )
     latencySummary = summary["latency"]
     drops = [{"reason": reason, "dropped": count}
-             for reason, count in summary["dropped_by_reason"].items() if count]
+             for reason, count in (summary["dropped_by_reason"] or {}).items() if count]
     ends = [{"reason": reason, "sessions": count}
             for reason, count in sorted(summary["session_end_reasons"].items())]
     codes = [{"code": code, "errors": count}
@@ -370,48 +437,69 @@ def render(summary, traffic, histogram, connections, connectionStep, topics, pub
         f"{summary['runs']} broker start(s); windows of {escape(number(window))} s.</p>",
         figures(summary),
         "<h2>Traffic</h2>", trafficChart,
+        trafficCaption(summary, len(trafficSeries[0][1])),
         "<h3>Top topics</h3>",
         table([("topic", "topic"), ("publishes", "publishes"), ("deliveries", "deliveries"),
                ("redeliveries", "redeliveries"), ("bytes_in", "bytes in"),
                ("bytes_out", "bytes out"), ("publishers", "publishers"),
                ("subscribers", "subscribers")], topics),
         "<h3>Top publishers</h3>",
-        table([("client", "client"), ("run", "run"), ("session", "session"),
+        table([("client", "client"), ("broker", "broker"), ("session", "session"),
                ("transport", "transport"), ("publishes", "publishes"), ("bytes", "bytes"),
-               ("topics", "topics")], publishers),
+               ("topics", "topics")], publishers) if messageEvents else NOT_IN_THIS_LOG,
         "<h3>By transport</h3>",
         table([("transport", "transport"), ("sessions", "sessions"), ("publishes", "publishes"),
                ("deliveries", "deliveries"), ("bytes_in", "bytes in"),
                ("bytes_out", "bytes out")], transports),
         "<h2>Delivery</h2>",
-        f"<p>{number(latencySummary['acks'])} acks: p50 {seconds(latencySummary['p50'])}, "
-        f"p95 {seconds(latencySummary['p95'])}, p99 {seconds(latencySummary['p99'])}, "
-        f"max {seconds(latencySummary['max'])}; {number(summary['redeliveries'])} redeliveries.</p>",
-        latencyChart,
-        table([("topic", "topic"), ("transport", "transport"), ("acks", "acks"),
-               ("p50", "p50 (s)"), ("p95", "p95 (s)"), ("p99", "p99 (s)"),
-               ("max", "max (s)")], latency),
-        "<h3>Loss account</h3>",
-        accountCheck(summary),
-        table([("reason", "drop reason"), ("dropped", "dropped")], drops),
-        table([("topic", "topic"), ("matched", "matched"), ("acked", "acked"),
-               ("fired", "fired"), ("replaced", "replaced"), ("dropped", "dropped"),
-               ("inflight", "in flight"), ("redeliveries", "redeliveries")], loss),
+        *([
+            f"<p>{number(latencySummary['acks'])} acks: p50 {seconds(latencySummary['p50'])}, "
+            f"p95 {seconds(latencySummary['p95'])}, p99 {seconds(latencySummary['p99'])}, "
+            f"max {seconds(latencySummary['max'])}; "
+            f"{number(summary['redeliveries'])} redeliveries.</p>",
+            latencyChart,
+            caption("How many acks took how long from publish to ack, in logarithmic "
+                    "buckets (ten per decade of seconds), every topic together."),
+            table([("topic", "topic"), ("transport", "transport"), ("acks", "acks"),
+                   ("p50", "p50 (s)"), ("p95", "p95 (s)"), ("p99", "p99 (s)"),
+                   ("max", "max (s)")], latency),
+            "<h3>Loss account</h3>",
+            accountCheck(summary),
+            table([("reason", "drop reason"), ("dropped", "dropped")], drops,
+                  empty="No message dropped."),
+            table([("topic", "topic"), ("matched", "matched"), ("acked", "acked"),
+                   ("fired", "fired"), ("replaced", "replaced"), ("dropped", "dropped"),
+                   ("inflight", "in flight"), ("redeliveries", "redeliveries")], loss),
+        ] if messageEvents else [NOT_IN_THIS_LOG]),
         "<h2>Sessions</h2>", connectionChart,
+        caption(f"Client sessions connected at once, every broker together: the peak of "
+                f"each {number(connectionStep)} s step, and the level between changes."),
         f"<p>Peak: {number(summary['peak_connections'])} connections at "
         f"{escape(summary['peak_connections_at'] or '–')}.</p>",
         table([("reason", "how sessions ended"), ("sessions", "sessions")], ends),
         "<h2>Health</h2>",
         f"<p>{number(summary['pings_missed'])} pings missed, "
         f"{number(summary['clients_dropped'])} clients dropped for missed pings.</p>",
-        table([("code", "error code"), ("errors", "errors")], codes),
-        table([("client", "client"), ("run", "run"), ("session", "session"),
-               ("code", "code"), ("errors", "errors"), ("fatal", "fatal")], errors),
+        table([("code", "error code"), ("errors", "errors")], codes,
+              empty="No request refused."),
+        table([("client", "client"), ("broker", "broker"), ("session", "session"),
+               ("code", "code"), ("errors", "errors"), ("fatal", "fatal")], errors, empty=""),
         table([("window_start", "window (UTC)"), ("pings_missed", "pings missed"),
-               ("clients_dropped", "clients dropped"), ("errors", "errors")], health),
-        "<h2>Broker starts</h2>",
-        table([("run", "run"), ("started", "started (UTC)"), ("last_event", "last event (UTC)"),
-               ("sessions", "sessions"), ("publishes", "publishes")], runs),
+               ("clients_dropped", "clients dropped"), ("errors", "errors")], health,
+              empty="No window with missed pings, dropped clients or errors."),
+        "<h2>Brokers</h2>",
+        "<p>Each broker of the log (the <code>broker</code> its events name), summed over "
+        "its starts; the figures above are the fleet's, every broker's together.</p>",
+        table([("broker", "broker"), ("runs", "starts"), ("sessions", "sessions"),
+               ("peak_connections", "peak connections"), ("publishes", "publishes"),
+               ("deliveries", "deliveries"), ("bridged_published", "bridged in"),
+               ("bridged_delivered", "bridged out"), ("bytes_in", "bytes in"),
+               ("bytes_out", "bytes out"), ("errors", "errors")],
+              [dict(values, broker=name) for name, values in summary["brokers"].items()]),
+        "<h3>Broker starts</h3>",
+        table([("broker", "broker"), ("run", "run"), ("started", "started (UTC)"),
+               ("last_event", "last event (UTC)"), ("sessions", "sessions"),
+               ("publishes", "publishes")], runs),
         counterCheck(summary, runs),
         "<h2>Input</h2>",
         table([("kind", "lines"), ("count", "count")],

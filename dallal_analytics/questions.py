@@ -26,7 +26,7 @@ import math
 from pyspark.sql import Window, functions as F
 
 from dallal_analytics.parse import (
-    EVENT, EVENT_NUMBER, MESSAGE_EVENTS, codeName, eventNumberOf, nameCode,
+    BROKER, EVENT, EVENT_NUMBER, MESSAGE_EVENTS, codeName, eventNumberOf, nameCode,
 )
 
 DROP_REASONS = (
@@ -54,7 +54,7 @@ BRIDGE_TRANSPORT = "bridge"
 # The columns of the parsed lines the questions read: what the report
 # caches.
 EVENT_COLUMNS = (
-    "event", EVENT_NUMBER, "t", "mid", "bytes", "session", "subscribers", "attempt", "by",
+    "event", EVENT_NUMBER, BROKER, "t", "mid", "bytes", "session", "subscribers", "attempt", "by",
     "latency", "fatal", "count", "topic", "client", "transport", "mode", "reason", "code",
     "address", "stats", "hops", "bridge",
 )
@@ -171,17 +171,29 @@ def _timesAtOrBefore(times, t):
     return search(0, len(times))
 
 
-def brokerStarts(lines, listening):
+# The broker of events that name none (logs of brokers before events
+# carried their broker's name).
+UNNAMED_BROKER = "unnamed"
+
+
+def brokerName():
+    return F.coalesce(col(BROKER), F.lit(UNNAMED_BROKER))
+
+
+def _starts(lines, broker, listening):
     """
-    The times the broker started: the first C{listening} event of each
-    group that no other event separates (one start logs one per listener).
+    The times C{broker} started: the first C{listening} event of each group
+    of them (one start logs one per listener) that no other event of the
+    broker separates.
     """
     if len(listening) <= 1:
         return list(listening)
     gap = _timesAtOrBefore(listening, col("t"))
     occupied = {
         row.gap
-        for row in lines.where((col("kind") == EVENT) & ~isEvent("listening"))
+        for row in lines.where(
+            (col("kind") == EVENT) & ~isEvent("listening") & (brokerName() == broker)
+        )
         .select(gap.alias("gap"))
         .distinct()
         .collect()
@@ -193,32 +205,121 @@ def brokerStarts(lines, listening):
     ]
 
 
-def assignRuns(lines, starts):
+class Runs:
     """
-    The events, each with its C{run}: how many broker starts are at or
-    before it (0 for events logged before the first start in the log).
+    The starts of each broker in a log, and the C{run} that numbers them:
+    every broker's runs have numbers of their own, so that sessions and
+    messages, numbered from 1 at each start, are told apart by
+    C{(run, session)} and C{(run, mid)} across restarts and brokers.  A
+    broker's first number is for its events logged before its first start
+    in the log (its earlier files rotated away).
+
+    @ivar starts: broker name -> the times it started, in order.
+    """
+
+    def __init__(self, starts):
+        self.starts = dict(sorted(starts.items()))
+        self.first = {}
+        number = 0
+        for broker, times in self.starts.items():
+            self.first[broker] = number
+            number += len(times) + 1
+
+    @classmethod
+    def find(cls, lines, brokers, listening):
+        """
+        The runs of C{lines}, from the L{lineSurvey}'s C{brokers} and
+        C{listening} events.
+        """
+        times = {broker: [] for broker in brokers}
+        for event in listening:
+            times.setdefault(event["broker"], []).append(event["t"])
+        return cls({
+            broker: _starts(lines, broker, sorted(brokerTimes))
+            for broker, brokerTimes in times.items()
+        })
+
+    @classmethod
+    def ofEvents(cls, events):
+        """
+        The runs of events that L{assignRuns} numbered: each broker's starts
+        are the first C{listening} event of each of its runs.
+        """
+        brokers = [row[0] for row in events.select(BROKER).distinct().collect()]
+        listening = (
+            events.where(isEvent("listening")).groupBy(BROKER, "run")
+            .agg(F.min("t").alias("t")).collect()
+        )
+        starts = {broker: [] for broker in brokers}
+        for row in sorted(listening, key=lambda row: row["run"]):
+            starts[row[BROKER]].append(row["t"])
+        return cls(starts)
+
+    def __len__(self):
+        return sum(len(times) for times in self.starts.values())
+
+    def column(self):
+        """
+        The C{run} of an event, from its broker and time.
+        """
+        run = None
+        for broker, times in self.starts.items():
+            number = self.first[broker] + _timesAtOrBefore(times, col("t"))
+            held = brokerName() == broker
+            run = F.when(held, number) if run is None else run.when(held, number)
+        return run if run is not None else F.lit(0)
+
+    def brokerOf(self, run):
+        """
+        The broker whose run C{run} (a column) is.
+        """
+        name = None
+        for broker, first in self.first.items():
+            held = run.between(first, first + len(self.starts[broker]))
+            name = F.when(held, broker) if name is None else name.when(held, broker)
+        return name if name is not None else F.lit(UNNAMED_BROKER)
+
+    def withBroker(self, frame):
+        """
+        C{frame}, keyed by C{run}, with the name of the run's broker first.
+        """
+        return frame.select(self.brokerOf(col("run")).alias(BROKER), "*")
+
+    def last(self):
+        """
+        The last run of each broker: the one its log ends in.
+        """
+        return [first + len(self.starts[broker]) for broker, first in self.first.items()]
+
+
+def assignRuns(lines, runs):
+    """
+    The events, each with its C{run} (L{Runs}) and its broker's name.
     """
     return lines.where(col("kind") == EVENT).select(
-        _timesAtOrBefore(starts, col("t")).alias("run"),
-        *(name for name in lines.columns if name not in ("kind", "raw")),
+        runs.column().alias("run"),
+        brokerName().alias(BROKER),
+        *(name for name in lines.columns if name not in ("kind", "raw", BROKER)),
     )
 
 
 def lineSurvey(lines, kinds):
     """
     One row: how many lines in all and of each kind, how many messages
-    they start (C{publish} and C{retained} events), and the sorted times of
-    the C{listening} events (a broker logs one per listener at each start,
-    so they are few).
+    they start (C{publish} and C{retained} events), the brokers that logged
+    events, and the C{listening} events' broker and time (a broker logs one
+    per listener at each start, so they are few).
     """
     isEventLine = col("kind") == EVENT
     return lines.agg(
         F.count(F.lit(1)).alias("lines"),
         *(F.count_if(col("kind") == kind).alias(kind) for kind in kinds),
         F.count_if(isEventLine & isStory()).alias("messages"),
-        F.sort_array(
-            F.collect_list(F.when(isEventLine & isEvent("listening"), col("t")))
-        ).alias("listening"),
+        F.collect_set(F.when(isEventLine, brokerName())).alias("brokers"),
+        F.collect_list(F.when(
+            isEventLine & isEvent("listening"),
+            F.struct(brokerName().alias("broker"), col("t").alias("t")),
+        )).alias("listening"),
     )
 
 
@@ -400,14 +501,15 @@ def sessionNames(summary):
     )
 
 
-def sessions(activity, names, lastRun):
+def sessions(activity, names, runs):
     """
-    One row per client session: who, over what, from when to when, why it
-    ended (null: still connected when the log ends), and what it did.
+    One row per client session: which broker, who, over what, from when to
+    when, why it ended (null: still connected when the log ends), and what
+    it did.
 
     C{closed_t} is when it stopped counting as connected: its disconnect,
-    or for a run followed by another start, the run's last session event
-    (the broker stopped without logging the disconnect).
+    or for a run followed by another start of its broker, the run's last
+    session event (the broker stopped without logging the disconnect).
     """
     perSession = activity.where(col("session") > 0).join(names, ["run", "session"], "left")
     runEnd = F.max("last_t").over(Window.partitionBy("run"))
@@ -435,51 +537,66 @@ def sessions(activity, names, lastRun):
         "errors",
         "first_t",
         F.coalesce(
-            col("disconnect_t"), F.when(col("run") < lastRun, runEnd)
+            col("disconnect_t"), F.when(~col("run").isin(runs.last()), runEnd)
         ).alias("closed_t"),
-    )
+    ).transform(runs.withBroker)
 
 
 def connections(sessionTable):
     """
     Concurrent connections after each change: +1 when a session is first
-    seen, -1 when it closes.  Runs are counted apart (a restart starts from
-    zero); at equal times closes come first, so peaks are not inflated.
+    seen, -1 when it closes.  C{connections} counts the run's (a restart
+    starts from zero), C{fleet_connections} every broker's of the log
+    together; at equal times closes come first, so peaks are not inflated.
     """
     changes = sessionTable.select(
-        "run", col("first_t").alias("t"), F.lit(1).alias("change")
+        BROKER, "run", col("first_t").alias("t"), F.lit(1).alias("change")
     ).unionByName(
         sessionTable.where(col("closed_t").isNotNull()).select(
-            "run", col("closed_t").alias("t"), F.lit(-1).alias("change")
+            BROKER, "run", col("closed_t").alias("t"), F.lit(-1).alias("change")
         )
     )
-    running = (
-        Window.partitionBy("run")
-        .orderBy("t", "change")
-        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    inOrder = Window.orderBy("t", "change", "run").rowsBetween(
+        Window.unboundedPreceding, Window.currentRow
     )
     return changes.select(
+        BROKER,
         "run",
         timestamp(col("t")).alias("at"),
         "t",
         "change",
-        F.sum("change").over(running).alias("connections"),
+        F.sum("change").over(inOrder.partitionBy("run")).alias("connections"),
+        # Sessions are few (two changes each): one task orders them all.
+        F.sum("change").over(inOrder).alias("fleet_connections"),
     )
 
 
 def connectionsByWindow(connectionTable, windowSeconds):
     """
-    Per window with a change: the peak (counting the level it started
-    with) and the level at its end.
+    Per window with a change, over every broker of the log: the peak
+    (counting the level it started with) and the level at its end.
     """
+    level = col("fleet_connections")
     return (
         connectionTable.groupBy(windowStart(col("t"), windowSeconds).alias("window_start"))
         .agg(
-            F.max(F.greatest("connections", col("connections") - col("change"))).alias("peak"),
-            F.max_by("connections", F.struct("t", "change")).alias("at_end"),
+            F.max(F.greatest(level, level - col("change"))).alias("peak"),
+            F.max_by(level, F.struct("t", "change", "run")).alias("at_end"),
             F.count_if(col("change") > 0).alias("connects"),
             F.count_if(col("change") < 0).alias("disconnects"),
         )
+    )
+
+
+def fleetPeak(connectionTable):
+    """
+    One row: the most connections at once over every broker of the log
+    (C{peak_connections}), and the first time it was reached (C{peak_at}).
+    """
+    level = col("fleet_connections")
+    return connectionTable.agg(
+        F.max(level).alias("peak_connections"),
+        F.max_by("at", F.struct(level, -col("t"))).alias("peak_at"),
     )
 
 
@@ -491,12 +608,13 @@ RUN_TOTALS = (
 )
 
 
-def runs(summary, activity, sessionTable, messageTable, connectionTable):
+def runs(summary, activity, sessionTable, messageTable, connectionTable, starts):
     """
-    Per broker start: when, where it listened, how long it ran, the totals
+    Per broker start (and its broker): when, where it listened, how long it
+    ran, the totals
     of its events (named as in L{COUNTERS_FROM_EVENTS}), its peak of
     concurrent connections, and the counters of its last C{stats} event
-    (null if it logged none).
+    (null if it logged none).  C{starts}: the log's L{Runs}.
     """
     perRun = activity.groupBy("run").agg(
         timestamp(F.min("started_t")).alias("started"),
@@ -536,7 +654,7 @@ def runs(summary, activity, sessionTable, messageTable, connectionTable):
             "bytes_out", "messages_without_publish", "bridged_delivered", "bridged_dropped",
             "peak_connections",
         ])
-    )
+    ).transform(starts.withBroker)
 
 
 # Traffic
@@ -915,6 +1033,38 @@ def lossAccount(messageTable):
             F.count(F.lit(1)).alias("messages"),
             *(_sum(name).alias(names.get(name, name)) for name in summed),
         )
+    )
+
+
+# Traffic per topic, from the broker's periodic summaries
+
+TRAFFIC_SUMMARIES = ("topic_traffic", "topic_traffic_other")
+# The topic of topic_traffic_other's traffic: the topics past the busiest.
+OTHER_TOPICS = "(other topics)"
+SUMMARIZED_MEASURES = {
+    "messages_in": "publishes", "messages_out": "deliveries",
+    "bytes_in": "bytes_in", "bytes_out": "bytes_out",
+}
+
+
+def summarizedTraffic(lines, windowSeconds):
+    """
+    Per window, broker and topic: messages and bytes in and out, from the
+    C{topic_traffic} summaries a broker logs each C{--sys-interval}
+    whether or not it logs an event per message (each summary counts in
+    the window where its interval ends).  C{lines}: parsed lines or events
+    (the report gives the lines that are not per-message events, where
+    these summaries are).
+    """
+    return (
+        lines.where(col("event").isin(*TRAFFIC_SUMMARIES))
+        .groupBy(
+            windowStart(col("t"), windowSeconds).alias("window_start"),
+            brokerName().alias(BROKER),
+            F.when(col("event") == "topic_traffic", col("topic"))
+            .otherwise(F.lit(OTHER_TOPICS)).alias("topic"),
+        )
+        .agg(*(_sum(field).alias(name) for field, name in SUMMARIZED_MEASURES.items()))
     )
 
 

@@ -36,8 +36,10 @@ JSON_RECORD_SEPARATOR = "\x1e"
 INT_FIELDS = (
     "mid", "bytes", "session", "subscribers", "seq", "attempt", "by",
     "missed", "subscriptions", "count", "hops",
+    # The traffic per topic (topic_traffic, topic_traffic_other).
+    "messages_in", "bytes_in", "messages_out", "bytes_out", "topics",
 )
-FLOAT_FIELDS = ("latency",)
+FLOAT_FIELDS = ("latency", "seconds")
 BOOL_FIELDS = ("fatal", "bridge")
 TEXT_FIELDS = ("topic", "client", "transport", "mode", "reason", "code", "address")
 FIELD_TYPES = {
@@ -47,7 +49,10 @@ FIELD_TYPES = {
     **{name: "STRING" for name in TEXT_FIELDS},
 }
 # Keys of every event rather than fields of some: not counters of `stats`.
-ENVELOPE_KEYS = ("event", "t")
+ENVELOPE_KEYS = ("event", "broker", "t")
+# The name of the broker that logged an event (docs/EVENTS.md, "Format"),
+# before its time.
+BROKER = "broker"
 
 # The largest values believed: integers (a trillion messages or bytes, so
 # that a sum over millions of them still fits in 64 bits), seconds since the
@@ -168,11 +173,11 @@ def _laidOut(parts, number):
     """
     Whether a text event's space-separated fields are exactly those of the
     per-message event numbered C{number} (L{MESSAGE_EVENTS}), in order, then
-    C{t}.
+    C{broker} and C{t}.
     """
     check = F.lit(False)
     for position, names in reversed(list(enumerate(MESSAGE_EVENT_FIELDS.values(), 1))):
-        expected = (*names, "t")
+        expected = (*names, BROKER, "t")
         laidOut = F.size(parts) == EVENT_PART + 1 + len(expected)
         for index, field in enumerate(expected, EVENT_PART + 1):
             laidOut = laidOut & F.get(parts, index).startswith(f"{field}=")
@@ -296,6 +301,7 @@ def splitLines(lines):
         F.when(~laidOut, value).alias(OTHER_LINE),
         F.when(laidOut, number).alias(EVENT_NUMBER),
         F.when(laidOut, F.rtrim(F.substring_index(system, "#", -1), F.lit("]"))).alias("level"),
+        F.when(laidOut, _valueAfterKey(F.element_at(parts, -2), BROKER)).alias(BROKER),
         F.when(laidOut, _valueAfterKey(F.element_at(parts, -1), "t")).alias("t"),
         F.when(laidOut, time).alias("stamp"),
         # A packed column holds whichever of its fields the line's event
@@ -307,13 +313,13 @@ def splitLines(lines):
     # Cast once, then checked (see parseOtherLines).  The fields packed in
     # one column have one type and one range.
     typed = texts.select(
-        OTHER_LINE, EVENT_NUMBER, "level", "stamp",
+        OTHER_LINE, EVENT_NUMBER, "level", BROKER, "stamp",
         F.col("t").try_cast("DOUBLE").alias("t"),
         *(F.col(column).try_cast(FIELD_TYPES[fields[0]]).alias(column)
           for column, fields in SPLIT_COLUMNS.items()),
     )
     return typed.select(
-        OTHER_LINE, EVENT_NUMBER, "level", _eventTime().alias("t"),
+        OTHER_LINE, EVENT_NUMBER, "level", BROKER, _eventTime().alias("t"),
         *(_believedField(fields[0], column).alias(column)
           for column, fields in SPLIT_COLUMNS.items()),
     )
@@ -327,7 +333,8 @@ def _allColumns(columns):
     return [
         (columns[name] if name in columns
          else F.lit(None).cast(types.get(name, "STRING"))).alias(name)
-        for name in ("kind", "level", "event", EVENT_NUMBER, "t", *INT_FIELDS, *FLOAT_FIELDS,
+        for name in ("kind", "level", "event", EVENT_NUMBER, BROKER, "t", *INT_FIELDS,
+                     *FLOAT_FIELDS,
                      *BOOL_FIELDS, *TEXT_FIELDS, "stats", "raw")
     ]
 
@@ -338,7 +345,7 @@ def messageEvents(split):
     rows, each packed field in a column of its own again (null in the
     columns C{split} lacks: the report caches only those it reads).
     """
-    columns = {name: F.col(name) for name in ("level", "t") if name in split.columns}
+    columns = {name: F.col(name) for name in ("level", BROKER, "t") if name in split.columns}
     for column, fields in SPLIT_COLUMNS.items():
         if column not in split.columns:
             continue
@@ -431,10 +438,11 @@ def parseOtherLines(split):
     texts = classified.select(
         "kind", "level", "event", "stamp", "raw",
         F.when(event == "stats", counters).alias("stats"),
+        fields[BROKER].alias(BROKER),
         *(fields[name].alias(name) for name in ("t", *FIELD_TYPES)),
     )
     typed = texts.select(
-        "kind", "level", "event", "stamp", "raw", "stats",
+        "kind", "level", "event", "stamp", "raw", "stats", BROKER,
         *(F.col(name).try_cast(sqlType).alias(name)
           for name, sqlType in (("t", "DOUBLE"), *FIELD_TYPES.items())),
     )
@@ -443,6 +451,7 @@ def parseOtherLines(split):
         "level": F.col("level"),
         "event": F.col("event"),
         EVENT_NUMBER: nameCode(F.col("event"), MESSAGE_EVENTS),
+        BROKER: F.col(BROKER),
         "t": _eventTime(),
         **{name: _believedField(name) for name in FIELD_TYPES},
         "stats": F.col("stats"),

@@ -1,3 +1,0 @@
-"""
-Spark analytics over Dallal broker logs; spark/report.py is the command.
-"""
