@@ -16,7 +16,7 @@ from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.logger import Logger, formatEvent
 from twisted.python.failure import Failure
 
-from dallal.broker import core
+from dallal.broker import sysstats
 from dallal.broker.core import BrokerConfig
 from dallal.broker.delivery import DeliveryConfig
 from dallal.security.auth import FAILURE_DELAY, MAX_CONCURRENT_CHECKS
@@ -494,13 +494,13 @@ def test_topic_counts_are_bounded(monkeypatch):
     topic start again: a client publishing on ever new topics does not
     grow them; the dashboard's rates take the restart as a new count.
     """
-    monkeypatch.setattr(core, "TOPICS_REMEMBERED", 3)
+    monkeypatch.setattr(sysstats, "TOPICS_PUBLISHED", 3)
     harness = BrokerHarness()
     publisher = harness.connect()
     publisher.send(b"PUB 1 a 1\r\nx\r\n" * 5)
     response = Response(siteOf(harness), b"/events")
     for topic in (b"b", b"c", b"d"):
         publisher.send(b"PUB 2 %s 1\r\nx\r\n" % topic)
-    assert harness.broker.topicCounts == {"d": 1}
+    assert harness.broker.topicTraffic.published == {"d": 1}
     harness.clock.advance(web.SAMPLE_INTERVAL)
     assert response.events()[1]["topics"] == [["d", 1.0, 1]]

@@ -294,10 +294,6 @@ class Broker:
         # subscriber (the strongest of its filters that match), before the
         # ACL's say.
         self._routes = {}
-        # topic -> messages published on it (as counted in published),
-        # for the dashboard's busiest topics; it starts again empty past
-        # TOPICS_REMEMBERED topics, as the memos do.
-        self.topicCounts = {}
         self.shuttingDown = False
         self.started = clock.seconds()
         # A plain dict: every counter is set here or by the ledger, and a
@@ -1154,13 +1150,6 @@ class Broker:
         """
         if self._restricted and receivers:
             receivers = self._readers(receivers, message.topic)
-        topicCounts = self.topicCounts
-        count = topicCounts.get(message.topic)
-        if count is None:
-            if len(topicCounts) >= TOPICS_REMEMBERED:
-                topicCounts.clear()
-            count = 0
-        topicCounts[message.topic] = count + 1
         self.topicTraffic.received(message.topic, len(message.payload))
         events = self.events
         if events.messageEvents:

@@ -101,6 +101,10 @@ TOPICS_SUMMARIZED = 20
 TOPICS_COUNTED = 1000
 
 
+# The most topics whose published messages are counted since the start.
+TOPICS_PUBLISHED = 10_000
+
+
 class TopicTraffic:
     """
     Messages and bytes in and out per topic since the last summary: what
@@ -114,6 +118,10 @@ class TopicTraffic:
     def __init__(self, clock):
         self.clock = clock
         self.since = clock.seconds()
+        # topic -> messages published on it since the start, for the
+        # dashboard's busiest topics; it starts again empty past
+        # TOPICS_PUBLISHED topics.
+        self.published = {}
         self.topics = {}
         # The traffic of topics past TOPICS_COUNTED in this interval.
         self.overflow = [0, 0, 0, 0]
@@ -133,6 +141,13 @@ class TopicTraffic:
         counts = self._counts(topic)
         counts[0] += 1
         counts[1] += size
+        published = self.published
+        count = published.get(topic)
+        if count is None:
+            if len(published) >= TOPICS_PUBLISHED:
+                published.clear()
+            count = 0
+        published[topic] = count + 1
 
     def sent(self, topic, size, first):
         """
