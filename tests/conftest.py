@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import BrokerHarness, BrokerProcess
+from helpers import BrokerHarness, BrokerProcess, Subscriber
 
 pytest_plugins = ["processguard"]
 
@@ -40,4 +40,40 @@ def broker(tmp_path):
     try:
         yield process
     finally:
+        process.stop()
+
+
+@pytest.fixture
+def startBroker(tmp_path):
+    """
+    Start C{twistd -n dallal} with extra options; each is stopped (and
+    checked for a clean exit) at the end of the test.
+    """
+    started = []
+
+    def start(*options):
+        process = BrokerProcess.plugin(tmp_path, *map(str, options))
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.stop()
+
+
+@pytest.fixture
+def subscribers(tmp_path):
+    """
+    Start L{Subscriber}s; any still running at the end is stopped.
+    """
+    started = []
+
+    def start(port, topic, mode=None):
+        errors = tmp_path / f"subscriber-{len(started)}.stderr"
+        process = Subscriber(port, topic, errors, mode)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
         process.stop()

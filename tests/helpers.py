@@ -643,3 +643,73 @@ def environmentWithout(*names):
     This process's environment without the variables C{names}.
     """
     return {key: value for key, value in os.environ.items() if key not in names}
+
+
+# A gap a subscriber reports on standard error.
+GAP = re.compile(rb"^dallal: (\S+): (\d+) message\(s\) not received", re.MULTILINE)
+
+
+class Subscriber:
+    """
+    A C{dallal subscribe} process: what it prints on standard output is
+    collected, what it reports on standard error goes to a file.
+    """
+
+    def __init__(self, port, topic, errors, mode=None):
+        self.topic = topic.encode()
+        self.errors = errors
+        modeOptions = ["--mode", mode] if mode else []
+        self.collector = OutputCollector(
+            ["sh", "-c", 'exec "$@" 2>"$0"', errors, DALLAL, "127.0.0.1", port, "subscribe"]
+            + modeOptions
+            + [topic],
+            None,
+        )
+        self.pid = self.collector.process.pid
+        try:
+            self.collector.waitFor(re.escape(b"subscribing on " + self.topic + b"\n"), COMMAND_TIMEOUT)
+        except BaseException:
+            self.collector.kill()
+            raise
+
+    def signal(self, number):
+        os.kill(self.pid, number)
+
+    def waitForLine(self, payload, timeout=COMMAND_TIMEOUT):
+        """
+        Wait until the last line printed is the message C{payload}.
+        """
+        line = self.topic + b": " + payload + b"\n"
+        self.collector.waitUntil(lambda output: output.endswith(line), timeout, "the last message")
+
+    def waitForLines(self, count, timeout=COMMAND_TIMEOUT):
+        self.collector.waitUntil(
+            lambda output: output.count(b"\n") >= count + 1, timeout, f"{count} messages"
+        )
+
+    def payloads(self):
+        """
+        The payload of each message line printed after C{subscribing on}.
+        """
+        header, *lines = self.collector.output.split(b"\n")
+        assert header == b"subscribing on " + self.topic
+        assert lines[-1] == b"", "the output ends in the middle of a line"
+        prefix = self.topic + b": "
+        assert all(line.startswith(prefix) for line in lines[:-1])
+        return [line[len(prefix) :] for line in lines[:-1]]
+
+    def gaps(self):
+        """
+        The number of missed messages each gap report on standard error gave.
+        """
+        return [int(missed) for _, missed in GAP.findall(self.errors.read_bytes())]
+
+    def stop(self):
+        """
+        Continue it if it was stopped, then stop it with SIGTERM.
+
+        @return: its exit status.
+        """
+        if self.collector.process.poll() is None:
+            self.signal(signal.SIGCONT)
+        return self.collector.terminate()

@@ -6,8 +6,6 @@ SIGSTOP; the broker's memory is read from C{/proc/<pid>/status}.
 """
 
 import json
-import os
-import re
 import signal
 import socket
 import time
@@ -20,7 +18,7 @@ from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
 from dallal.client import connect
-from helpers import DALLAL, BrokerProcess, OutputCollector, SlowHandler, countersAddUp, dallal
+from helpers import SlowHandler, countersAddUp, dallal
 
 pytestmark = pytest.mark.e2e
 
@@ -29,109 +27,6 @@ FLOOD = 50
 GROWTH_LIMIT = 32 * MiB
 PUBLISHED = b"your message published successfully\n"
 TIMEOUT = 30.0
-GAP = re.compile(rb"^dallal: (\S+): (\d+) message\(s\) not received", re.MULTILINE)
-
-
-@pytest.fixture
-def startBroker(tmp_path):
-    """
-    Start C{twistd -n dallal} with extra options; each is stopped (and
-    checked for a clean exit) at the end of the test.
-    """
-    started = []
-
-    def start(*options):
-        process = BrokerProcess.plugin(tmp_path, *map(str, options))
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        process.stop()
-
-
-class Subscriber:
-    """
-    A C{dallal subscribe} process: what it prints on standard output is
-    collected, what it reports on standard error goes to a file.
-    """
-
-    def __init__(self, port, topic, errors, mode=None):
-        self.topic = topic.encode()
-        self.errors = errors
-        modeOptions = ["--mode", mode] if mode else []
-        self.collector = OutputCollector(
-            ["sh", "-c", 'exec "$@" 2>"$0"', errors, DALLAL, "127.0.0.1", port, "subscribe"]
-            + modeOptions
-            + [topic],
-            None,
-        )
-        self.pid = self.collector.process.pid
-        try:
-            self.collector.waitFor(re.escape(b"subscribing on " + self.topic + b"\n"), TIMEOUT)
-        except BaseException:
-            self.collector.kill()
-            raise
-
-    def signal(self, number):
-        os.kill(self.pid, number)
-
-    def waitForLine(self, payload, timeout=TIMEOUT):
-        """
-        Wait until the last line printed is the message C{payload}.
-        """
-        line = self.topic + b": " + payload + b"\n"
-        self.collector.waitUntil(lambda output: output.endswith(line), timeout, "the last message")
-
-    def waitForLines(self, count, timeout=TIMEOUT):
-        self.collector.waitUntil(
-            lambda output: output.count(b"\n") >= count + 1, timeout, f"{count} messages"
-        )
-
-    def payloads(self):
-        """
-        The payload of each message line printed after C{subscribing on}.
-        """
-        header, *lines = self.collector.output.split(b"\n")
-        assert header == b"subscribing on " + self.topic
-        assert lines[-1] == b"", "the output ends in the middle of a line"
-        prefix = self.topic + b": "
-        assert all(line.startswith(prefix) for line in lines[:-1])
-        return [line[len(prefix) :] for line in lines[:-1]]
-
-    def gaps(self):
-        """
-        The number of missed messages each gap report on standard error gave.
-        """
-        return [int(missed) for _, missed in GAP.findall(self.errors.read_bytes())]
-
-    def stop(self):
-        """
-        Continue it if it was stopped, then stop it with SIGTERM.
-
-        @return: its exit status.
-        """
-        if self.collector.process.poll() is None:
-            self.signal(signal.SIGCONT)
-        return self.collector.terminate()
-
-
-@pytest.fixture
-def subscribers(tmp_path):
-    """
-    Start L{Subscriber}s; any still running at the end is stopped.
-    """
-    started = []
-
-    def start(port, topic, mode=None):
-        errors = tmp_path / f"subscriber-{len(started)}.stderr"
-        process = Subscriber(port, topic, errors, mode)
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        process.stop()
 
 
 def residentBytes(pid):

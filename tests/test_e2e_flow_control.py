@@ -13,12 +13,7 @@ import time
 
 from dallal.broker.delivery import DeliveryConfig
 from helpers import DALLAL, OutputCollector, countersAddUp, dallal
-from test_e2e_delivery import (  # noqa: F401 (startBroker, subscribers: fixtures)
-    PUBLISHED,
-    TIMEOUT,
-    startBroker,
-    subscribers,
-)
+from test_e2e_delivery import PUBLISHED, TIMEOUT
 from test_e2e_udp import UdpBroker
 
 pytestmark = pytest.mark.e2e
