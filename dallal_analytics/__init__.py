@@ -5,11 +5,27 @@ of L{dallal_analytics.notebook}.
 """
 
 from dallal_analytics.notebook import (
-    errors, health, latency, load, lossAccount, messages, sessions, topicTraffic, topics,
+    errors,
+    health,
+    latency,
+    load,
+    lossAccount,
+    messages,
+    sessions,
+    topics,
+    topicTraffic,
     traffic,
 )
 
 __all__ = [
-    "errors", "health", "latency", "load", "lossAccount", "messages", "sessions",
-    "topicTraffic", "topics", "traffic",
+    "errors",
+    "health",
+    "latency",
+    "load",
+    "lossAccount",
+    "messages",
+    "sessions",
+    "topicTraffic",
+    "topics",
+    "traffic",
 ]

@@ -7,7 +7,7 @@ Everything here runs on the driver over the few rows the report collected.
 
 import html
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from dallal_analytics.questions import BUCKETS_PER_DECADE
 
@@ -37,8 +37,7 @@ p.caption { margin-top: 0; color: #555; font-size: 0.9em; }
 
 # What a section that needs per-message events says of a log without them.
 NOT_IN_THIS_LOG = (
-    '<p class="missing">Not in this log: run the broker with '
-    "<code>--message-events</code>.</p>"
+    '<p class="missing">Not in this log: run the broker with <code>--message-events</code>.</p>'
 )
 
 
@@ -47,7 +46,7 @@ def utc(moment):
     A timestamp collected from Spark (naive, in this process's local time)
     as an aware UTC datetime.
     """
-    return moment.astimezone(timezone.utc)
+    return moment.astimezone(UTC)
 
 
 def isoformat(moment):
@@ -109,8 +108,10 @@ def niceStep(span, ticks=TICKS):
 
 
 def _timeLabel(epoch, span):
-    moment = datetime.fromtimestamp(epoch, timezone.utc)
-    return moment.strftime("%m-%d %H:%M" if span >= 86400 else "%H:%M:%S" if span < 600 else "%H:%M")
+    moment = datetime.fromtimestamp(epoch, UTC)
+    return moment.strftime(
+        "%m-%d %H:%M" if span >= 86400 else "%H:%M:%S" if span < 600 else "%H:%M"
+    )
 
 
 class Plot:
@@ -255,8 +256,10 @@ def table(columns, rows, empty="None in this log."):
     """
     if not rows:
         return f"<p>{escape(empty)}</p>" if empty else ""
-    head = "".join(f'<th class="text">{escape(h)}</th>' if i == 0 else f"<th>{escape(h)}</th>"
-                   for i, (_, h) in enumerate(columns))
+    head = "".join(
+        f'<th class="text">{escape(h)}</th>' if i == 0 else f"<th>{escape(h)}</th>"
+        for i, (_, h) in enumerate(columns)
+    )
     body = []
     for row in rows:
         cells = []
@@ -309,17 +312,28 @@ def histogramBars(rows):
 
 def figures(summary):
     shown = (
-        ("publishes", "publishes"), ("deliveries", "deliveries"),
-        ("acked", "acked"), ("replaced", "replaced"), ("dropped", "dropped"),
-        ("inflight", "in flight at the end"), ("sessions", "sessions"),
-        ("peak_connections", "peak connections"), ("errors", "errors"),
-        ("clients_dropped", "clients dropped"), ("unparsed_lines", "unparsed lines"),
+        ("publishes", "publishes"),
+        ("deliveries", "deliveries"),
+        ("acked", "acked"),
+        ("replaced", "replaced"),
+        ("dropped", "dropped"),
+        ("inflight", "in flight at the end"),
+        ("sessions", "sessions"),
+        ("peak_connections", "peak connections"),
+        ("errors", "errors"),
+        ("clients_dropped", "clients dropped"),
+        ("unparsed_lines", "unparsed lines"),
     )
     # A figure a log without per-message events does not tell is not shown.
-    return '<div class="figures">' + "".join(
-        f'<div class="figure"><b>{escape(number(summary[key]))}</b>{escape(label)}</div>'
-        for key, label in shown if summary[key] is not None
-    ) + "</div>"
+    return (
+        '<div class="figures">'
+        + "".join(
+            f'<div class="figure"><b>{escape(number(summary[key]))}</b>{escape(label)}</div>'
+            for key, label in shown
+            if summary[key] is not None
+        )
+        + "</div>"
+    )
 
 
 def windowPoints(rows, key, windowSeconds):
@@ -328,15 +342,19 @@ def windowPoints(rows, key, windowSeconds):
     the last's, 0 for a window without a row: an idle window is a zero, not
     a line drawn across it.
     """
-    values = {_epoch(row["window_start"]): row[key] or 0 for row in rows
-              if row["window_start"] is not None}
+    values = {
+        _epoch(row["window_start"]): row[key] or 0
+        for row in rows
+        if row["window_start"] is not None
+    }
     if not values:
         return []
     first, last = min(values), max(values)
     count = round((last - first) / windowSeconds)
-    return [(first + (index + 0.5) * windowSeconds,
-             values.get(first + index * windowSeconds, 0))
-            for index in range(count + 1)]
+    return [
+        (first + (index + 0.5) * windowSeconds, values.get(first + index * windowSeconds, 0))
+        for index in range(count + 1)
+    ]
 
 
 def windowSpan(points, windowSeconds):
@@ -360,17 +378,21 @@ def trafficCaption(summary, windows):
     """
     window = number(summary["window_seconds"])
     source = (
-        "from the per-message events" if summary["message_events"] else
-        "from the brokers' traffic summaries (topic_traffic, one per --sys-interval, "
+        "from the per-message events"
+        if summary["message_events"]
+        else "from the brokers' traffic summaries (topic_traffic, one per --sys-interval, "
         "each counted in the window where its interval ends)"
     )
-    text = (f"Messages published and sent to subscribers (first sends) per {window} s "
-            f"window, every broker together, {source}; a window without traffic is a zero.")
+    text = (
+        f"Messages published and sent to subscribers (first sends) per {window} s "
+        f"window, every broker together, {source}; a window without traffic is a zero."
+    )
     if windows == 1:
         text += " The log spans less than one window: one point."
     elif windows:
-        text += (" The first and last windows may be partial (the log starts or ends in "
-                 "them), so lower.")
+        text += (
+            " The first and last windows may be partial (the log starts or ends in them), so lower."
+        )
     return caption(text)
 
 
@@ -381,8 +403,8 @@ def accountCheck(summary):
     css = "ok" if total == summary["matched"] and summary["inflight"] >= 0 else "bad"
     return (
         f'<p class="{css}">matched {summary["matched"]:,} = acked {summary["acked"]:,} '
-        f'+ fired {summary["fired"]:,} + replaced {summary["replaced"]:,} '
-        f'+ dropped {summary["dropped"]:,} + in flight {summary["inflight"]:,}</p>'
+        f"+ fired {summary['fired']:,} + replaced {summary['replaced']:,} "
+        f"+ dropped {summary['dropped']:,} + in flight {summary['inflight']:,}</p>"
     )
 
 
@@ -390,8 +412,10 @@ def counterCheck(summary, runs):
     mismatches = summary["counter_mismatches"]
     if mismatches:
         listed = ", ".join(
-            escape(f"{m['broker']} run {m['run']} {m['counter']}: counted {m['counted']}, "
-                   f"events {m['log']}")
+            escape(
+                f"{m['broker']} run {m['run']} {m['counter']}: counted {m['counted']}, "
+                f"events {m['log']}"
+            )
             for m in mismatches
         )
         return f'<p class="bad">The broker\'s counters disagree with its events: {listed}.</p>'
@@ -400,8 +424,20 @@ def counterCheck(summary, runs):
     return "<p>No stats event: the broker's counters were not logged.</p>"
 
 
-def render(summary, traffic, histogram, connections, connectionStep, topics, publishers,
-           latency, loss, errors, health, runs):
+def render(
+    summary,
+    traffic,
+    histogram,
+    connections,
+    connectionStep,
+    topics,
+    publishers,
+    latency,
+    loss,
+    errors,
+    health,
+    runs,
+):
     """
     The whole report as a string.
     """
@@ -411,8 +447,12 @@ def render(summary, traffic, histogram, connections, connectionStep, topics, pub
         ("publishes", windowPoints(traffic, "publishes", window)),
         ("deliveries", windowPoints(traffic, "deliveries", window)),
     ]
-    trafficChart = timeChart("Traffic over time", f"per {number(window)} s", trafficSeries,
-                             span=windowSpan(trafficSeries[0][1], window))
+    trafficChart = timeChart(
+        "Traffic over time",
+        f"per {number(window)} s",
+        trafficSeries,
+        span=windowSpan(trafficSeries[0][1], window),
+    )
     latencyChart = barChart("Publish-to-ack latency", "acks", histogramBars(histogram))
     connectionChart = timeChart(
         "Concurrent connections",
@@ -421,14 +461,24 @@ def render(summary, traffic, histogram, connections, connectionStep, topics, pub
         step=True,
     )
     latencySummary = summary["latency"]
-    drops = [{"reason": reason, "dropped": count}
-             for reason, count in (summary["dropped_by_reason"] or {}).items() if count]
-    ends = [{"reason": reason, "sessions": count}
-            for reason, count in sorted(summary["session_end_reasons"].items())]
-    codes = [{"code": code, "errors": count}
-             for code, count in sorted(summary["errors_by_code"].items())]
-    transports = [dict(values, transport=name) for name, values in sorted(summary["transports"].items())]
-    unparsed = "".join(f"<li><code>{escape(line)}</code></li>" for line in summary["unparsed_examples"])
+    drops = [
+        {"reason": reason, "dropped": count}
+        for reason, count in (summary["dropped_by_reason"] or {}).items()
+        if count
+    ]
+    ends = [
+        {"reason": reason, "sessions": count}
+        for reason, count in sorted(summary["session_end_reasons"].items())
+    ]
+    codes = [
+        {"code": code, "errors": count} for code, count in sorted(summary["errors_by_code"].items())
+    ]
+    transports = [
+        dict(values, transport=name) for name, values in sorted(summary["transports"].items())
+    ]
+    unparsed = "".join(
+        f"<li><code>{escape(line)}</code></li>" for line in summary["unparsed_examples"]
+    )
     lines = summary["lines"]
     sections = [
         "<h1>Dallal broker log report</h1>",
@@ -436,74 +486,170 @@ def render(summary, traffic, histogram, connections, connectionStep, topics, pub
         f"{escape(summary['first_event_at'] or '–')} to {escape(summary['last_event_at'] or '–')}, "
         f"{summary['runs']} broker start(s); windows of {escape(number(window))} s.</p>",
         figures(summary),
-        "<h2>Traffic</h2>", trafficChart,
+        "<h2>Traffic</h2>",
+        trafficChart,
         trafficCaption(summary, len(trafficSeries[0][1])),
         "<h3>Top topics</h3>",
-        table([("topic", "topic"), ("publishes", "publishes"), ("deliveries", "deliveries"),
-               ("redeliveries", "redeliveries"), ("bytes_in", "bytes in"),
-               ("bytes_out", "bytes out"), ("publishers", "publishers"),
-               ("subscribers", "subscribers")], topics),
+        table(
+            [
+                ("topic", "topic"),
+                ("publishes", "publishes"),
+                ("deliveries", "deliveries"),
+                ("redeliveries", "redeliveries"),
+                ("bytes_in", "bytes in"),
+                ("bytes_out", "bytes out"),
+                ("publishers", "publishers"),
+                ("subscribers", "subscribers"),
+            ],
+            topics,
+        ),
         "<h3>Top publishers</h3>",
-        table([("client", "client"), ("broker", "broker"), ("session", "session"),
-               ("transport", "transport"), ("publishes", "publishes"), ("bytes", "bytes"),
-               ("topics", "topics")], publishers) if messageEvents else NOT_IN_THIS_LOG,
+        table(
+            [
+                ("client", "client"),
+                ("broker", "broker"),
+                ("session", "session"),
+                ("transport", "transport"),
+                ("publishes", "publishes"),
+                ("bytes", "bytes"),
+                ("topics", "topics"),
+            ],
+            publishers,
+        )
+        if messageEvents
+        else NOT_IN_THIS_LOG,
         "<h3>By transport</h3>",
-        table([("transport", "transport"), ("sessions", "sessions"), ("publishes", "publishes"),
-               ("deliveries", "deliveries"), ("bytes_in", "bytes in"),
-               ("bytes_out", "bytes out")], transports),
+        table(
+            [
+                ("transport", "transport"),
+                ("sessions", "sessions"),
+                ("publishes", "publishes"),
+                ("deliveries", "deliveries"),
+                ("bytes_in", "bytes in"),
+                ("bytes_out", "bytes out"),
+            ],
+            transports,
+        ),
         "<h2>Delivery</h2>",
-        *([
-            f"<p>{number(latencySummary['acks'])} acks: p50 {seconds(latencySummary['p50'])}, "
-            f"p95 {seconds(latencySummary['p95'])}, p99 {seconds(latencySummary['p99'])}, "
-            f"max {seconds(latencySummary['max'])}; "
-            f"{number(summary['redeliveries'])} redeliveries.</p>",
-            latencyChart,
-            caption("How many acks took how long from publish to ack, in logarithmic "
-                    "buckets (ten per decade of seconds), every topic together."),
-            table([("topic", "topic"), ("transport", "transport"), ("acks", "acks"),
-                   ("p50", "p50 (s)"), ("p95", "p95 (s)"), ("p99", "p99 (s)"),
-                   ("max", "max (s)")], latency),
-            "<h3>Loss account</h3>",
-            accountCheck(summary),
-            table([("reason", "drop reason"), ("dropped", "dropped")], drops,
-                  empty="No message dropped."),
-            table([("topic", "topic"), ("matched", "matched"), ("acked", "acked"),
-                   ("fired", "fired"), ("replaced", "replaced"), ("dropped", "dropped"),
-                   ("inflight", "in flight"), ("redeliveries", "redeliveries")], loss),
-        ] if messageEvents else [NOT_IN_THIS_LOG]),
-        "<h2>Sessions</h2>", connectionChart,
-        caption(f"Client sessions connected at once, every broker together: the peak of "
-                f"each {number(connectionStep)} s step, and the level between changes."),
+        *(
+            [
+                f"<p>{number(latencySummary['acks'])} acks: p50 {seconds(latencySummary['p50'])}, "
+                f"p95 {seconds(latencySummary['p95'])}, p99 {seconds(latencySummary['p99'])}, "
+                f"max {seconds(latencySummary['max'])}; "
+                f"{number(summary['redeliveries'])} redeliveries.</p>",
+                latencyChart,
+                caption(
+                    "How many acks took how long from publish to ack, in logarithmic "
+                    "buckets (ten per decade of seconds), every topic together."
+                ),
+                table(
+                    [
+                        ("topic", "topic"),
+                        ("transport", "transport"),
+                        ("acks", "acks"),
+                        ("p50", "p50 (s)"),
+                        ("p95", "p95 (s)"),
+                        ("p99", "p99 (s)"),
+                        ("max", "max (s)"),
+                    ],
+                    latency,
+                ),
+                "<h3>Loss account</h3>",
+                accountCheck(summary),
+                table(
+                    [("reason", "drop reason"), ("dropped", "dropped")],
+                    drops,
+                    empty="No message dropped.",
+                ),
+                table(
+                    [
+                        ("topic", "topic"),
+                        ("matched", "matched"),
+                        ("acked", "acked"),
+                        ("fired", "fired"),
+                        ("replaced", "replaced"),
+                        ("dropped", "dropped"),
+                        ("inflight", "in flight"),
+                        ("redeliveries", "redeliveries"),
+                    ],
+                    loss,
+                ),
+            ]
+            if messageEvents
+            else [NOT_IN_THIS_LOG]
+        ),
+        "<h2>Sessions</h2>",
+        connectionChart,
+        caption(
+            f"Client sessions connected at once, every broker together: the peak of "
+            f"each {number(connectionStep)} s step, and the level between changes."
+        ),
         f"<p>Peak: {number(summary['peak_connections'])} connections at "
         f"{escape(summary['peak_connections_at'] or '–')}.</p>",
         table([("reason", "how sessions ended"), ("sessions", "sessions")], ends),
         "<h2>Health</h2>",
         f"<p>{number(summary['pings_missed'])} pings missed, "
         f"{number(summary['clients_dropped'])} clients dropped for missed pings.</p>",
-        table([("code", "error code"), ("errors", "errors")], codes,
-              empty="No request refused."),
-        table([("client", "client"), ("broker", "broker"), ("session", "session"),
-               ("code", "code"), ("errors", "errors"), ("fatal", "fatal")], errors, empty=""),
-        table([("window_start", "window (UTC)"), ("pings_missed", "pings missed"),
-               ("clients_dropped", "clients dropped"), ("errors", "errors")], health,
-              empty="No window with missed pings, dropped clients or errors."),
+        table([("code", "error code"), ("errors", "errors")], codes, empty="No request refused."),
+        table(
+            [
+                ("client", "client"),
+                ("broker", "broker"),
+                ("session", "session"),
+                ("code", "code"),
+                ("errors", "errors"),
+                ("fatal", "fatal"),
+            ],
+            errors,
+            empty="",
+        ),
+        table(
+            [
+                ("window_start", "window (UTC)"),
+                ("pings_missed", "pings missed"),
+                ("clients_dropped", "clients dropped"),
+                ("errors", "errors"),
+            ],
+            health,
+            empty="No window with missed pings, dropped clients or errors.",
+        ),
         "<h2>Brokers</h2>",
         "<p>Each broker of the log (the <code>broker</code> its events name), summed over "
         "its starts; the figures above are the fleet's, every broker's together.</p>",
-        table([("broker", "broker"), ("runs", "starts"), ("sessions", "sessions"),
-               ("peak_connections", "peak connections"), ("publishes", "publishes"),
-               ("deliveries", "deliveries"), ("bridged_published", "bridged in"),
-               ("bridged_delivered", "bridged out"), ("bytes_in", "bytes in"),
-               ("bytes_out", "bytes out"), ("errors", "errors")],
-              [dict(values, broker=name) for name, values in summary["brokers"].items()]),
+        table(
+            [
+                ("broker", "broker"),
+                ("runs", "starts"),
+                ("sessions", "sessions"),
+                ("peak_connections", "peak connections"),
+                ("publishes", "publishes"),
+                ("deliveries", "deliveries"),
+                ("bridged_published", "bridged in"),
+                ("bridged_delivered", "bridged out"),
+                ("bytes_in", "bytes in"),
+                ("bytes_out", "bytes out"),
+                ("errors", "errors"),
+            ],
+            [dict(values, broker=name) for name, values in summary["brokers"].items()],
+        ),
         "<h3>Broker starts</h3>",
-        table([("broker", "broker"), ("run", "run"), ("started", "started (UTC)"),
-               ("last_event", "last event (UTC)"), ("sessions", "sessions"),
-               ("publishes", "publishes")], runs),
+        table(
+            [
+                ("broker", "broker"),
+                ("run", "run"),
+                ("started", "started (UTC)"),
+                ("last_event", "last event (UTC)"),
+                ("sessions", "sessions"),
+                ("publishes", "publishes"),
+            ],
+            runs,
+        ),
         counterCheck(summary, runs),
         "<h2>Input</h2>",
-        table([("kind", "lines"), ("count", "count")],
-              [{"kind": kind, "count": lines[kind]} for kind in lines if kind != "lines"]),
+        table(
+            [("kind", "lines"), ("count", "count")],
+            [{"kind": kind, "count": lines[kind]} for kind in lines if kind != "lines"],
+        ),
         f"<ul>{unparsed}</ul>" if unparsed else "",
     ]
     return (

@@ -44,8 +44,11 @@ def logFiles(paths):
         for match in matches:
             match = Path(match)
             if match.is_dir():
-                found.update(child for child in match.iterdir()
-                             if child.is_file() and not child.name.startswith("."))
+                found.update(
+                    child
+                    for child in match.iterdir()
+                    if child.is_file() and not child.name.startswith(".")
+                )
             elif match.is_file():
                 found.add(match)
             else:
@@ -120,7 +123,9 @@ def update(spark, paths, outDir):
         raise IncrementalError("no log lines to report on")
     # The schema given: inferred from the folders' names, a broker named
     # 123 would be a number.
-    schema = parse.parseLines(spark.createDataFrame([], "value STRING")).select(
-        "*", F.lit(None).cast("date").alias("date")
-    ).schema
+    schema = (
+        parse.parseLines(spark.createDataFrame([], "value STRING"))
+        .select("*", F.lit(None).cast("date").alias("date"))
+        .schema
+    )
     return spark.read.schema(schema).parquet(str(table)).drop("date"), added

@@ -44,7 +44,8 @@ def sessions(events):
     """
     summary = _summary(events, DEFAULT_WINDOW_SECONDS)
     return questions.sessions(
-        questions.sessionActivity(summary), questions.sessionNames(summary),
+        questions.sessionActivity(summary),
+        questions.sessionNames(summary),
         questions.Runs.ofEvents(events),
     )
 

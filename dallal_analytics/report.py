@@ -33,21 +33,39 @@ CHART_STEPS = 200
 # The file of the report's folder that says how Spark ran it.
 EFFECTIVE_SETTINGS = "spark-settings.json"
 REPORTED_SETTINGS = (
-    "spark.master", "spark.app.name", "spark.driver.memory", "spark.executor.memory",
-    "spark.sql.session.timeZone", "spark.sql.mapKeyDedupPolicy",
+    "spark.master",
+    "spark.app.name",
+    "spark.driver.memory",
+    "spark.executor.memory",
+    "spark.sql.session.timeZone",
+    "spark.sql.mapKeyDedupPolicy",
 )
 
 UNITS = {"s": 1, "m": 60, "h": 3600}
-WINDOW = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|second|seconds|m|min|minute|minutes|h|hour|hours)?\s*$")
+WINDOW = re.compile(
+    r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|second|seconds|m|min|minute|minutes|h|hour|hours)?\s*$"
+)
 
 # The traffic measures of the brokers' periodic summaries, as the
 # summary names them (questions.summarizedTraffic).
 SUMMARIZED_MEASURES = tuple(questions.SUMMARIZED_MEASURES.values())
 # What only per-message events (--message-events) tell.
 MESSAGE_EVENT_FIGURES = (
-    "sys_published", "bridged_published", "bridged_delivered", "bridged_dropped", "retained",
-    "redeliveries", "matched", "acked", "fired", "replaced", "dropped", "dropped_by_reason",
-    "inflight", "messages_without_publish", "latency",
+    "sys_published",
+    "bridged_published",
+    "bridged_delivered",
+    "bridged_dropped",
+    "retained",
+    "redeliveries",
+    "matched",
+    "acked",
+    "fired",
+    "replaced",
+    "dropped",
+    "dropped_by_reason",
+    "inflight",
+    "messages_without_publish",
+    "latency",
 )
 
 # Traffic to and from other brokers over bridges (EVENTS.md).
@@ -131,7 +149,8 @@ class Progress:
     def _watch(self, name, begun, finished):
         while not finished.wait(self.interval):
             stages = [
-                info for info in map(
+                info
+                for info in map(
                     self.statusTracker.getStageInfo, self.statusTracker.getActiveStageIds()
                 )
                 if info is not None
@@ -201,8 +220,12 @@ def chartStep(runRows):
     """
     Whole seconds that cut the log's time span into about L{CHART_STEPS}.
     """
-    times = [row[name] for row in runRows for name in ("first_event", "last_event")
-             if row[name] is not None]
+    times = [
+        row[name]
+        for row in runRows
+        for name in ("first_event", "last_event")
+        if row[name] is not None
+    ]
     if not times:
         return 1
     span = (max(times) - min(times)).total_seconds()
@@ -222,9 +245,7 @@ def counterMismatches(runRows):
         if not counters:
             continue
         fromLog = {column: run[column] for column in questions.COUNTERS_FROM_EVENTS.values()}
-        fromLog["inflight"] = run["matched"] - sum(
-            run[name] for name in questions.OUTCOME_COUNTS
-        )
+        fromLog["inflight"] = run["matched"] - sum(run[name] for name in questions.OUTCOME_COUNTS)
         messageEventsLogged = run["publishes"] > 0 or not counters.get("published")
         for counter, column in sorted(names.items()):
             if counter not in counters:
@@ -233,8 +254,13 @@ def counterMismatches(runRows):
                 continue
             if counters[counter] != fromLog[column]:
                 mismatches.append(
-                    {"broker": run["broker"], "run": run["run"], "counter": counter,
-                     "counted": counters[counter], "log": fromLog[column]}
+                    {
+                        "broker": run["broker"],
+                        "run": run["run"],
+                        "counter": counter,
+                        "counted": counters[counter],
+                        "log": fromLog[column],
+                    }
                 )
     return mismatches
 
@@ -264,14 +290,27 @@ def _writeLatency(tables, events, sessionTransports, progress):
         ).localCheckpoint()
         latencyTable = tables.write("latency", questions.latency(sketch))
         histogramTable = tables.write("latency_histogram", questions.latencyHistogram(sketch))
-        overallLatency = questions.overallLatency(_rows(sketch.groupBy("fine").agg(
-            F.sum("acks").alias("acks"), F.sum("sum").alias("sum"), F.max("max").alias("max")
-        )))
+        overallLatency = questions.overallLatency(
+            _rows(
+                sketch.groupBy("fine").agg(
+                    F.sum("acks").alias("acks"),
+                    F.sum("sum").alias("sum"),
+                    F.max("max").alias("max"),
+                )
+            )
+        )
     return latencyTable, histogramTable, overallLatency
 
 
-def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None,
-              deliveries=False, incrementally=False):
+def runReport(
+    spark,
+    paths,
+    outDir,
+    window=DEFAULT_WINDOW_SECONDS,
+    progress=None,
+    deliveries=False,
+    incrementally=False,
+):
     """
     Analyse the logs at C{paths} into C{outDir}; return the summary.
     C{deliveries}: also write the table of every (message, subscriber).
@@ -310,23 +349,26 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
             lines = cache(parsed.select("kind", *questions.EVENT_COLUMNS, "raw"))
             others = cache(parsed.where(F.coalesce(col(parse.EVENT_NUMBER), F.lit(0)) == 0))
         else:
-            split = cache(questions.cachedColumns(
-                parse.splitLines(parse.readLines(spark, paths))
-            ))
+            split = cache(questions.cachedColumns(parse.splitLines(parse.readLines(spark, paths))))
             others = cache(parse.parseOtherLines(split))
-            lines = parse.combine(split, others).select(
-                "kind", *questions.EVENT_COLUMNS, "raw"
-            )
+            lines = parse.combine(split, others).select("kind", *questions.EVENT_COLUMNS, "raw")
         survey = surveyLines(lines)
         # Every run with clients logs their connects, which are among the
         # other lines: they tell the starts apart without reading the
         # per-message events again.
         starts = questions.Runs.find(others, survey.pop("brokers"), survey.pop("listening"))
         messages = survey.pop("messages")
-        unparsedExamples = [
-            row.raw for row in others.where(col("kind") == parse.UNPARSED)
-            .select("raw").limit(UNPARSED_EXAMPLES).collect()
-        ] if survey[parse.UNPARSED] else []
+        unparsedExamples = (
+            [
+                row.raw
+                for row in others.where(col("kind") == parse.UNPARSED)
+                .select("raw")
+                .limit(UNPARSED_EXAMPLES)
+                .collect()
+            ]
+            if survey[parse.UNPARSED]
+            else []
+        )
         events = questions.assignRuns(lines, starts)
 
     background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="background")
@@ -342,9 +384,7 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
             # the cores while that is planned (faster in three of four pairs,
             # by 0.7 s in the median pair).  Its jobs, submitted first, get
             # the cores first.
-            lossAccount = background.submit(
-                _writeLossAccount, tables, events, deliveries, progress
-            )
+            lossAccount = background.submit(_writeLossAccount, tables, events, deliveries, progress)
             # The event summary and the latency sketch are read by many
             # small queries: checkpointed (computed now, kept by the
             # executors, their lineage cut) rather than cached, so that Spark
@@ -356,9 +396,9 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
                 events, questions.messageSizes(events, messages), window
             ).localCheckpoint()
             activity = cache(questions.sessionActivity(summary))
-            sessionTable = tables.write("sessions", questions.sessions(
-                activity, questions.sessionNames(summary), starts
-            ))
+            sessionTable = tables.write(
+                "sessions", questions.sessions(activity, questions.sessionNames(summary), starts)
+            )
             sessionTransports = sessionTable.select(
                 "run", "session", col("transport").alias("session_transport")
             )
@@ -368,9 +408,7 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
             # million lines, the report was faster in four of four pairs of
             # alternated runs: after the parse, 32.2-34.6 s instead of
             # 34.8-36.9).
-            latency = background.submit(
-                _writeLatency, tables, events, sessionTransports, progress
-            )
+            latency = background.submit(_writeLatency, tables, events, sessionTransports, progress)
             connectionTable = tables.write("connections", questions.connections(sessionTable))
             tables.write(
                 "connections_by_window", questions.connectionsByWindow(connectionTable, window)
@@ -399,9 +437,10 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
     with progress.stage("health"):
         errorTable = tables.write("errors", starts.withBroker(questions.errors(summary)))
         healthTable = tables.write("health", questions.health(summary))
-        runTable = tables.write("runs", questions.runs(
-            summary, activity, sessionTable, messageTable, connectionTable, starts
-        ))
+        runTable = tables.write(
+            "runs",
+            questions.runs(summary, activity, sessionTable, messageTable, connectionTable, starts),
+        )
     for frame in cached:
         frame.unpersist()
 
@@ -423,9 +462,11 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
         errorRows = _rows(errorTable)
         summary = summarize(
             messageEvents=messageEvents,
-            summarizedPerBroker=_rows(summarizedTable.groupBy("broker").agg(
-                *(F.sum(name).alias(name) for name in SUMMARIZED_MEASURES)
-            )),
+            summarizedPerBroker=_rows(
+                summarizedTable.groupBy("broker").agg(
+                    *(F.sum(name).alias(name) for name in SUMMARIZED_MEASURES)
+                )
+            ),
             window=window,
             survey=survey,
             starts=starts,
@@ -437,13 +478,15 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
             errorRows=errorRows,
             overallLatency=overallLatency,
             sessionKinds=_rows(sessionTable.groupBy("transport", "end_reason").count()),
-            transports=_rows(trafficTable.groupBy("transport").agg(
-                *(F.sum(name).alias(name) for name in TRANSPORT_MEASURES)
-            )) if messageEvents else [],
+            transports=_rows(
+                trafficTable.groupBy("transport").agg(
+                    *(F.sum(name).alias(name) for name in TRANSPORT_MEASURES)
+                )
+            )
+            if messageEvents
+            else [],
         )
-        (outDir / "summary.json").write_text(
-            json.dumps(summary, indent=2, sort_keys=True) + "\n"
-        )
+        (outDir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
         connectionStep = chartStep(runRows)
         htmlreport.write(
             outDir / "report.html",
@@ -462,8 +505,9 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
             ),
             connectionStep=connectionStep,
             topics=topicRows[:TOP],
-            publishers=_rows(publisherTable.orderBy(
-                col("publishes").desc(), col("bytes").desc()).limit(TOP)),
+            publishers=_rows(
+                publisherTable.orderBy(col("publishes").desc(), col("bytes").desc()).limit(TOP)
+            ),
             latency=sorted(
                 _rows(latencyTable),
                 key=lambda row: (-row["acks"], row["topic"] or "", row["transport"]),
@@ -478,9 +522,19 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
 
 # What the summary says of each broker, summed over its runs.
 BROKER_TOTALS = (
-    "sessions", "publishes", "sys_published", "bridged_published", "bridged_delivered",
-    "bridged_dropped", "deliveries", "redeliveries", "bytes_in", "bytes_out", "errors",
-    "pings_missed", "clients_dropped",
+    "sessions",
+    "publishes",
+    "sys_published",
+    "bridged_published",
+    "bridged_delivered",
+    "bridged_dropped",
+    "deliveries",
+    "redeliveries",
+    "bytes_in",
+    "bytes_out",
+    "errors",
+    "pings_missed",
+    "clients_dropped",
 )
 
 
@@ -501,12 +555,12 @@ def brokerSummaries(runRows):
             **{name: sum(row[name] or 0 for row in rows) for name in BROKER_TOTALS},
             "peak_connections": peak["peak_connections"],
             "peak_connections_at": htmlreport.isoformat(peak["peak_at"]),
-            "first_event_at": htmlreport.isoformat(min(
-                (row["first_event"] for row in rows if row["first_event"]), default=None
-            )),
-            "last_event_at": htmlreport.isoformat(max(
-                (row["last_event"] for row in rows if row["last_event"]), default=None
-            )),
+            "first_event_at": htmlreport.isoformat(
+                min((row["first_event"] for row in rows if row["first_event"]), default=None)
+            ),
+            "last_event_at": htmlreport.isoformat(
+                max((row["last_event"] for row in rows if row["last_event"]), default=None)
+            ),
         }
     return summaries
 
@@ -533,25 +587,61 @@ def withoutMessageEvents(summary, summarizedPerBroker):
     return summary
 
 
-def summarize(messageEvents, summarizedPerBroker, window, survey, starts, fleetPeak,
-              unparsedExamples, runRows, topicRows, lossRows, errorRows, overallLatency,
-              sessionKinds, transports):
+def summarize(
+    messageEvents,
+    summarizedPerBroker,
+    window,
+    survey,
+    starts,
+    fleetPeak,
+    unparsedExamples,
+    runRows,
+    topicRows,
+    lossRows,
+    errorRows,
+    overallLatency,
+    sessionKinds,
+    transports,
+):
     """
     summary.json: the totals, from the rows the report collected.
     C{messageEvents}: whether the log has per-message events; without,
     see L{withoutMessageEvents}.
     """
-    summary = _summarize(window, survey, starts, fleetPeak, unparsedExamples, runRows,
-                         topicRows, lossRows, errorRows, overallLatency, sessionKinds,
-                         transports)
+    summary = _summarize(
+        window,
+        survey,
+        starts,
+        fleetPeak,
+        unparsedExamples,
+        runRows,
+        topicRows,
+        lossRows,
+        errorRows,
+        overallLatency,
+        sessionKinds,
+        transports,
+    )
     summary["message_events"] = messageEvents
     if messageEvents:
         return summary
     return withoutMessageEvents(summary, summarizedPerBroker)
 
 
-def _summarize(window, survey, starts, fleetPeak, unparsedExamples, runRows, topicRows,
-               lossRows, errorRows, overallLatency, sessionKinds, transports):
+def _summarize(
+    window,
+    survey,
+    starts,
+    fleetPeak,
+    unparsedExamples,
+    runRows,
+    topicRows,
+    lossRows,
+    errorRows,
+    overallLatency,
+    sessionKinds,
+    transports,
+):
     def total(rows, name):
         return sum(row.get(name) or 0 for row in rows)
 
@@ -607,12 +697,12 @@ def _summarize(window, survey, starts, fleetPeak, unparsedExamples, runRows, top
         "lines": survey,
         "unparsed_examples": unparsedExamples,
         "runs": len(starts),
-        "first_event_at": htmlreport.isoformat(min(
-            (row["first_event"] for row in runRows if row["first_event"]), default=None
-        )),
-        "last_event_at": htmlreport.isoformat(max(
-            (row["last_event"] for row in runRows if row["last_event"]), default=None
-        )),
+        "first_event_at": htmlreport.isoformat(
+            min((row["first_event"] for row in runRows if row["first_event"]), default=None)
+        ),
+        "last_event_at": htmlreport.isoformat(
+            max((row["last_event"] for row in runRows if row["last_event"]), default=None)
+        ),
         "window_seconds": window,
         "topics": {
             jsonKey(row["topic"]): {name: value for name, value in row.items() if name != "topic"}
@@ -620,8 +710,10 @@ def _summarize(window, survey, starts, fleetPeak, unparsedExamples, runRows, top
         },
         "transports": {
             transport: dict(
-                {name: (trafficByTransport.get(transport) or {}).get(name, 0)
-                 for name in TRANSPORT_MEASURES},
+                {
+                    name: (trafficByTransport.get(transport) or {}).get(name, 0)
+                    for name in TRANSPORT_MEASURES
+                },
                 sessions=sessionsByTransport.get(transport, 0),
             )
             for transport in sorted(set(trafficByTransport) | set(sessionsByTransport))
@@ -637,43 +729,49 @@ def parseArguments(argv):
         "Parquet tables, summary.json and report.html in --out.",
     )
     parser.add_argument(
-        "logs", nargs="+", metavar="LOGS",
+        "logs",
+        nargs="+",
+        metavar="LOGS",
         help="log files, globs or directories (twistd.log, twistd.log.1, ...)",
     )
     parser.add_argument("--out", required=True, help="the folder to write the report in")
     parser.add_argument(
-        "--window", type=windowSeconds, default=DEFAULT_WINDOW_SECONDS, metavar="DURATION",
-        help="the time window of the traffic and health tables: 30s, 1m, 1h "
-        "(default 1m)",
+        "--window",
+        type=windowSeconds,
+        default=DEFAULT_WINDOW_SECONDS,
+        metavar="DURATION",
+        help="the time window of the traffic and health tables: 30s, 1m, 1h (default 1m)",
     )
     parser.add_argument(
-        "--deliveries", action="store_true",
+        "--deliveries",
+        action="store_true",
         help="also write the deliveries table: how each (message, subscriber) ended, "
         "a row per send (at ten million lines it doubles the report's loss-account time)",
     )
     parser.add_argument(
         "--master",
-        help="the Spark master URL (default: spark-submit's, or local[*] when "
-        "run with python)",
+        help="the Spark master URL (default: spark-submit's, or local[*] when run with python)",
     )
     parser.add_argument(
-        "--shuffle-partitions", type=positiveCount, metavar="N",
+        "--shuffle-partitions",
+        type=positiveCount,
+        metavar="N",
         help="spark.sql.shuffle.partitions (default: the site's setting, else Spark's)",
     )
     parser.add_argument(
-        "--driver-memory", metavar="SIZE",
+        "--driver-memory",
+        metavar="SIZE",
         help="the driver JVM's heap (spark.driver.memory), e.g. 4g, when the report "
         "starts the JVM (default: the site's setting, else Spark's)",
     )
     parser.add_argument(
-        "--incremental", action="store_true",
+        "--incremental",
+        action="store_true",
         help="parse only what the logs gained since the last --incremental run into "
         "--out (the parsed lines are kept there as Parquet, by broker and date), then "
         "report on all of them; the logs must be files of this machine",
     )
-    parser.add_argument(
-        "--quiet", action="store_true", help="no progress lines on standard error"
-    )
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on standard error")
     return parser.parse_args(argv)
 
 
@@ -692,12 +790,15 @@ def main(argv=None):
         print(f"dallal-report: Spark did not start: {error}", file=sys.stderr)
         return 1
 
-    progress = Progress(
-        enabled=not args.quiet, statusTracker=spark.sparkContext.statusTracker()
-    )
+    progress = Progress(enabled=not args.quiet, statusTracker=spark.sparkContext.statusTracker())
     try:
         summary = runReport(
-            spark, args.logs, args.out, args.window, progress, deliveries=args.deliveries,
+            spark,
+            args.logs,
+            args.out,
+            args.window,
+            progress,
+            deliveries=args.deliveries,
             incrementally=args.incremental,
         )
     except incremental.IncrementalError as error:
@@ -711,8 +812,10 @@ def main(argv=None):
     finally:
         spark.stop()
     out = Path(args.out)
-    print(f"{summary['publishes']} publishes, {summary['deliveries']} deliveries, "
-          f"{summary['sessions']} sessions, {summary['unparsed_lines']} unparsed lines")
+    print(
+        f"{summary['publishes']} publishes, {summary['deliveries']} deliveries, "
+        f"{summary['sessions']} sessions, {summary['unparsed_lines']} unparsed lines"
+    )
     print(f"report: {out / 'report.html'}")
     print(f"summary: {out / 'summary.json'}", flush=True)
     return 0

@@ -44,8 +44,9 @@ def isLocalMaster(master):
     return master is not None and master.startswith("local")
 
 
-def buildSession(master=None, appName="dallal-report", shufflePartitions=None,
-                 driverMemory=None, tmpDir=None):
+def buildSession(
+    master=None, appName="dallal-report", shufflePartitions=None, driverMemory=None, tmpDir=None
+):
     """
     Start (or join) the SparkSession the report runs on.
 

@@ -23,11 +23,11 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import Logger, formatEvent
 from twisted.python.failure import Failure
 
+from dallal.broker.core import BrokerConfig
+from dallal.broker.events import NAMESPACE, EventLog
 from dallal.protocol import wire
 from dallal.security.acl import parseAcl
 from dallal.security.auth import BrokerRealm, Gatekeeper, PasswordFileChecker
-from dallal.broker.core import BrokerConfig
-from dallal.broker.events import NAMESPACE, EventLog
 from dallal.security.passwords import PasswordHash
 from dallal.server.service import DallalService
 
@@ -62,9 +62,7 @@ def runInline(function, *arguments):
     return maybeDeferred(function, *arguments)
 
 
-def makeGatekeeper(
-    clock, users=None, acl=None, runHash=runInline, bridgeUsers=(), config=None
-):
+def makeGatekeeper(clock, users=None, acl=None, runHash=runInline, bridgeUsers=(), config=None):
     """
     A L{Gatekeeper} on C{clock}, checking passwords with cheap scrypt,
     inline unless told otherwise.
@@ -109,7 +107,7 @@ class BrokerHarness:
 
     def __init__(
         self,
-        config=BrokerConfig(messageEvents=True),
+        config=None,
         users=None,
         acl=None,
         runHash=runInline,
@@ -129,6 +127,8 @@ class BrokerHarness:
         A config without a name gets C{HARNESS_NAME}, so that two harnesses
         log the same events.
         """
+        if config is None:
+            config = BrokerConfig(messageEvents=True)
         self.clock = Clock() if clock is None else clock
         self.events = []
         logger = Logger(namespace=NAMESPACE, observer=self.events.append)
@@ -136,9 +136,7 @@ class BrokerHarness:
             config = dataclasses.replace(config, name=HARNESS_NAME)
         self.gatekeeper = None
         if users is not None or acl is not None:
-            self.gatekeeper = makeGatekeeper(
-                self.clock, users, acl, runHash, bridgeUsers, config
-            )
+            self.gatekeeper = makeGatekeeper(self.clock, users, acl, runHash, bridgeUsers, config)
         grace = {} if shutdownGrace is None else {"shutdownGrace": shutdownGrace}
         # No $SYS statistics: the tests that want them start their own.
         self.service = DallalService(
@@ -332,9 +330,7 @@ def messages(data):
     The C{(topic, payload)} of each C{MSG} frame in C{data}.
     """
     return [
-        (frame.arguments[0], frame.payload)
-        for frame in decodeFrames(data)
-        if frame.verb == b"MSG"
+        (frame.arguments[0], frame.payload) for frame in decodeFrames(data) if frame.verb == b"MSG"
     ]
 
 
@@ -461,9 +457,7 @@ class OutputCollector:
 
         @return: the match.
         """
-        return self.waitUntil(
-            lambda output: re.search(pattern, output), timeout, repr(pattern)
-        )
+        return self.waitUntil(lambda output: re.search(pattern, output), timeout, repr(pattern))
 
     def terminate(self, timeout=STOP_TIMEOUT):
         """
@@ -478,7 +472,7 @@ class OutputCollector:
             status = self.process.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"{self.argv} still running {timeout} s after SIGTERM")
+            raise AssertionError(f"{self.argv} still running {timeout} s after SIGTERM") from None
         self._reader.join(timeout)
         return status
 
@@ -667,7 +661,9 @@ class Subscriber:
         )
         self.pid = self.collector.process.pid
         try:
-            self.collector.waitFor(re.escape(b"subscribing on " + self.topic + b"\n"), COMMAND_TIMEOUT)
+            self.collector.waitFor(
+                re.escape(b"subscribing on " + self.topic + b"\n"), COMMAND_TIMEOUT
+            )
         except BaseException:
             self.collector.kill()
             raise

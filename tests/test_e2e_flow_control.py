@@ -5,16 +5,17 @@ slowed down, not dropped; a subscriber stopped with SIGSTOP holds the
 publisher back for the stall timeout only, then loses messages, counted.
 """
 
-import pytest
 import json
 import re
 import signal
 import time
 
-from dallal.broker.delivery import DeliveryConfig
+import pytest
 from helpers import DALLAL, OutputCollector, countersAddUp, dallal
 from test_e2e_delivery import PUBLISHED, TIMEOUT
 from test_e2e_udp import UdpBroker
+
+from dallal.broker.delivery import DeliveryConfig
 
 pytestmark = pytest.mark.e2e
 

@@ -6,11 +6,11 @@ the stream is cut into reads.
 import itertools
 
 import pytest
+from helpers import splitAt
 from hypothesis import given, settings, strategies
 from twisted.internet.testing import StringTransport
 
 from dallal.protocol.framing import FrameReceiver
-from helpers import splitAt
 
 
 class RecordingReceiver(FrameReceiver):
@@ -170,7 +170,7 @@ def test_lineTooLongWithoutLineEnd():
     """
     receiver, transport = receive([])
     limit = RecordingReceiver.MAX_LENGTH + 2  # the line, its CR, one more
-    for sent in range(1, 2 * limit):
+    for sent in range(1, 2 * limit):  # noqa: B007 (how many it took, checked after)
         receiver.dataReceived(b"y")
         if receiver.received:
             break

@@ -10,7 +10,6 @@ import sys
 import urllib.request
 
 import pytest
-
 from helpers import (
     HTTP_LISTENING,
     LOOPBACK_ANY_PORT,
@@ -134,9 +133,11 @@ def test_noPluginCacheTracked():
     twistd writes C{dropin.cache} next to the plugins it scans; it belongs
     to each installation, never to the repository.
     """
-    tracked = subprocess.run(
-        ["git", "ls-files"], cwd=REPO, check=True, capture_output=True, timeout=30
-    ).stdout.decode().splitlines()
+    tracked = (
+        subprocess.run(["git", "ls-files"], cwd=REPO, check=True, capture_output=True, timeout=30)
+        .stdout.decode()
+        .splitlines()
+    )
     assert "twisted/plugins/dallal_plugin.py" in tracked
     assert [name for name in tracked if name.endswith("dropin.cache")] == []
 
@@ -147,10 +148,16 @@ def test_theBrokerDoesNotImportTheAnalytics():
     the twistd plugin nor the command line imports it.
     """
     checked = subprocess.run(
-        [sys.executable, "-c",
-         "import sys, dallal.server.tap, dallal.cli.main; "
-         "print(sorted(name for name in sys.modules "
-         "if name.split('.')[0] in ('pyspark', 'py4j', 'dallal_analytics')))"],
-        capture_output=True, text=True, timeout=60, cwd=REPO,
+        [
+            sys.executable,
+            "-c",
+            "import sys, dallal.server.tap, dallal.cli.main; "
+            "print(sorted(name for name in sys.modules "
+            "if name.split('.')[0] in ('pyspark', 'py4j', 'dallal_analytics')))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
     )
     assert checked.stdout == "[]\n", checked.stderr

@@ -5,10 +5,7 @@ at once.  Every figure, per broker and for the fleet, equals what the
 brokers' own counters (`dallal stats --json`) say.
 """
 
-import json
-
 import pytest
-
 from helpers import dallal
 from test_e2e_bridges import Brokers, expectEachMessageOnceEverywhere, freePorts
 
@@ -30,8 +27,13 @@ FIGURES = {
     "errors": "errors",
 }
 # Figures of the fleet only (the loss account is per topic).
-FLEET_FIGURES = {"matched": "matched", "acked": "acked", "fired": "fired",
-                 "dropped": "dropped", "replaced": "replaced"}
+FLEET_FIGURES = {
+    "matched": "matched",
+    "acked": "acked",
+    "fired": "fired",
+    "dropped": "dropped",
+    "replaced": "replaced",
+}
 
 
 @pytest.fixture

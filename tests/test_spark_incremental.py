@@ -17,11 +17,23 @@ T = 1795292880.0
 def connectAndPublish(logLines, t, session, broker="hub"):
     client = f"127.0.0.1:{50000 + session}"
     return [
-        logLines.event(t, "connect", session=session, client=client, transport="tcp",
-                       broker=broker),
-        logLines.event(t + 0.5, "publish", mid=session, topic="news", bytes=5,
-                       session=session, client=client, transport="tcp", subscribers=0,
-                       origin=broker, hops=0, broker=broker),
+        logLines.event(
+            t, "connect", session=session, client=client, transport="tcp", broker=broker
+        ),
+        logLines.event(
+            t + 0.5,
+            "publish",
+            mid=session,
+            topic="news",
+            bytes=5,
+            session=session,
+            client=client,
+            transport="tcp",
+            subscribers=0,
+            origin=broker,
+            hops=0,
+            broker=broker,
+        ),
     ]
 
 
@@ -41,10 +53,14 @@ def test_only_new_lines_are_parsed_across_a_rotation(spark, logLines, tmp_path):
     with open(logs / "twistd.log", "a") as stream:
         stream.write("".join(line + "\n" for line in connectAndPublish(logLines, T + 2, 2)))
     (logs / "twistd.log").rename(logs / "twistd.log.1")
-    logLines.write(logs / "twistd.log", connectAndPublish(logLines, T + 3, 3)
-                   + connectAndPublish(logLines, T + 4, 4, broker="leaf"))
+    logLines.write(
+        logs / "twistd.log",
+        connectAndPublish(logLines, T + 3, 3)
+        + connectAndPublish(logLines, T + 4, 4, broker="leaf"),
+    )
     parts, _ = incremental.newParts(
-        [str(logs)], json.loads((out / incremental.CHECKPOINT).read_text()),
+        [str(logs)],
+        json.loads((out / incremental.CHECKPOINT).read_text()),
         tmp_path / "staging",
     )
     # The rotated file's new lines only, and the new file.

@@ -20,23 +20,27 @@ def events(spark, handWrittenLogs):
 
 
 def test_each_question_alone(events, handWrittenSummary):
-    import dallal_analytics as da
     from pyspark.sql import functions as F
+
+    import dallal_analytics as da
 
     # The loss account first: it needs no other question to have run.
     loss = da.lossAccount(events).agg(F.sum("matched"), F.sum("inflight")).first()
     assert tuple(loss) == (handWrittenSummary["matched"], handWrittenSummary["inflight"])
     assert da.sessions(events).count() == handWrittenSummary["sessions"]
     topics = {row.topic: (row.publishes, row.deliveries) for row in da.topics(events).collect()}
-    assert topics == {topic: (values["publishes"], values["deliveries"])
-                      for topic, values in handWrittenSummary["topics"].items()}
+    assert topics == {
+        topic: (values["publishes"], values["deliveries"])
+        for topic, values in handWrittenSummary["topics"].items()
+    }
     assert da.errors(events).agg(F.sum("errors")).first()[0] == handWrittenSummary["errors"]
     assert da.latency(events).agg(F.sum("acks")).first()[0] == handWrittenSummary["acked"]
     assert da.messages(events).count() == handWrittenSummary["publishes"] + 1
-    assert da.traffic(events).agg(F.sum("publishes")).first()[0] == (
-        handWrittenSummary["publishes"]
+    assert (
+        da.traffic(events).agg(F.sum("publishes")).first()[0] == (handWrittenSummary["publishes"])
     )
-    assert da.health(events).agg(F.sum("pings_missed")).first()[0] == (
-        handWrittenSummary["pings_missed"]
+    assert (
+        da.health(events).agg(F.sum("pings_missed")).first()[0]
+        == (handWrittenSummary["pings_missed"])
     )
     assert {row.broker for row in events.select("broker").distinct().collect()} == {"hub"}

@@ -30,14 +30,15 @@ def siteConfiguration(folder, settings):
 def runReport(reportCommand, logs, out, confDir, *options):
     environment = dict(os.environ, SPARK_CONF_DIR=str(confDir))
     return subprocess.run(
-        [*reportCommand, str(logs), "--out", str(out), "--master", "local[1]", "--quiet",
-         *options],
-        env=environment, capture_output=True, text=True, timeout=240,
+        [*reportCommand, str(logs), "--out", str(out), "--master", "local[1]", "--quiet", *options],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
 
 
-def test_the_sites_settings_are_kept(reportCommand, handWrittenLogs, handWrittenSummary,
-                                     tmp_path):
+def test_the_sites_settings_are_kept(reportCommand, handWrittenLogs, handWrittenSummary, tmp_path):
     """
     A site's JVM options (a collector of its choice in defaultJavaOptions, a
     system property in extraJavaOptions) are in effect in the driver, and a
@@ -45,12 +46,15 @@ def test_the_sites_settings_are_kept(reportCommand, handWrittenLogs, handWritten
     """
     from dallal_analytics.report import EFFECTIVE_SETTINGS
 
-    confDir = siteConfiguration(tmp_path / "conf", {
-        "spark.driver.defaultJavaOptions": "-XX:+UseG1GC",
-        "spark.driver.extraJavaOptions": "-Dsite.marker=kept",
-        "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
-        "spark.sql.shuffle.partitions": "3",
-    })
+    confDir = siteConfiguration(
+        tmp_path / "conf",
+        {
+            "spark.driver.defaultJavaOptions": "-XX:+UseG1GC",
+            "spark.driver.extraJavaOptions": "-Dsite.marker=kept",
+            "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
+            "spark.sql.shuffle.partitions": "3",
+        },
+    )
     out = tmp_path / "report"
     result = runReport(reportCommand, handWrittenLogs, out, confDir)
     assert result.returncode == 0, result.stderr
@@ -70,9 +74,12 @@ def test_a_jvm_that_cannot_start_says_why(reportCommand, handWrittenLogs, tmp_pa
     no traceback.  (Spark has the JVM ignore unknown options: two
     collectors at once is a setting a JVM refuses.)
     """
-    confDir = siteConfiguration(tmp_path / "conf", {
-        "spark.driver.extraJavaOptions": "-XX:+UseG1GC -XX:+UseParallelGC",
-    })
+    confDir = siteConfiguration(
+        tmp_path / "conf",
+        {
+            "spark.driver.extraJavaOptions": "-XX:+UseG1GC -XX:+UseParallelGC",
+        },
+    )
     result = runReport(reportCommand, handWrittenLogs, tmp_path / "report", confDir)
     assert result.returncode == 1
     # HotSpot writes why it did not start on standard output.

@@ -5,10 +5,10 @@ broker's TCP protocol.
 """
 
 import pytest
+from helpers import BrokerHarness, BrokerProcess, dallal, messages, subscriber
 from twisted.logger import Logger
 
 from dallal.broker.sysstats import LOAD_WINDOWS, PREFIX, SysPublisher
-from helpers import BrokerHarness, BrokerProcess, dallal, messages, subscriber
 
 INTERVAL = 10.0
 
@@ -214,13 +214,24 @@ def test_trafficPerTopicIsLoggedEveryInterval():
         publisher.send(b"PUB 2 quiet/%d 2\r\nhi\r\n" % number)
     harness.clock.advance(INTERVAL)
     busiest, *others = harness.fields("topic_traffic")
-    assert busiest == {"topic": "busy/a", "messages_in": 3, "bytes_in": 15,
-                       "messages_out": 3, "bytes_out": 15, "seconds": INTERVAL}
+    assert busiest == {
+        "topic": "busy/a",
+        "messages_in": 3,
+        "bytes_in": 15,
+        "messages_out": 3,
+        "bytes_out": 15,
+        "seconds": INTERVAL,
+    }
     assert len(others) == TOPICS_SUMMARIZED - 1
     assert harness.fields("topic_traffic_other") == [
-        {"topics": quiet - len(others), "messages_in": quiet - len(others),
-         "bytes_in": 2 * (quiet - len(others)), "messages_out": 0, "bytes_out": 0,
-         "seconds": INTERVAL}
+        {
+            "topics": quiet - len(others),
+            "messages_in": quiet - len(others),
+            "bytes_in": 2 * (quiet - len(others)),
+            "messages_out": 0,
+            "bytes_out": 0,
+            "seconds": INTERVAL,
+        }
     ]
     counters = harness.broker.counters
     logged = [*harness.fields("topic_traffic"), *harness.fields("topic_traffic_other")]
@@ -236,8 +247,9 @@ def test_trafficPerTopicTakesBoundedMemory(monkeypatch):
     Past the topics counted apart in an interval, traffic is summed with
     the others'.
     """
-    from dallal.broker import sysstats
     from twisted.internet.task import Clock
+
+    from dallal.broker import sysstats
 
     monkeypatch.setattr(sysstats, "TOPICS_COUNTED", 3)
     traffic = sysstats.TopicTraffic(Clock())

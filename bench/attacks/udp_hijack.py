@@ -32,7 +32,8 @@ def attack():
     with lib.scratch() as directory:
         passwords = lib.writePasswords(directory, {"alice": "alice-pw", "mallory": "mallory-pw"})
         acl = lib.writeFile(
-            directory, "acl",
+            directory,
+            "acl",
             "user alice\ntopic readwrite secret/#\n\nuser mallory\ntopic readwrite users/mallory/#\n",
         )
         with lib.dallal(directory, ["--passwords", passwords, "--acl", acl], udp=True) as broker:
@@ -76,7 +77,7 @@ def run(broker):
             b"HELLO r%d %s token=%s %s\r\n"
             % (number, victimId.encode(), token.encode(), credentials.encode())
         )
-        resumed = attacker.waitFor(lambda d: d.split()[1:2] == [b"r%d" % number], 3)
+        resumed = attacker.waitFor(lambda d, number=number: d.split()[1:2] == [b"r%d" % number], 3)
         if resumed is not None and resumed.startswith(b"HELLO"):
             won.append(f"HELLO {'with mallory' if credentials else 'without'} credentials->HELLO")
     tryAs(b"SUB a1 secret/# mode=fire", b"a1", **own)
@@ -115,9 +116,7 @@ def run(broker):
         if delivery:
             victim.sendRaw(victim.frame(b"ACK " + delivery.group(1)))
     victimMessages = {
-        data.split(b"\r\n")[1]
-        for data in victim.received
-        if data.startswith(b"MSG ")
+        data.split(b"\r\n")[1] for data in victim.received if data.startswith(b"MSG ")
     }
     # Last: BYE with the attacker's own token for the victim's id.
     tryAs(b"BYE", None, **own)

@@ -34,9 +34,10 @@ LOGIN_LIMIT = 3.0
 
 
 def exhaustion():
-    with lib.scratch() as directory, lib.dallal(
-        directory, ["--max-udp-clients", str(MAX_UDP_CLIENTS)], udp=True
-    ) as broker:
+    with (
+        lib.scratch() as directory,
+        lib.dallal(directory, ["--max-udp-clients", str(MAX_UDP_CLIENTS)], udp=True) as broker,
+    ):
         attacker = lib.UdpClient(broker.udpPort, source="127.0.0.1")
         taken = 0
         deadline = time.monotonic() + 20

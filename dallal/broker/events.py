@@ -51,6 +51,10 @@ class EventLog:
         if logFormat is None:
             logFormat = self._formats[key] = formatFor(name, fields)
         self._log.emit(
-            level, logFormat, dallal_event=name, broker=self.broker, t=self._clock.seconds(),
+            level,
+            logFormat,
+            dallal_event=name,
+            broker=self.broker,
+            t=self._clock.seconds(),
             **fields,
         )

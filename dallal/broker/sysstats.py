@@ -169,20 +169,28 @@ class TopicTraffic:
         """
         now = self.clock.seconds()
         seconds = round(now - self.since, 3)
-        ranked = sorted(
-            self.topics.items(), key=lambda item: (-(item[1][0] + item[1][2]), item[0])
-        )
+        ranked = sorted(self.topics.items(), key=lambda item: (-(item[1][0] + item[1][2]), item[0]))
         for topic, (messagesIn, bytesIn, messagesOut, bytesOut) in ranked[:TOPICS_SUMMARIZED]:
             events.emit(
-                "topic_traffic", topic=topic, messages_in=messagesIn, bytes_in=bytesIn,
-                messages_out=messagesOut, bytes_out=bytesOut, seconds=seconds,
+                "topic_traffic",
+                topic=topic,
+                messages_in=messagesIn,
+                bytes_in=bytesIn,
+                messages_out=messagesOut,
+                bytes_out=bytesOut,
+                seconds=seconds,
             )
         rest = ranked[TOPICS_SUMMARIZED:]
         other = [sum(column) for column in zip(self.overflow, *(counts for _, counts in rest))]
         if any(other):
             events.emit(
-                "topic_traffic_other", topics=len(rest), messages_in=other[0],
-                bytes_in=other[1], messages_out=other[2], bytes_out=other[3], seconds=seconds,
+                "topic_traffic_other",
+                topics=len(rest),
+                messages_in=other[0],
+                bytes_in=other[1],
+                messages_out=other[2],
+                bytes_out=other[3],
+                seconds=seconds,
             )
         self.topics = {}
         self.overflow = [0, 0, 0, 0]

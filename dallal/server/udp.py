@@ -39,7 +39,7 @@ import hashlib
 import hmac
 import os
 import secrets
-from collections import Counter, OrderedDict, namedtuple
+from collections import Counter, OrderedDict
 from math import ceil
 
 from twisted.internet.defer import CancelledError
@@ -49,13 +49,12 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from dallal import __version__
-from dallal.protocol import datagram, wire
-from dallal.security.auth import LoginFailed, TooManyChecks
+from dallal.broker.interfaces import ISubscriber
 from dallal.errors import (
     ANSWER_FORGOTTEN,
     BAD_CREDENTIALS,
-    BUSY,
     BAD_TOKEN,
+    BUSY,
     NO_ID,
     NO_SESSION,
     NOT_AUTHORIZED,
@@ -63,8 +62,6 @@ from dallal.errors import (
     SHUTTING_DOWN,
     RequestError,
 )
-from dallal.broker.interfaces import ISubscriber
-from dallal.server.keepalive import IPingable
 from dallal.limits import (
     HELLO_RATE,
     LINE,
@@ -75,8 +72,11 @@ from dallal.limits import (
     RateTable,
 )
 from dallal.numbers import wholeNumber
-from dallal.server.requests import RequestHandler, helloLimits
+from dallal.protocol import datagram, wire
+from dallal.security.auth import LoginFailed, TooManyChecks
 from dallal.server.addresses import formatDatagramAddress
+from dallal.server.keepalive import IPingable
+from dallal.server.requests import RequestHandler, helloLimits
 
 DEFAULT_ACK_TIMEOUT = 1.0
 
@@ -107,10 +107,6 @@ SESSION_KEY_BYTES = 16
 LOGIN_RESEND_TIMEOUT = 3.0
 # Refusals of datagrams that named no session logged per second, at most.
 STRANGER_ERRORS_LOGGED_PER_SECOND = 10
-
-
-
-
 
 
 def datagramDelivery(delivery, ackTimeout):
@@ -499,9 +495,7 @@ class BrokerDatagramProtocol(DatagramProtocol):
     noisy = False
     _log = Logger()
 
-    def __init__(
-        self, broker, sweep, ackTimeout=DEFAULT_ACK_TIMEOUT, secret=None, gatekeeper=None
-    ):
+    def __init__(self, broker, sweep, ackTimeout=DEFAULT_ACK_TIMEOUT, secret=None, gatekeeper=None):
         """
         @param gatekeeper: the broker's L{dallal.security.auth.Gatekeeper}, or
             C{None} when it has neither passwords nor ACL.
@@ -607,9 +601,7 @@ class BrokerDatagramProtocol(DatagramProtocol):
 
         @param proven: see L{sendTo}.
         """
-        self.sendTo(
-            wire.encodeError(error.requestId, error.code, error.reason), address, proven
-        )
+        self.sendTo(wire.encodeError(error.requestId, error.code, error.reason), address, proven)
         self._strangerErrors.refused(address, error.code)
 
     # Sessions
@@ -708,8 +700,7 @@ class BrokerDatagramProtocol(DatagramProtocol):
             self._refuse(
                 RequestError(
                     NO_SESSION,
-                    "this client has no session: it expired, or never said HELLO with "
-                    "its token",
+                    "this client has no session: it expired, or never said HELLO with its token",
                     requestId,
                 ),
                 address,
@@ -839,8 +830,7 @@ class BrokerDatagramProtocol(DatagramProtocol):
                         _Stranger(address),
                         UDP_CLIENTS,
                         maxClients,
-                        f"the broker has its maximum of {maxClients} UDP clients: "
-                        "try again later",
+                        f"the broker has its maximum of {maxClients} UDP clients: try again later",
                         hello.id,
                     ),
                     address,
