@@ -84,6 +84,12 @@ class RetainedStub:
     stats = RetainedStats(1, len(b"retained payload"))
     writing = False
 
+    def topics(self):
+        return iter(["kept/one"])
+
+    def watch(self, changed):
+        pass
+
     def set(self, topic, payload):
         if topic == "full/disk":
             return fail(StoreError("simulated full disk", "SQLITE_FULL"))

@@ -7,7 +7,6 @@ nothing of sockets, frames or ports.  Time comes from an injected
 C{IReactorTime}, so tests drive it with C{task.Clock}.
 """
 
-import heapq
 import secrets
 from collections import Counter
 from dataclasses import dataclass, field
@@ -55,6 +54,7 @@ from dallal.limits import (
     DEFAULT_MAX_SUBSCRIPTIONS,
     DEFAULT_MAX_TOPIC_LEVELS,
     DEFAULT_MAX_UDP_CLIENTS,
+    DEFAULT_MAX_UDP_CLIENTS_PER_IP,
     ERRORS_LOGGED_PER_CLIENT,
     MATCHING_TOPICS,
     PAYLOAD,
@@ -69,6 +69,7 @@ from dallal.broker.origin import MAX_HOPS, Origin, SeenMessages, generatedName, 
 from dallal.broker.retained import StoreError
 from dallal.broker.feed import RetainedFeed
 from dallal.broker.sharing import ShareGroup
+from dallal.sortednames import SortedNames
 from dallal.topics import MAX_TOPIC_LENGTH, WILDCARDS, TopicError, checkTopic
 from dallal.topictree import RESERVED_PREFIX, SubscriptionTree, TopicMap, checkFilter
 
@@ -103,6 +104,7 @@ class BrokerConfig:
     maxConnections: int = DEFAULT_MAX_CONNECTIONS
     maxConnectionsPerIp: int = DEFAULT_MAX_CONNECTIONS_PER_IP
     maxUdpClients: int = DEFAULT_MAX_UDP_CLIENTS
+    maxUdpClientsPerIp: int = DEFAULT_MAX_UDP_CLIENTS_PER_IP
     maxHellosPerSecond: int = DEFAULT_MAX_HELLOS_PER_SECOND
     maxOutputBytes: int = DEFAULT_MAX_OUTPUT_BYTES
     maxConsecutiveErrors: int = DEFAULT_MAX_CONSECUTIVE_ERRORS
@@ -261,7 +263,6 @@ class Broker:
         self.events = events if events is not None else EventLog(
             clock, messageEvents=config.messageEvents
         )
-        self.retained = retained
         self.name = config.name or generatedName()
         # Message ids restart at each start: this tells them apart, for the
         # brokers that remember the messages they saw.
@@ -276,6 +277,10 @@ class Broker:
         # the filters without wildcards, which are topics clients named.
         self._filterCounts = Counter()
         self._namedTopics = TopicMap()
+        # Sets _listedTopics: every topic TOPICS lists (retained or
+        # subscribed to), in order, so that listing the first few costs what
+        # they are.
+        self.retained = retained
         # The broker's own topics ($SYS/...): their last values, kept in
         # memory as retained messages (they mean nothing after a restart).
         self._ownTopics = TopicMap()
@@ -724,6 +729,7 @@ class Broker:
             else:
                 self._joinGroup(key, subscription)
             self._filterCounts[topicFilter] += 1
+            self._listedTopics.add(topicFilter)
             if WILDCARDS.isdisjoint(topicFilter):
                 self._namedTopics[topicFilter] = self._filterCounts[topicFilter]
             self.counters["subscriptions"] += 1
@@ -853,6 +859,8 @@ class Broker:
         remaining = self._filterCounts[topicFilter]
         if not remaining:
             del self._filterCounts[topicFilter]
+            if self.retained is None or self.retained.get(topicFilter) is None:
+                self._listedTopics.discard(topicFilter)
         if WILDCARDS.isdisjoint(topicFilter):
             if remaining:
                 self._namedTopics[topicFilter] = remaining
@@ -879,18 +887,43 @@ class Broker:
             C{(topic, retainedBytes or None, subscribers)}, and how many
             there are in all.
         """
-        filters = self._filterCounts
-        if self.retained is None:
-            retained, total = {}, len(filters)
-        else:
-            # The first `limit` names of the union are among the first
-            # `limit` of each part.
-            retained = dict(self.retained.list(limit))
-            alsoRetained = sum(1 for name in filters if self.retained.get(name) is not None)
-            total = self.retained.stats.count + len(filters) - alsoRetained
-        names = sorted(set(retained).union(heapq.nsmallest(limit, filters)))[:limit]
-        rows = [(name, retained.get(name), filters.get(name, 0)) for name in names]
-        return rows, total
+        names = self._listedTopics.first(limit)
+        rows = [(name, self._retainedSize(name), self._filterCounts.get(name, 0)) for name in names]
+        return rows, len(self._listedTopics)
+
+    @property
+    def retained(self):
+        """
+        The retained store (a L{dallal.broker.retained.RetainedStore}), or
+        C{None} without one.
+        """
+        return self._retained
+
+    @retained.setter
+    def retained(self, store):
+        self._retained = store
+        names = set(self._filterCounts)
+        if store is not None:
+            names.update(store.topics())
+            store.watch(self._retainedTopicChanged)
+        self._listedTopics = SortedNames(names)
+
+    def _retainedSize(self, topic):
+        """
+        @return: the size of C{topic}'s retained message, or C{None}.
+        """
+        payload = self.retained.get(topic) if self.retained is not None else None
+        return len(payload) if payload is not None else None
+
+    def _retainedTopicChanged(self, topic, held):
+        """
+        Keep the listed topics up to date as the store gains or loses a
+        topic.
+        """
+        if held:
+            self._listedTopics.add(topic)
+        elif topic not in self._filterCounts:
+            self._listedTopics.discard(topic)
 
     def publish(self, subscriber, topic, payload, requestId, properties=None):
         """
