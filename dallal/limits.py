@@ -44,6 +44,9 @@ DEFAULT_MAX_LINE = 4096
 MIN_CONTROL_LINE = 512
 MAX_CONTROL_LINE = 65536
 DEFAULT_MAX_UDP_CLIENTS = 10_000
+# As for TCP connections: one address may hold a tenth of the sessions,
+# so that it cannot take them all and lock every other address out.
+DEFAULT_MAX_UDP_CLIENTS_PER_IP = 1_000
 DEFAULT_MAX_HELLOS_PER_SECOND = 100
 # Bytes written to a TCP connection whose transport is already full: the
 # answers to the requests of one read (a LIST or TOPICS is at most a few
@@ -118,6 +121,7 @@ TOPIC_LEVELS = Limit("topic_levels", BAD_TOPIC)
 PAYLOAD = Limit("payload", PAYLOAD_TOO_LARGE)
 LINE = Limit("line", LINE_TOO_LONG)
 UDP_CLIENTS = Limit("udp_clients", TOO_MANY_CLIENTS)
+UDP_CLIENTS_PER_IP = Limit("udp_clients_per_ip", TOO_MANY_CLIENTS)
 # Over the rate, a HELLO is dropped unanswered: an answer is what a forger
 # of source addresses would want.
 HELLO_RATE = Limit("hello_rate", None)
@@ -152,6 +156,7 @@ LIMITS = (
     PAYLOAD,
     LINE,
     UDP_CLIENTS,
+    UDP_CLIENTS_PER_IP,
     HELLO_RATE,
     QUEUED_MESSAGES,
     QUEUED_BYTES,

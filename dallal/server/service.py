@@ -55,6 +55,7 @@ RELOADABLE_FIELDS = (
     "maxTopicLevels",
     "maxSubscriptions",
     "maxUdpClients",
+    "maxUdpClientsPerIp",
     "delivery",
     "messageEvents",
 )

@@ -71,6 +71,7 @@ from dallal.limits import (
     UDP_ANSWER_BYTES,
     UDP_ANSWER_BYTES_TOTAL,
     UDP_CLIENTS,
+    UDP_CLIENTS_PER_IP,
     LogWindow,
     RateTable,
 )
@@ -519,6 +520,8 @@ class BrokerDatagramProtocol(DatagramProtocol):
         # How many sessions are at each address: those addresses have
         # proved they receive.
         self._sessionAddresses = Counter()
+        # How many sessions are at each host, for --max-udp-clients-per-ip.
+        self._sessionHosts = Counter()
         # (host, port) -> [bytes received, bytes sent], for the others.
         self._unproven = OrderedDict()
         # Hellos each source host may still say (each costs an HMAC).
@@ -623,13 +626,18 @@ class BrokerDatagramProtocol(DatagramProtocol):
         if session.address != address:
             self._leave(session.address)
             session.moveTo(address)
-            self._sessionAddresses[address] += 1
+            self._arrive(address)
         self.sweep.pongReceived(session)
 
+    def _arrive(self, address):
+        self._sessionAddresses[address] += 1
+        self._sessionHosts[address[0]] += 1
+
     def _leave(self, address):
-        self._sessionAddresses[address] -= 1
-        if not self._sessionAddresses[address]:
-            del self._sessionAddresses[address]
+        for counts, key in ((self._sessionAddresses, address), (self._sessionHosts, address[0])):
+            counts[key] -= 1
+            if not counts[key]:
+                del counts[key]
 
     def serves(self, session):
         """
@@ -832,24 +840,11 @@ class BrokerDatagramProtocol(DatagramProtocol):
             )
             return
         if not resumed:
-            maxClients = self.broker.config.maxUdpClients
-            if len(self._sessions) >= maxClients:
-                self._refuse(
-                    self.broker.refusedByLimit(
-                        _Stranger(address),
-                        UDP_CLIENTS,
-                        maxClients,
-                        f"the broker has its maximum of {maxClients} UDP clients: "
-                        "try again later",
-                        hello.id,
-                    ),
-                    address,
-                    proven=True,
-                )
+            if self._refusedByClientLimits(hello, address):
                 return
             session = UdpSession(self, hello.clientId, address)
             self._sessions[hello.clientId] = session
-            self._sessionAddresses[address] += 1
+            self._arrive(address)
             self.broker.attach(session, self.delivery)
             if user is not None:
                 session.userName = user.name
@@ -869,6 +864,35 @@ class BrokerDatagramProtocol(DatagramProtocol):
         if session.userName is not None:
             options["user"] = session.userName
         session.sendFrame(wire.encodeHelloReply(hello.id, options))
+
+    def _refusedByClientLimits(self, hello, address):
+        """
+        Refuse a HELLO that would start a session over C{--max-udp-clients}
+        or, from its host, over C{--max-udp-clients-per-ip}.
+
+        @return: whether it was refused.
+        """
+        config = self.broker.config
+        host = address[0]
+        for limit, maximum, held, source in (
+            (UDP_CLIENTS, config.maxUdpClients, len(self._sessions), ""),
+            (UDP_CLIENTS_PER_IP, config.maxUdpClientsPerIp, self._sessionHosts[host], f" from {host}"),
+        ):
+            if held >= maximum:
+                self._refuse(
+                    self.broker.refusedByLimit(
+                        _Stranger(address),
+                        limit,
+                        maximum,
+                        f"the broker has its maximum of {maximum} UDP clients{source}: "
+                        "try again later",
+                        hello.id,
+                    ),
+                    address,
+                    proven=True,
+                )
+                return True
+        return False
 
     # Logins
 
