@@ -236,6 +236,32 @@ def test_errorsLoggedPerClientAndInAll():
     assert len(harness.fields("protocol_error")) == 101
 
 
+def test_subscriptionEventsLoggedPerClientAndInAll():
+    """
+    At most 100 subscribe and unsubscribe events a second per client and
+    1000 in all; the subscriptions are made all the same, and the events not
+    logged are reported by kind a second later.
+    """
+    harness = BrokerHarness(BrokerConfig(messageEvents=True))
+    storm = harness.connect()
+    storm.send(b"SUB 1 a\r\nUNSUB 2 a\r\n" * 60 + b"SUB 3 kept\r\n")
+    assert storm.received().split(b"\r\n").count(b"SUBACK 1") == 60
+    assert len(harness.fields("subscribe")) + len(harness.fields("unsubscribe")) == 100
+    assert harness.broker.stats()["subscriptions"] == 1
+    others = [harness.connect() for _ in range(10)]
+    for client in others:
+        client.send(b"".join(b"SUB %d t/%d\r\n" % (n, n) for n in range(100)))
+    assert len(harness.fields("subscribe")) + len(harness.fields("unsubscribe")) == 1000
+    harness.clock.advance(1)
+    assert harness.fields("subscriptions_suppressed") == [
+        {"kind": "subscribe", "count": 11 + 100},
+        {"kind": "unsubscribe", "count": 10},
+    ]
+    # A new second, a new allowance.
+    storm.send(b"UNSUB 4 kept\r\n")
+    assert len(harness.fields("unsubscribe")) == 51
+
+
 # Password checks
 
 

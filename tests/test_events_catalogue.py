@@ -139,6 +139,8 @@ def exerciseEveryEvent():
         publisher.send(b"PUB b%d news 5 origin=elsewhere oid=x.1 hops=0\r\nhello\r\n" % number)
     latest.send(b"ACK 1\r\n")
     every.send(b"UNSUB 9 news\r\n")
+    # Subscribing and unsubscribing over and over is logged in part.
+    every.send(b"SUB 7 burst\r\nUNSUB 8 burst\r\n" * 50)
     publisher.send(b"BOGUS\r\n")
     # A flood of datagrams that name no session is logged in part.
     datagrams = udp.BrokerDatagramProtocol(harness.broker, harness.sweep)

@@ -55,15 +55,18 @@ from dallal.limits import (
     DEFAULT_MAX_TOPIC_LEVELS,
     DEFAULT_MAX_UDP_CLIENTS,
     DEFAULT_MAX_UDP_CLIENTS_PER_IP,
+    ERRORS_LOGGED,
     ERRORS_LOGGED_PER_CLIENT,
     MATCHING_TOPICS,
     PAYLOAD,
     RETAINED,
     RETAINED_BYTES,
+    SUBSCRIPTION_EVENTS_LOGGED,
+    SUBSCRIPTION_EVENTS_LOGGED_PER_CLIENT,
     SUBSCRIPTIONS,
-    ErrorLog,
     LimitLog,
     LogWindow,
+    RateLimitedLog,
 )
 from dallal.broker.origin import MAX_HOPS, Origin, SeenMessages, generatedName, originFromOptions
 from dallal.broker.retained import StoreError
@@ -212,6 +215,8 @@ class _Session:
     @ivar mayBridge: whether it may send bridge frames: not when it logged
         in as a user that is no bridge (L{dallal.security.auth.BrokerRealm}).
     @ivar errorWindow: the L{LogWindow} of its C{protocol_error} events.
+    @ivar subscriptionWindow: the L{LogWindow} of its C{subscribe} and
+        C{unsubscribe} events.
     """
 
     __slots__ = (
@@ -224,6 +229,7 @@ class _Session:
         "permissions",
         "mayBridge",
         "errorWindow",
+        "subscriptionWindow",
     )
 
     def __init__(self, sid, subscriber, outbox):
@@ -236,6 +242,7 @@ class _Session:
         self.permissions = None
         self.mayBridge = True
         self.errorWindow = LogWindow(ERRORS_LOGGED_PER_CLIENT)
+        self.subscriptionWindow = LogWindow(SUBSCRIPTION_EVENTS_LOGGED_PER_CLIENT)
 
 
 class Broker:
@@ -327,7 +334,17 @@ class Broker:
             bridged_refused=0,
         )
         self.limits = LimitLog(clock, self.counters, self.events)
-        self.errorLog = ErrorLog(clock, self.events)
+        self.errorLog = RateLimitedLog(
+            clock, self.events, ERRORS_LOGGED, "protocol_errors_suppressed", "code"
+        )
+        self.subscriptionLog = RateLimitedLog(
+            clock,
+            self.events,
+            SUBSCRIPTION_EVENTS_LOGGED,
+            "subscriptions_suppressed",
+            "kind",
+            LogLevel.info,
+        )
         self.ledger = Ledger(self.counters, self.events, self.limits)
         self.flow = FlowControl(clock, self.counters)
 
@@ -584,6 +601,7 @@ class Broker:
             self.detach(session.subscriber, "shutdown")
             session.subscriber.disconnect("shutdown")
         self.errorLog.reportSuppressed()
+        self.subscriptionLog.reportSuppressed()
         self.logStats()
 
     def stats(self):
@@ -744,9 +762,9 @@ class Broker:
         # A new filter, or a new mode, which may change which of a
         # session's filters carries a message.
         self._routes.clear()
-        self.events.emit(
+        self._subscriptionEvent(
+            session,
             "subscribe",
-            session=session.sid,
             client=subscriber.peer,
             topic=topicFilter,
             mode=mode,
@@ -807,12 +825,17 @@ class Broker:
                 NOT_SUBSCRIBED, f"not subscribed to {topicFilter!r}", requestId
             )
         self._endSubscription(session, key, subscription)
-        self.events.emit(
-            "unsubscribe",
-            session=session.sid,
-            client=subscriber.peer,
-            topic=topicFilter,
-        )
+        self._subscriptionEvent(session, "unsubscribe", client=subscriber.peer, topic=topicFilter)
+
+    def _subscriptionEvent(self, session, name, **fields):
+        """
+        Log a C{subscribe} or C{unsubscribe} event of C{session}, unless too
+        many were logged this second (L{RateLimitedLog}).
+        """
+        if self.subscriptionLog.allow(session.subscriptionWindow):
+            self.events.emit(name, session=session.sid, **fields)
+        else:
+            self.subscriptionLog.suppressed(name)
 
     def _endSubscription(self, session, key, subscription):
         del session.subscriptions[key]
@@ -1266,7 +1289,7 @@ class Broker:
     def protocolError(self, subscriber, code, fatal, logged=True):
         """
         Record that a client sent something the broker refused, and log it
-        unless too many were logged this second (L{ErrorLog}).
+        unless too many were logged this second (L{RateLimitedLog}).
 
         @param logged: whether it may be logged (a datagram that named no
             session may not, beyond L{dallal.server.udp.StrangerErrorLog}'s rate).

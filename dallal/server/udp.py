@@ -152,7 +152,7 @@ class StrangerErrorLog:
     Counts and logs the refusals of datagrams that named no session.  Their
     source address may be forged, so they have a window of their own, of
     C{perSecond} events a second, within the broker's for all errors
-    (L{dallal.limits.ErrorLog}, which reports those it did not log).
+    (L{dallal.limits.RateLimitedLog}, which reports those it did not log).
     """
 
     def __init__(self, broker, perSecond=STRANGER_ERRORS_LOGGED_PER_SECOND):
