@@ -91,7 +91,9 @@ class ServerProcess:
         self.command = self.startCommand(directory)
         self._output = open(os.path.join(directory, f"{self.name}.out"), "wb")
         self.process = subprocess.Popen(
-            self.command, stdout=self._output, stderr=subprocess.STDOUT,
+            self.command,
+            stdout=self._output,
+            stderr=subprocess.STDOUT,
             preexec_fn=self.beforeExec,
         )
         self.pid = self.process.pid
@@ -240,8 +242,15 @@ class Broker(ServerProcess):
 
     name = "twistd"
 
-    def __init__(self, directory, extra=(), udp=False, nofile=None,
-                 tcpDescription="tcp:0:interface=127.0.0.1", messageEvents=False):
+    def __init__(
+        self,
+        directory,
+        extra=(),
+        udp=False,
+        nofile=None,
+        tcpDescription="tcp:0:interface=127.0.0.1",
+        messageEvents=False,
+    ):
         self._tcpDescription = tcpDescription
         self._udp = udp
         self._messageEvents = messageEvents
@@ -252,9 +261,15 @@ class Broker(ServerProcess):
 
     def startCommand(self, directory):
         command = [
-            twistdExecutable(), "-n", "--pidfile=", f"--logfile={self.logPath}",
-            "dallal", "--tcp", self._tcpDescription,
-            "--data-dir", os.path.join(directory, "data"),
+            twistdExecutable(),
+            "-n",
+            "--pidfile=",
+            f"--logfile={self.logPath}",
+            "dallal",
+            "--tcp",
+            self._tcpDescription,
+            "--data-dir",
+            os.path.join(directory, "data"),
             *self._extra,
         ]
         if self._udp:
@@ -331,14 +346,14 @@ class ControlConnection:
         line = buffer[:lineEnd].rstrip(b"\r")
         verb = line.split(b" ", 1)[0]
         if verb not in (b"STATS", b"MSG", b"LIST", b"TOPICS"):
-            self._buffer = buffer[lineEnd + 1:]
+            self._buffer = buffer[lineEnd + 1 :]
             return line, None
         end = lineEnd + 1 + int(line.split(b" ")[2])
-        terminator = 2 if buffer[end:end + 1] == b"\r" else 1
+        terminator = 2 if buffer[end : end + 1] == b"\r" else 1
         if len(buffer) < end + terminator:
             return None
-        self._buffer = buffer[end + terminator:]
-        return line, buffer[lineEnd + 1:end]
+        self._buffer = buffer[end + terminator :]
+        return line, buffer[lineEnd + 1 : end]
 
     def _readFrame(self, deadline):
         """
@@ -358,7 +373,7 @@ class ControlConnection:
             self.sock.settimeout(remaining)
             try:
                 data = self.sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             if not data:
                 raise BenchError("the broker closed the control connection")
@@ -402,9 +417,7 @@ class ControlConnection:
         return json.loads(payload)
 
     def publish(self, topic, payload, timeout=10.0):
-        return self._request(
-            b"PUB %%s %s %d\r\n%s\r\n" % (topic, len(payload), payload), timeout
-        )
+        return self._request(b"PUB %%s %s %d\r\n%s\r\n" % (topic, len(payload), payload), timeout)
 
     def close(self):
         try:

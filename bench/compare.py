@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass
 from selectors import EVENT_READ, DefaultSelector
 
+from brokerproc import BROKER_START_TIMEOUT, CLOCK_TICKS, BenchError, Broker, ServerProcess
 from protocols import (
     DallalClient,
     MqttClient,
@@ -43,7 +44,6 @@ from protocols import (
     payload,
     stampedPayload,
 )
-from brokerproc import BROKER_START_TIMEOUT, CLOCK_TICKS, BenchError, Broker, ServerProcess
 from throughput import (
     PUBLISH_WRITES_PER_WINDOW,
     RECEIVE_SIZE,
@@ -159,9 +159,19 @@ class RedisServer(PeerServer):
 
     def startCommand(self, directory):
         return [
-            self.path(), "--port", str(self._port), "--bind", "127.0.0.1",
-            "--save", "", "--appendonly", "no", "--dir", directory,
-            "--logfile", self.logPath,
+            self.path(),
+            "--port",
+            str(self._port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            directory,
+            "--logfile",
+            self.logPath,
         ]
 
 
@@ -319,9 +329,7 @@ def receiveUntil(selector, streams, done, waitingFor, deadline, onArrival=None):
     while not done():
         if time.monotonic() > deadline:
             received = sum(stream.messages for stream in streams.values())
-            raise BenchError(
-                f"timed out waiting for {waitingFor}, {received:,} messages received"
-            )
+            raise BenchError(f"timed out waiting for {waitingFor}, {received:,} messages received")
         receive(selector, streams, 1.0, onArrival)
 
 
@@ -365,13 +373,17 @@ def runSubscribers(client, port, scenario, progressStep, timeout, pipe, progress
         selector, streams = openConnections(
             port,
             [client.subscribe(number, topics) for number in range(scenario.subscribers)],
-            client, scenario.paced, timeout,
+            client,
+            scenario.paced,
+            timeout,
         )
         deadline = time.monotonic() + timeout
         receiveUntil(
-            selector, streams,
+            selector,
+            streams,
             lambda: all(client.subscribed(stream, topics) for stream in streams.values()),
-            "the subscriptions", deadline,
+            "the subscriptions",
+            deadline,
         )
         pipe.send("ready")
         cpuBefore = time.process_time()
@@ -385,15 +397,14 @@ def runSubscribers(client, port, scenario, progressStep, timeout, pipe, progress
 
         # A paced publisher does not need to hear of progress.
         reporter = (
-            None if scenario.paced
+            None
+            if scenario.paced
             else ProgressReporter(progressStep, scenario.subscribers, progress)
         )
         receiveUntil(selector, streams, allDone, "the last messages", deadline, reporter)
         finished = time.monotonic()
         received = sum(stream.messages for stream in streams.values())
-        latencies = [
-            latency for stream in streams.values() for latency in stream.latencies or ()
-        ]
+        latencies = [latency for stream in streams.values() for latency in stream.latencies or ()]
         pipe.send(("done", received, finished, time.process_time() - cpuBefore, latencies))
         for sock in streams:
             sock.close()
@@ -451,22 +462,29 @@ def runPublishers(client, port, scenario, messages, window, rate, timeout, pipe,
     try:
         topics = scenario.topics
         writes = (
-            None if scenario.paced
+            None
+            if scenario.paced
             else [
-                PublishWrites(client, topic, messages, scenario.payloadSize,
-                              max(1, window // len(topics)))
+                PublishWrites(
+                    client, topic, messages, scenario.payloadSize, max(1, window // len(topics))
+                )
                 for topic in topics
             ]
         )
         selector, streams = openConnections(
-            port, [client.hello(number) for number in range(len(topics))],
-            client, False, timeout,
+            port,
+            [client.hello(number) for number in range(len(topics))],
+            client,
+            False,
+            timeout,
         )
         deadline = time.monotonic() + timeout
         receiveUntil(
-            selector, streams,
+            selector,
+            streams,
             lambda: all(client.welcomed(stream) for stream in streams.values()),
-            "the publishers' handshakes", deadline,
+            "the publishers' handshakes",
+            deadline,
         )
         pipe.send("ready")
         pipe.recv()
@@ -474,8 +492,9 @@ def runPublishers(client, port, scenario, messages, window, rate, timeout, pipe,
         started = time.monotonic()
         deadline = started + timeout
         if scenario.paced:
-            publishPaced(client, selector, streams, topics, messages,
-                         scenario.payloadSize, rate, deadline)
+            publishPaced(
+                client, selector, streams, topics, messages, scenario.payloadSize, rate, deadline
+            )
         else:
             publishWindowed(selector, streams, writes, window, progress, deadline)
         pipe.send(("sent", started, time.process_time() - cpuBefore))
@@ -616,20 +635,40 @@ def measure(run, scenario, contender, settings):
             # A report every quarter window, so that the publishers hear of
             # room before the window runs dry.
             progressStep = max(1, window // PUBLISH_WRITES_PER_WINDOW)
-            processes.append(multiprocessing.Process(
-                target=runSubscribers,
-                args=(client, server.port, scenario, progressStep, settings.timeout,
-                      subscriberEnd, progressWriter),
-            ))
+            processes.append(
+                multiprocessing.Process(
+                    target=runSubscribers,
+                    args=(
+                        client,
+                        server.port,
+                        scenario,
+                        progressStep,
+                        settings.timeout,
+                        subscriberEnd,
+                        progressWriter,
+                    ),
+                )
+            )
             processes[-1].start()
             # The publishers connect once the subscriptions are in place, so
             # that none of their messages precedes a subscription.
             awaitReport(subscriberPipe, BROKER_START_TIMEOUT, "the subscribers")
-            processes.append(multiprocessing.Process(
-                target=runPublishers,
-                args=(client, server.port, scenario, perPublisher, window,
-                      settings.latency_rate, settings.timeout, publisherEnd, progressReader),
-            ))
+            processes.append(
+                multiprocessing.Process(
+                    target=runPublishers,
+                    args=(
+                        client,
+                        server.port,
+                        scenario,
+                        perPublisher,
+                        window,
+                        settings.latency_rate,
+                        settings.timeout,
+                        publisherEnd,
+                        progressReader,
+                    ),
+                )
+            )
             processes[-1].start()
             awaitReport(publisherPipe, BROKER_START_TIMEOUT, "the publishers")
             cpuBefore = server.cpuSeconds()
@@ -657,10 +696,17 @@ def measure(run, scenario, contender, settings):
                     process.join()
             server.stop()
     return Measurement(
-        run, scenario, contender,
+        run,
+        scenario,
+        contender,
         perPublisher * scenario.publishers * scenario.subscribers,
-        received, finished - started, brokerCpu, brokerWait,
-        publisherCpu + subscriberCpu, peakMemory, latencies,
+        received,
+        finished - started,
+        brokerCpu,
+        brokerWait,
+        publisherCpu + subscriberCpu,
+        peakMemory,
+        latencies,
     )
 
 
@@ -679,8 +725,7 @@ def printMeasurement(measurement):
     )
     if m.latencies:
         line += (
-            f"  latency p50 {m.latencyPercentile(50):,.0f} us"
-            f" p99 {m.latencyPercentile(99):,.0f} us"
+            f"  latency p50 {m.latencyPercentile(50):,.0f} us p99 {m.latencyPercentile(99):,.0f} us"
         )
     print(line, flush=True)
 
@@ -713,20 +758,32 @@ def printSummary(groups, scenarios, contenders, runs):
             group = groups[scenario.key, contender.key]
             rates = [m.rate for m in group]
             efficiencies = [m.perCpuSecond for m in group]
-            rows.append([
-                scenario.label, contender.label,
-                f"{statistics.median(rates):,.0f} ({spread(rates)})",
-                f"{statistics.median(efficiencies):,.0f} ({spread(efficiencies)})",
-                f"{statistics.median(m.brokerBusy for m in group):.0%}",
-                f"{statistics.median(m.brokerWaiting for m in group):.0%}",
-                f"{statistics.median(m.generatorCpu / max(m.brokerCpu, 1 / CLOCK_TICKS) for m in group):.0%}",
-                f"{statistics.median(m.dropped for m in group):.1%}",
-                f"{statistics.median(m.peakMemory for m in group) / 2**20:.1f} MiB",
-            ])
+            rows.append(
+                [
+                    scenario.label,
+                    contender.label,
+                    f"{statistics.median(rates):,.0f} ({spread(rates)})",
+                    f"{statistics.median(efficiencies):,.0f} ({spread(efficiencies)})",
+                    f"{statistics.median(m.brokerBusy for m in group):.0%}",
+                    f"{statistics.median(m.brokerWaiting for m in group):.0%}",
+                    f"{statistics.median(m.generatorCpu / max(m.brokerCpu, 1 / CLOCK_TICKS) for m in group):.0%}",
+                    f"{statistics.median(m.dropped for m in group):.1%}",
+                    f"{statistics.median(m.peakMemory for m in group) / 2**20:.1f} MiB",
+                ]
+            )
     if rows:
         printTable(
-            ["scenario", "broker", "deliveries/s (spread)", "deliveries per broker CPU-s (spread)",
-             "broker busy", "waiting for a core", "generator/broker CPU", "dropped", "peak RSS"],
+            [
+                "scenario",
+                "broker",
+                "deliveries/s (spread)",
+                "deliveries per broker CPU-s (spread)",
+                "broker busy",
+                "waiting for a core",
+                "generator/broker CPU",
+                "dropped",
+                "peak RSS",
+            ],
             rows,
         )
     latencyRows = []
@@ -737,17 +794,22 @@ def printSummary(groups, scenarios, contenders, runs):
             group = groups[scenario.key, contender.key]
             p50 = [m.latencyPercentile(50) for m in group]
             p99 = [m.latencyPercentile(99) for m in group]
-            latencyRows.append([
-                scenario.label, contender.label,
-                f"{statistics.median(p50):,.0f} us ({spread(p50)})",
-                f"{statistics.median(p99):,.0f} us ({spread(p99)})",
-                f"{statistics.median(m.brokerBusy for m in group):.0%}",
-                f"{statistics.median(m.peakMemory for m in group) / 2**20:.1f} MiB",
-            ])
+            latencyRows.append(
+                [
+                    scenario.label,
+                    contender.label,
+                    f"{statistics.median(p50):,.0f} us ({spread(p50)})",
+                    f"{statistics.median(p99):,.0f} us ({spread(p99)})",
+                    f"{statistics.median(m.brokerBusy for m in group):.0%}",
+                    f"{statistics.median(m.peakMemory for m in group) / 2**20:.1f} MiB",
+                ]
+            )
     if latencyRows:
         print()
-        printTable(["scenario", "broker", "p50 (spread)", "p99 (spread)", "broker busy", "peak RSS"],
-                   latencyRows)
+        printTable(
+            ["scenario", "broker", "p50 (spread)", "p99 (spread)", "broker busy", "peak RSS"],
+            latencyRows,
+        )
 
 
 def printComparisons(groups, scenarios, contenders):
@@ -759,7 +821,9 @@ def printComparisons(groups, scenarios, contenders):
     comparisons = [(a, b) for a, b in COMPARISONS if a in present and b in present]
     if not comparisons:
         return
-    print("\nDallal over its peer: ratios of the medians (and the lowest and highest ratio within a run)\n")
+    print(
+        "\nDallal over its peer: ratios of the medians (and the lowest and highest ratio within a run)\n"
+    )
     rows = []
     furthestBehind = None
     for scenario in scenarios:
@@ -767,26 +831,44 @@ def printComparisons(groups, scenarios, contenders):
             ours, theirs = groups[scenario.key, dallal], groups[scenario.key, peer]
             label = f"{CONTENDERS_BY_KEY[dallal].label} / {CONTENDERS_BY_KEY[peer].label}"
             if scenario.paced:
-                rows.append([
-                    scenario.label, label, "", "",
-                    "p50 " + ratioOfMedians([m.latencyPercentile(50) for m in ours],
-                                            [m.latencyPercentile(50) for m in theirs])
-                    + ", p99 " + ratioOfMedians([m.latencyPercentile(99) for m in ours],
-                                                [m.latencyPercentile(99) for m in theirs]),
-                ])
+                rows.append(
+                    [
+                        scenario.label,
+                        label,
+                        "",
+                        "",
+                        "p50 "
+                        + ratioOfMedians(
+                            [m.latencyPercentile(50) for m in ours],
+                            [m.latencyPercentile(50) for m in theirs],
+                        )
+                        + ", p99 "
+                        + ratioOfMedians(
+                            [m.latencyPercentile(99) for m in ours],
+                            [m.latencyPercentile(99) for m in theirs],
+                        ),
+                    ]
+                )
                 continue
             rateRatio = statistics.median(m.rate for m in ours) / statistics.median(
                 m.rate for m in theirs
             )
             if furthestBehind is None or rateRatio < furthestBehind[0]:
                 furthestBehind = (rateRatio, scenario, dallal, peer)
-            rows.append([
-                scenario.label, label,
-                ratioOfMedians([m.rate for m in ours], [m.rate for m in theirs]),
-                ratioOfMedians([m.perCpuSecond for m in ours], [m.perCpuSecond for m in theirs]),
-                "",
-            ])
-    printTable(["scenario", "Dallal / peer", "deliveries/s", "deliveries per CPU-s", "latency"], rows)
+            rows.append(
+                [
+                    scenario.label,
+                    label,
+                    ratioOfMedians([m.rate for m in ours], [m.rate for m in theirs]),
+                    ratioOfMedians(
+                        [m.perCpuSecond for m in ours], [m.perCpuSecond for m in theirs]
+                    ),
+                    "",
+                ]
+            )
+    printTable(
+        ["scenario", "Dallal / peer", "deliveries/s", "deliveries per CPU-s", "latency"], rows
+    )
     print("\ntargets (goals, not tests)")
     for dallal, peer, targetScenarios in TARGETS:
         for key in targetScenarios:
@@ -810,11 +892,16 @@ def printComparisons(groups, scenarios, contenders):
 
 def reproduceCommand(arguments):
     return commandLine(
-        "compare.py", arguments,
-        "--latency-rate", str(arguments.latency_rate),
-        "--latency-seconds", str(arguments.latency_seconds),
-        "--scenarios", *arguments.scenarios,
-        "--brokers", *arguments.brokers,
+        "compare.py",
+        arguments,
+        "--latency-rate",
+        str(arguments.latency_rate),
+        "--latency-seconds",
+        str(arguments.latency_seconds),
+        "--scenarios",
+        *arguments.scenarios,
+        "--brokers",
+        *arguments.brokers,
     )
 
 
@@ -830,16 +917,22 @@ def parseArguments(argv):
         f"shared by the publishers and capped at {WINDOW_BYTES // 2**20} MiB of payload",
     )
     parser.add_argument(
-        "--latency-rate", type=float, default=5000,
+        "--latency-rate",
+        type=float,
+        default=5000,
         help="messages a second in the latency scenario: below every "
         "broker's saturation (default: %(default)s)",
     )
     parser.add_argument(
-        "--latency-seconds", type=float, default=1,
+        "--latency-seconds",
+        type=float,
+        default=1,
         help="how long the latency scenario publishes (default: %(default)s)",
     )
     parser.add_argument(
-        "--scenarios", nargs="+", choices=list(SCENARIOS_BY_KEY),
+        "--scenarios",
+        nargs="+",
+        choices=list(SCENARIOS_BY_KEY),
         default=list(SCENARIOS_BY_KEY),
         help="a: 1 publisher to 1 subscriber; b: to 100 subscribers; c: 10 "
         "publishers on 10 topics to 10 subscribers of all of them; d1k, d64k: "
@@ -847,7 +940,9 @@ def parseArguments(argv):
         "--latency-rate (default: all)",
     )
     parser.add_argument(
-        "--brokers", nargs="+", choices=list(CONTENDERS_BY_KEY),
+        "--brokers",
+        nargs="+",
+        choices=list(CONTENDERS_BY_KEY),
         default=list(CONTENDERS_BY_KEY),
         help="which brokers and modes (default: all)",
     )

@@ -46,7 +46,6 @@ from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from dallal.limits import RESERVED_DESCRIPTORS  # noqa: E402
 from brokerproc import (  # noqa: E402
     BenchError,
     Broker,
@@ -57,6 +56,8 @@ from brokerproc import (  # noqa: E402
     tryRaiseHardLimit,
 )
 
+from dallal.limits import RESERVED_DESCRIPTORS  # noqa: E402
+
 TOPIC = b"conn"
 PAYLOAD = b"hello"
 RECEIVE_SIZE = 4096
@@ -66,8 +67,16 @@ RECEIVE_SIZE = 4096
 
 
 class Conn:
-    __slots__ = ("sock", "state", "buffer", "payloadNext", "started", "pings",
-                 "received", "address")
+    __slots__ = (
+        "sock",
+        "state",
+        "buffer",
+        "payloadNext",
+        "started",
+        "pings",
+        "received",
+        "address",
+    )
 
     def __init__(self, sock, address, now):
         self.sock = sock
@@ -101,8 +110,9 @@ class Worker:
     broker; driven by commands from the parent over a pipe.
     """
 
-    def __init__(self, number, port, addresses, perAddress, inflight,
-                 subackTimeout, stopAfter, pipe):
+    def __init__(
+        self, number, port, addresses, perAddress, inflight, subackTimeout, stopAfter, pipe
+    ):
         self.number = number
         self.port = port
         self.addresses = list(addresses)
@@ -305,13 +315,16 @@ class Worker:
         while True:
             now = time.monotonic()
             if self.ramping:
-                while (self.ramping and self.pending < self.inflight
-                       and self.held + self.pending < self.target):
+                while (
+                    self.ramping
+                    and self.pending < self.inflight
+                    and self.held + self.pending < self.target
+                ):
                     self._open(now)
                 if self.held >= self.target:
                     self.ramping = False
                     self.stopReason = self.stopReason or "target"
-            for key, events in self.selector.select(0.05):
+            for key, _events in self.selector.select(0.05):
                 conn = key.data
                 if conn is None:
                     if not self._command(self.pipe.recv()):
@@ -326,8 +339,9 @@ class Worker:
             if self.pending and now - self.lastTimeoutScan >= 1.0:
                 self.lastTimeoutScan = now
                 limit = now - self.subackTimeout
-                for conn in [c for c in self.conns.values()
-                             if c.state != "held" and c.started < limit]:
+                for conn in [
+                    c for c in self.conns.values() if c.state != "held" and c.started < limit
+                ]:
                     self._lost(conn, "timeout" if conn.state == "connecting" else "no_suback")
 
 
@@ -384,25 +398,31 @@ class Run:
         return total
 
     def sample(self, started, status):
-        self.series.append({
-            "t": round(time.monotonic() - started, 3),
-            "held": status["held"],
-            "rss": self.broker.residentMemory(),
-            "cpu": self.broker.cpuSeconds(),
-            "fds": self.broker.descriptors(),
-        })
+        self.series.append(
+            {
+                "t": round(time.monotonic() - started, 3),
+                "held": status["held"],
+                "rss": self.broker.residentMemory(),
+                "cpu": self.broker.cpuSeconds(),
+                "fds": self.broker.descriptors(),
+            }
+        )
 
     def main(self):
         options = self.options
         soft, hard = tryRaiseHardLimit(options.nofile)
         nofile = options.nofile or hard
         if nofile > hard:
-            log(f"cannot raise the descriptor limit to {nofile}: the hard limit is "
-                f"{hard} (raising it needs CAP_SYS_RESOURCE); using {hard}")
+            log(
+                f"cannot raise the descriptor limit to {nofile}: the hard limit is "
+                f"{hard} (raising it needs CAP_SYS_RESOURCE); using {hard}"
+            )
             nofile = hard
         target = options.connections or nofile + options.beyond
-        shares = [target // options.workers + (1 if i < target % options.workers else 0)
-                  for i in range(options.workers)]
+        shares = [
+            target // options.workers + (1 if i < target % options.workers else 0)
+            for i in range(options.workers)
+        ]
         # Each worker has source addresses of its own, enough for its share
         # at --per-address connections each, and one more in case some
         # ports are taken.
@@ -414,20 +434,30 @@ class Run:
         addresses = [a for mine in workerAddresses for a in mine]
         directory = tempfile.mkdtemp(prefix="dallal-connections-")
         log(describeSetup())
-        log(f"descriptor limit: this process {soft}/{hard}, the broker {nofile}/{nofile}; "
+        log(
+            f"descriptor limit: this process {soft}/{hard}, the broker {nofile}/{nofile}; "
             f"ephemeral ports {portRange()}; target {target:,} connections from "
             f"{len(addresses)} source address(es), at most {options.per_address:,} each, "
-            f"{options.workers} worker process(es)")
+            f"{options.workers} worker process(es)"
+        )
         endpoint = "tcp:0:interface=127.0.0.1"
         if options.backlog:
             endpoint += f":backlog={options.backlog}"
         self.broker = Broker(
-            directory, nofile=nofile, tcpDescription=endpoint,
+            directory,
+            nofile=nofile,
+            tcpDescription=endpoint,
             # The broker's connection limits at its descriptor limit (it fits
             # --max-connections under it, 32 descriptors short), so that the
             # ramp measures the descriptors, not the defaults.
-            extra=["--ping-interval", f"{options.ping_interval:g}",
-                   "--max-connections", str(nofile), "--max-connections-per-ip", str(nofile)],
+            extra=[
+                "--ping-interval",
+                f"{options.ping_interval:g}",
+                "--max-connections",
+                str(nofile),
+                "--max-connections-per-ip",
+                str(nofile),
+            ],
         )
         broker = self.broker
         log(f"broker: pid {broker.pid}, port {broker.port}: {broker.reproduce()}")
@@ -438,9 +468,16 @@ class Run:
                 mine, theirs = context.Pipe()
                 process = context.Process(
                     target=runWorker,
-                    args=(number, broker.port, workerAddresses[number],
-                          options.per_address, options.inflight,
-                          options.suback_timeout, options.stop_after, theirs),
+                    args=(
+                        number,
+                        broker.port,
+                        workerAddresses[number],
+                        options.per_address,
+                        options.inflight,
+                        options.suback_timeout,
+                        options.stop_after,
+                        theirs,
+                    ),
                     daemon=True,
                 )
                 process.start()
@@ -453,10 +490,17 @@ class Run:
             baselineSock = sockstat()
             control.stats()
             overflowsBefore = listenOverflows()
-            report = {"target": target, "nofile": nofile, "ping_interval": options.ping_interval,
-                      "baseline_rss": baselineRss, "baseline_fds": broker.descriptors()}
-            log(f"baseline: broker RSS {baselineRss / 2**20:.1f} MiB, "
-                f"{report['baseline_fds']} descriptors open")
+            report = {
+                "target": target,
+                "nofile": nofile,
+                "ping_interval": options.ping_interval,
+                "baseline_rss": baselineRss,
+                "baseline_fds": broker.descriptors(),
+            }
+            log(
+                f"baseline: broker RSS {baselineRss / 2**20:.1f} MiB, "
+                f"{report['baseline_fds']} descriptors open"
+            )
 
             # The ramp.
             started = time.monotonic()
@@ -474,9 +518,11 @@ class Run:
                 if now - lastLog >= 5:
                     lastLog = now
                     last = self.series[-1]
-                    log(f"  {last['t']:6.1f} s  held {status['held']:6,}  pending "
+                    log(
+                        f"  {last['t']:6.1f} s  held {status['held']:6,}  pending "
                         f"{status['pending']:4}  failed {sum(status['failures'].values()):5,}  "
-                        f"broker RSS {last['rss'] / 2**20:6.1f} MiB  fds {last['fds']:6,}")
+                        f"broker RSS {last['rss'] / 2**20:6.1f} MiB  fds {last['fds']:6,}"
+                    )
                 available = meminfo("MemAvailable")
                 if available is not None and available < options.min_available * 2**20:
                     memoryStop = True
@@ -489,35 +535,54 @@ class Run:
             rampSeconds = time.monotonic() - started
             status = self.statuses()
             held = status["held"]
-            report.update({
-                "held": held, "ramp_seconds": round(rampSeconds, 1),
-                "failures": dict(status["failures"]),
-                "stop_reasons": status["stop_reasons"],
-                "memory_stop": memoryStop,
-                "ports_used": status["ports_used"],
-            })
+            report.update(
+                {
+                    "held": held,
+                    "ramp_seconds": round(rampSeconds, 1),
+                    "failures": dict(status["failures"]),
+                    "stop_reasons": status["stop_reasons"],
+                    "memory_stop": memoryStop,
+                    "ports_used": status["ports_used"],
+                }
+            )
             fds = broker.descriptors()
             limitSoft, _ = broker.descriptorLimit()
             emfile = broker.logCount(b"EMFILE")
             statsRamp = control.stats()
             overflows = listenOverflows() - overflowsBefore
-            report.update({"broker_fds": fds, "broker_fd_limit": limitSoft,
-                           "broker_emfile_log_lines": emfile,
-                           "listen_overflows_during_ramp": overflows,
-                           "pings_missed_during_ramp": statsRamp["pings_missed"]})
+            report.update(
+                {
+                    "broker_fds": fds,
+                    "broker_fd_limit": limitSoft,
+                    "broker_emfile_log_lines": emfile,
+                    "listen_overflows_during_ramp": overflows,
+                    "pings_missed_during_ramp": statsRamp["pings_missed"],
+                }
+            )
             report["stopped_because"] = stopCause(
-                held, target, fds, limitSoft, emfile, status, memoryStop,
-                statsRamp["refused_connections"])
-            log(f"ramp: {held:,} connections held after {rampSeconds:.1f} s "
+                held,
+                target,
+                fds,
+                limitSoft,
+                emfile,
+                status,
+                memoryStop,
+                statsRamp["refused_connections"],
+            )
+            log(
+                f"ramp: {held:,} connections held after {rampSeconds:.1f} s "
                 f"({held / rampSeconds:,.0f}/s); failures {dict(status['failures'])}; "
-                f"worker stop reasons {status['stop_reasons']}")
+                f"worker stop reasons {status['stop_reasons']}"
+            )
             backlog = options.backlog or "the broker's default, 1024"
             log("stopped because: " + report["stopped_because"])
-            log(f"broker: {fds:,} descriptors open of its limit {limitSoft:,}; "
+            log(
+                f"broker: {fds:,} descriptors open of its limit {limitSoft:,}; "
                 f"'EMFILE' in its log {emfile:,} times; the machine's listen queue "
                 f"overflowed {overflows:,} times (TcpExt ListenOverflows, the broker's "
                 f"backlog is {backlog}); pings missed "
-                f"during the ramp {statsRamp['pings_missed']:,}")
+                f"during the ramp {statsRamp['pings_missed']:,}"
+            )
 
             # Memory, once everything has settled.
             time.sleep(1.0)
@@ -528,20 +593,25 @@ class Run:
             perConnection = (rss - baselineRss) / max(held, 1)
             slope = fitSlope([(p["held"], p["rss"]) for p in self.series if p["held"]])
             kernelPages = sock.get("mem", 0) - baselineSock.get("mem", 0)
-            report.update({
-                "rss": rss, "rss_per_connection": round(perConnection),
-                "rss_slope_per_connection": round(slope) if slope else None,
-                "kernel_tcp_mem_pages_delta": kernelPages,
-                "broker_connections": stats["connections"],
-                "vmhwm": broker.peakMemory(),
-            })
-            log(f"memory: broker RSS {rss / 2**20:.1f} MiB, "
+            report.update(
+                {
+                    "rss": rss,
+                    "rss_per_connection": round(perConnection),
+                    "rss_slope_per_connection": round(slope) if slope else None,
+                    "kernel_tcp_mem_pages_delta": kernelPages,
+                    "broker_connections": stats["connections"],
+                    "vmhwm": broker.peakMemory(),
+                }
+            )
+            log(
+                f"memory: broker RSS {rss / 2**20:.1f} MiB, "
                 f"{(rss - baselineRss) / 2**20:.1f} MiB over its baseline: "
                 f"{perConnection:,.0f} bytes ({perConnection / 1024:.2f} KiB) per connection; "
                 f"slope of RSS against connections during the ramp "
                 f"{(slope or 0):,.0f} bytes; "
                 f"kernel TCP buffers (both ends) {kernelPages * 4096 / 2**20:+.1f} MiB; "
-                f"the broker counts {stats['connections']:,} connections")
+                f"the broker counts {stats['connections']:,} connections"
+            )
 
             # The idle sweep, over a window that starts between two sweeps,
             # so that it holds exactly --idle-intervals of them.
@@ -555,10 +625,23 @@ class Run:
             profiler = None
             if options.profile:
                 profiler = subprocess.Popen(
-                    ["py-spy", "record", "--pid", str(broker.pid), "--function", "-r", "200",
-                     "-f", "raw", "-o", options.profile, "--duration",
-                     str(int(options.idle_intervals * options.ping_interval))],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    [
+                        "py-spy",
+                        "record",
+                        "--pid",
+                        str(broker.pid),
+                        "--function",
+                        "-r",
+                        "200",
+                        "-f",
+                        "raw",
+                        "-o",
+                        options.profile,
+                        "--duration",
+                        str(int(options.idle_intervals * options.ping_interval)),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
                 )
             t0 = time.monotonic()
             sweepSamples = []
@@ -583,36 +666,46 @@ class Run:
             share = cpu / window
             perConnectionUs = perSweep / max(held, 1) * 1e6
             at10 = perConnectionUs * 1e-6 * held / 10.0
-            report.update({
-                "idle_window": round(window, 2), "idle_cpu": round(cpu, 3),
-                "idle_cpu_share": round(share, 4), "cpu_per_sweep": round(perSweep, 4),
-                "idle_waiting_for_core": round(waited, 3),
-                "idle_cpu_user": round(userCpu, 3), "idle_cpu_system": round(systemCpu, 3),
-                "cpu_per_connection_per_interval_us": round(perConnectionUs, 2),
-                "cpu_share_at_10s": round(at10, 4),
-                # An idle connection's PONG spares it the next sweep's PING.
-                "pings_received": pings, "pings_expected": round(held * sweeps / 2),
-                "pings_missed": statsAfter["pings_missed"] - statsBefore["pings_missed"],
-                "pings_missed_total": statsAfter["pings_missed"],
-                "clients_dropped_total": statsAfter["clients_dropped"],
-                "closed_after_held": after["closed_after_held"],
-                "worker_cpu_idle": round(after["cpu"] - workerCpuBefore, 3),
-                "sweep_bursts": sweepBursts(sweepSamples),
-            })
-            log(f"idle sweep: {window:.1f} s = {sweeps:.1f} ping intervals of {interval:g} s; "
+            report.update(
+                {
+                    "idle_window": round(window, 2),
+                    "idle_cpu": round(cpu, 3),
+                    "idle_cpu_share": round(share, 4),
+                    "cpu_per_sweep": round(perSweep, 4),
+                    "idle_waiting_for_core": round(waited, 3),
+                    "idle_cpu_user": round(userCpu, 3),
+                    "idle_cpu_system": round(systemCpu, 3),
+                    "cpu_per_connection_per_interval_us": round(perConnectionUs, 2),
+                    "cpu_share_at_10s": round(at10, 4),
+                    # An idle connection's PONG spares it the next sweep's PING.
+                    "pings_received": pings,
+                    "pings_expected": round(held * sweeps / 2),
+                    "pings_missed": statsAfter["pings_missed"] - statsBefore["pings_missed"],
+                    "pings_missed_total": statsAfter["pings_missed"],
+                    "clients_dropped_total": statsAfter["clients_dropped"],
+                    "closed_after_held": after["closed_after_held"],
+                    "worker_cpu_idle": round(after["cpu"] - workerCpuBefore, 3),
+                    "sweep_bursts": sweepBursts(sweepSamples),
+                }
+            )
+            log(
+                f"idle sweep: {window:.1f} s = {sweeps:.1f} ping intervals of {interval:g} s; "
                 f"broker CPU {cpu:.2f} s = {share:.1%} of a core; "
                 f"{perSweep * 1000:.0f} ms per sweep; {perConnectionUs:.1f} us per connection "
                 f"and interval; so one sweep of {held:,} connections every 10 s (the default "
                 f"interval) takes {at10:.1%} of a core; "
                 f"the broker waited {waited:.2f} s for a core (the machine's other load); "
-                f"user {userCpu:.2f} s (Python), system {systemCpu:.2f} s (system calls)")
-            log(f"  pings received by the subscribers {pings:,} (expected ~{held * sweeps / 2:,.0f}: "
+                f"user {userCpu:.2f} s (Python), system {systemCpu:.2f} s (system calls)"
+            )
+            log(
+                f"  pings received by the subscribers {pings:,} (expected ~{held * sweeps / 2:,.0f}: "
                 "an idle connection is pinged every other interval); "
                 f"pings missed in the window {report['pings_missed']:,} "
                 f"(since start {statsAfter['pings_missed']:,}); clients dropped "
                 f"{statsAfter['clients_dropped']:,}; connections lost after being held "
                 f"{after['closed_after_held']:,}; subscriber processes' CPU "
-                f"{report['worker_cpu_idle']:.2f} s")
+                f"{report['worker_cpu_idle']:.2f} s"
+            )
 
             # One publish to everyone.
             heldNow = after["held"]
@@ -629,22 +722,28 @@ class Run:
             publishCpu = broker.cpuSeconds() - publishCpuBefore
             times = sorted(t for ts in self.ask("message_times") for t in ts)
             latencies = [t - t0 for t in times]
-            report.update({
-                "publish_subscribers": heldNow,
-                "publish_received": len(latencies),
-                "puback_seconds": round(pubAck, 4),
-                "publish_cpu": round(publishCpu, 3),
-                "first_seconds": round(latencies[0], 4) if latencies else None,
-                "median_seconds": round(latencies[len(latencies) // 2], 4) if latencies else None,
-                "last_seconds": round(latencies[-1], 4) if latencies else None,
-            })
+            report.update(
+                {
+                    "publish_subscribers": heldNow,
+                    "publish_received": len(latencies),
+                    "puback_seconds": round(pubAck, 4),
+                    "publish_cpu": round(publishCpu, 3),
+                    "first_seconds": round(latencies[0], 4) if latencies else None,
+                    "median_seconds": round(latencies[len(latencies) // 2], 4)
+                    if latencies
+                    else None,
+                    "last_seconds": round(latencies[-1], 4) if latencies else None,
+                }
+            )
             if latencies:
-                log(f"publish: {len(latencies):,} of {heldNow:,} subscribers received it within "
+                log(
+                    f"publish: {len(latencies):,} of {heldNow:,} subscribers received it within "
                     f"{options.deliver_timeout:g} s; PUBACK after {pubAck * 1000:.0f} ms; "
                     f"first after {latencies[0] * 1000:.0f} ms, median "
                     f"{report['median_seconds'] * 1000:.0f} ms, last "
                     f"{latencies[-1] * 1000:.0f} ms; the broker's CPU meanwhile "
-                    f"{publishCpu:.2f} s ({publishCpu / heldNow * 1e6:.0f} us per subscriber)")
+                    f"{publishCpu:.2f} s ({publishCpu / heldNow * 1e6:.0f} us per subscriber)"
+                )
             else:
                 log(f"publish: no subscriber received it within {options.deliver_timeout:g} s")
             report["stats_end"] = control.stats()
@@ -808,8 +907,11 @@ def verdict(report, options):
         f"  connections: {held:,} held; {what} (the broker's own {report['baseline_fds']} "
         f"include the control connection): {'met' if allHeld else 'GAP'}"
     )
-    served = (report["publish_received"] == report["publish_subscribers"]
-              and report["pings_missed"] == 0 and report["closed_after_held"] == 0)
+    served = (
+        report["publish_received"] == report["publish_subscribers"]
+        and report["pings_missed"] == 0
+        and report["closed_after_held"] == 0
+    )
     lines.append(
         f"  pinged and served: {report['pings_missed']} pings missed in the idle window, "
         f"{report['closed_after_held']} held connections lost, "
@@ -866,8 +968,10 @@ def describeSetup():
     except OSError:
         load = "unknown"
     total = meminfo("MemTotal") or 0
-    return (f"machine: {os.cpu_count()} cores, {total / 2**30:.1f} GiB, load average {load}; "
-            f"Python {platform.python_version()}")
+    return (
+        f"machine: {os.cpu_count()} cores, {total / 2**30:.1f} GiB, load average {load}; "
+        f"Python {platform.python_version()}"
+    )
 
 
 def reproduceCommand(options):
@@ -882,45 +986,85 @@ def reproduceCommand(options):
 
 def parseArguments(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--connections", type=int, default=None,
-                        help="connections to open (default: the broker's descriptor limit "
-                        "plus --beyond, to find where it stops)")
-    parser.add_argument("--beyond", type=int, default=300,
-                        help="how many past the limit to try by default (300)")
-    parser.add_argument("--nofile", type=int, default=None,
-                        help="RLIMIT_NOFILE for the broker (default: the hard limit)")
-    parser.add_argument("--backlog", type=int, default=None,
-                        help="the broker's listen backlog (default: the broker's, 1024)")
-    parser.add_argument("--keep", action="store_true",
-                        help="keep the broker's temporary directory (its log)")
-    parser.add_argument("--profile",
-                        help="sample the broker with py-spy during the idle sweep "
-                        "(raw stacks to this file)")
-    parser.add_argument("--ping-interval", type=float, default=2.0,
-                        help="the broker's --ping-interval (2 s)")
-    parser.add_argument("--workers", type=int, default=2,
-                        help="subscriber processes (2)")
-    parser.add_argument("--per-address", type=int, default=5000,
-                        help="connections per source address (5000)")
-    parser.add_argument("--inflight", type=int, default=32,
-                        help="connections each worker has opening at once (32)")
-    parser.add_argument("--suback-timeout", type=float, default=5.0,
-                        help="seconds a connection may take to be subscribed (5)")
-    parser.add_argument("--stop-after", type=int, default=50,
-                        help="a worker stops ramping after this many failures in a row (50)")
-    parser.add_argument("--min-available", type=int, default=2048,
-                        help="stop the ramp when the machine's MemAvailable falls under "
-                        "this many MiB (2048)")
-    parser.add_argument("--ramp-timeout", type=float, default=180.0,
-                        help="seconds the ramp may take (180)")
-    parser.add_argument("--idle-intervals", type=int, default=6,
-                        help="ping intervals over which the idle CPU is measured; even, so that "
-                        "every idle connection is pinged as often (6)")
-    parser.add_argument("--deliver-timeout", type=float, default=30.0,
-                        help="seconds for the message to reach everyone (30)")
-    parser.add_argument("--probe-ports", action="store_true",
-                        help="instead: bind sockets to 127.0.0.2 port 0 until its ephemeral "
-                        "ports run out, and say how many there were")
+    parser.add_argument(
+        "--connections",
+        type=int,
+        default=None,
+        help="connections to open (default: the broker's descriptor limit "
+        "plus --beyond, to find where it stops)",
+    )
+    parser.add_argument(
+        "--beyond", type=int, default=300, help="how many past the limit to try by default (300)"
+    )
+    parser.add_argument(
+        "--nofile",
+        type=int,
+        default=None,
+        help="RLIMIT_NOFILE for the broker (default: the hard limit)",
+    )
+    parser.add_argument(
+        "--backlog",
+        type=int,
+        default=None,
+        help="the broker's listen backlog (default: the broker's, 1024)",
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the broker's temporary directory (its log)"
+    )
+    parser.add_argument(
+        "--profile",
+        help="sample the broker with py-spy during the idle sweep (raw stacks to this file)",
+    )
+    parser.add_argument(
+        "--ping-interval", type=float, default=2.0, help="the broker's --ping-interval (2 s)"
+    )
+    parser.add_argument("--workers", type=int, default=2, help="subscriber processes (2)")
+    parser.add_argument(
+        "--per-address", type=int, default=5000, help="connections per source address (5000)"
+    )
+    parser.add_argument(
+        "--inflight", type=int, default=32, help="connections each worker has opening at once (32)"
+    )
+    parser.add_argument(
+        "--suback-timeout",
+        type=float,
+        default=5.0,
+        help="seconds a connection may take to be subscribed (5)",
+    )
+    parser.add_argument(
+        "--stop-after",
+        type=int,
+        default=50,
+        help="a worker stops ramping after this many failures in a row (50)",
+    )
+    parser.add_argument(
+        "--min-available",
+        type=int,
+        default=2048,
+        help="stop the ramp when the machine's MemAvailable falls under this many MiB (2048)",
+    )
+    parser.add_argument(
+        "--ramp-timeout", type=float, default=180.0, help="seconds the ramp may take (180)"
+    )
+    parser.add_argument(
+        "--idle-intervals",
+        type=int,
+        default=6,
+        help="ping intervals over which the idle CPU is measured; even, so that "
+        "every idle connection is pinged as often (6)",
+    )
+    parser.add_argument(
+        "--deliver-timeout",
+        type=float,
+        default=30.0,
+        help="seconds for the message to reach everyone (30)",
+    )
+    parser.add_argument(
+        "--probe-ports",
+        action="store_true",
+        help="instead: bind sockets to 127.0.0.2 port 0 until its ephemeral "
+        "ports run out, and say how many there were",
+    )
     parser.add_argument("--json", help="also write the report and the ramp's samples here")
     parser.add_argument("--plot", help="also draw broker RSS against connections to this PNG")
     return parser.parse_args(argv)
@@ -968,8 +1112,9 @@ def probePorts(options):
     try:
         for _ in range(-(-(high - low + 2) // perProcess)):
             mine, theirs = context.Pipe()
-            process = context.Process(target=bindUntilFull, args=(address, perProcess, theirs),
-                                      daemon=True)
+            process = context.Process(
+                target=bindUntilFull, args=(address, perProcess, theirs), daemon=True
+            )
             process.start()
             pipes.append(mine)
             processes.append(process)
@@ -985,9 +1130,11 @@ def probePorts(options):
         for process in processes:
             process.join(20)
     total = sum(count for count, _ in results)
-    log(f"ports: {total:,} sockets bound to {address} port 0 in {len(results)} process(es) "
+    log(
+        f"ports: {total:,} sockets bound to {address} port 0 in {len(results)} process(es) "
         f"({time.monotonic() - started:.1f} s) before {results[-1][1]}; "
-        f"ip_local_port_range {low}-{high} holds {high - low + 1:,} ports")
+        f"ip_local_port_range {low}-{high} holds {high - low + 1:,} ports"
+    )
 
 
 def main(argv=None):

@@ -118,11 +118,22 @@ class Capture:
     def __init__(self, path, captureFilter, snaplen):
         self.path = path
         self.stderrPath = path + ".stderr"
-        self.command = ["tshark", "-i", "lo", "-f", captureFilter, "-s", str(snaplen),
-                        "-w", path, "-q"]
+        self.command = [
+            "tshark",
+            "-i",
+            "lo",
+            "-f",
+            captureFilter,
+            "-s",
+            str(snaplen),
+            "-w",
+            path,
+            "-q",
+        ]
         self._stderr = open(self.stderrPath, "wb")
-        self.process = subprocess.Popen(self.command, stdout=subprocess.DEVNULL,
-                                        stderr=self._stderr)
+        self.process = subprocess.Popen(
+            self.command, stdout=subprocess.DEVNULL, stderr=self._stderr
+        )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -149,8 +160,19 @@ class Capture:
 
 
 def tsharkFields(path, displayFilter, fields):
-    command = ["tshark", "-r", path, "-Y", displayFilter, "-T", "fields",
-               "-E", "separator=|", "-E", "occurrence=f"]
+    command = [
+        "tshark",
+        "-r",
+        path,
+        "-Y",
+        displayFilter,
+        "-T",
+        "fields",
+        "-E",
+        "separator=|",
+        "-E",
+        "occurrence=f",
+    ]
     for field in fields:
         command += ["-e", field]
     output = subprocess.run(command, capture_output=True, check=True, timeout=300).stdout
@@ -189,8 +211,9 @@ class Publisher:
         frames = []
         while self.sent < due:
             self.sent += 1
-            frames.append(b"PUB %d %s %d\r\n%s\r\n"
-                          % (self.sent, self.topic, len(self.payload), self.payload))
+            frames.append(
+                b"PUB %d %s %d\r\n%s\r\n" % (self.sent, self.topic, len(self.payload), self.payload)
+            )
         if frames:
             self.sock.sendall(b"".join(frames))
         try:
@@ -260,13 +283,14 @@ class UdpSubscriber:
         self.clientId = base64.urlsafe_b64encode(os.urandom(12)).decode()
         hello = f"HELLO 1 {self.clientId} pad={'x' * 32}".encode()
         reply = self._ask(hello, b"HELLO 1 ")
-        self.token = dict(
-            option.split("=", 1) for option in reply.split()[2:] if "=" in option
-        )["token"]
+        self.token = dict(option.split("=", 1) for option in reply.split()[2:] if "=" in option)[
+            "token"
+        ]
         identity = f"client={self.clientId} token={self.token}".encode()
         self.identity = identity
-        reply = self._ask(b"HELLO 2 %s token=%s" % (self.clientId.encode(), self.token.encode()),
-                          b"HELLO 2 ")
+        reply = self._ask(
+            b"HELLO 2 %s token=%s" % (self.clientId.encode(), self.token.encode()), b"HELLO 2 "
+        )
         if "session=new" not in reply:
             raise BenchError(f"unexpected HELLO answer {reply!r}")
         self._ask(b"SUB 3 %s mode=%s %s" % (UDP_TOPIC, mode.encode(), identity), b"SUBACK 3")
@@ -286,7 +310,7 @@ class UdpSubscriber:
                         return data.decode("ascii", "replace").split("\r\n", 1)[0]
                     if data.startswith(b"ERR"):
                         raise BenchError(f"the broker refused {request!r}: {data!r}")
-            except socket.timeout:
+            except TimeoutError:
                 continue
         raise BenchError(f"no answer to {request!r}")
 
@@ -322,9 +346,15 @@ def runMode(transport, mode, options, outDirectory):
     capture = None
     samples = []
     clients = []
-    info = {"transport": transport, "mode": mode, "broker_command": broker.reproduce(),
-            "broker_port": broker.port, "udp_port": broker.udpPort,
-            "capture_filter": captureFilter, "pcap": pcap}
+    info = {
+        "transport": transport,
+        "mode": mode,
+        "broker_command": broker.reproduce(),
+        "broker_port": broker.port,
+        "udp_port": broker.udpPort,
+        "capture_filter": captureFilter,
+        "pcap": pcap,
+    }
     try:
         capture = Capture(pcap, captureFilter, options.snaplen)
         info["tshark_command"] = shlex.join(capture.command)
@@ -345,9 +375,11 @@ def runMode(transport, mode, options, outDirectory):
         info["started"] = started
         nextSample = 0.0
         nextPing = options.ping_interval / 2
-        log(f"{transport} {mode}: broker pid {broker.pid}, port {port}; subscriber port "
+        log(
+            f"{transport} {mode}: broker pid {broker.pid}, port {port}; subscriber port "
             f"{subscriber.port} (SO_RCVBUF {subscriber.rcvbuf}); publishing "
-            f"{options.payload}-byte messages {options.rate:g}/s for {options.seconds:g} s")
+            f"{options.payload}-byte messages {options.rate:g}/s for {options.seconds:g} s"
+        )
         while True:
             elapsed = time.time() - started
             if elapsed >= options.seconds:
@@ -358,13 +390,17 @@ def runMode(transport, mode, options, outDirectory):
                 subscriber.ping()
             if elapsed >= nextSample:
                 nextSample += options.sample
-                samples.append(sample(transport, broker, control, subscriber, publisher,
-                                      elapsed, snmpBefore))
+                samples.append(
+                    sample(transport, broker, control, subscriber, publisher, elapsed, snmpBefore)
+                )
             time.sleep(0.005)
         publisher.step(time.monotonic())
         time.sleep(0.2)
-        samples.append(sample(transport, broker, control, subscriber, publisher,
-                              time.time() - started, snmpBefore))
+        samples.append(
+            sample(
+                transport, broker, control, subscriber, publisher, time.time() - started, snmpBefore
+            )
+        )
         info["ended"] = samples[-1]["t"]
         info["published"] = publisher.sent
         info["pubacks"] = publisher.acked
@@ -372,13 +408,18 @@ def runMode(transport, mode, options, outDirectory):
         info["stats_end"] = control.stats()
         info["rss_end"] = rss(broker)
         info["vmhwm"] = broker.peakMemory()
-        info["log_tail"] = [line for line in logLines(broker)
-                            if "event=ping_missed" in line or "event=client_dropped" in line
-                            or "event=disconnect" in line]
+        info["log_tail"] = [
+            line
+            for line in logLines(broker)
+            if "event=ping_missed" in line
+            or "event=client_dropped" in line
+            or "event=disconnect" in line
+        ]
         # The reference: what `dallal stats --json` prints now.
         cli = subprocess.run(
             [sys.executable, "-m", "dallal", "127.0.0.1", str(broker.port), "stats", "--json"],
-            capture_output=True, timeout=60,
+            capture_output=True,
+            timeout=60,
         )
         info["dallal_stats_json"] = cli.stdout.decode("utf-8", "replace").strip()
         publisher.close()
@@ -401,8 +442,11 @@ def logLines(broker):
     lines = []
     for name in sorted(os.listdir(os.path.dirname(broker.logPath))):
         if name.startswith("twistd.log"):
-            with open(os.path.join(os.path.dirname(broker.logPath), name),
-                      encoding="utf-8", errors="replace") as log_:
+            with open(
+                os.path.join(os.path.dirname(broker.logPath), name),
+                encoding="utf-8",
+                errors="replace",
+            ) as log_:
                 lines += log_.read().splitlines()
     return lines
 
@@ -415,10 +459,25 @@ def sample(transport, broker, control, subscriber, publisher, elapsed, snmpBefor
         "published": publisher.sent,
         "pubacks": publisher.acked,
     }
-    for name in ("matched", "delivered", "fired", "redelivered", "acked", "replaced",
-                 "dropped", "inflight", "dropped_queue_full", "dropped_superseded",
-                 "dropped_redelivery_limit", "dropped_disconnected", "pings_missed",
-                 "clients_dropped", "connections", "unsent", "bytes_out"):
+    for name in (
+        "matched",
+        "delivered",
+        "fired",
+        "redelivered",
+        "acked",
+        "replaced",
+        "dropped",
+        "inflight",
+        "dropped_queue_full",
+        "dropped_superseded",
+        "dropped_redelivery_limit",
+        "dropped_disconnected",
+        "pings_missed",
+        "clients_dropped",
+        "connections",
+        "unsent",
+        "bytes_out",
+    ):
         point[name] = stats.get(name)
     if transport == "tcp":
         subscriberEnd = brokerEnd = None
@@ -448,13 +507,28 @@ def flag(row, field):
 
 
 def analyseTcp(info):
-    fields = ["frame.time_epoch", "tcp.srcport", "tcp.dstport", "tcp.len", "tcp.seq",
-              "tcp.ack", "tcp.window_size", "tcp.window_size_value",
-              "tcp.window_size_scalefactor", "tcp.flags.syn", "tcp.flags.reset",
-              "tcp.flags.fin", "tcp.analysis.zero_window", "tcp.analysis.zero_window_probe",
-              "tcp.analysis.zero_window_probe_ack", "tcp.analysis.keep_alive",
-              "tcp.analysis.keep_alive_ack", "tcp.analysis.window_full",
-              "tcp.analysis.window_update", "tcp.analysis.bytes_in_flight"]
+    fields = [
+        "frame.time_epoch",
+        "tcp.srcport",
+        "tcp.dstport",
+        "tcp.len",
+        "tcp.seq",
+        "tcp.ack",
+        "tcp.window_size",
+        "tcp.window_size_value",
+        "tcp.window_size_scalefactor",
+        "tcp.flags.syn",
+        "tcp.flags.reset",
+        "tcp.flags.fin",
+        "tcp.analysis.zero_window",
+        "tcp.analysis.zero_window_probe",
+        "tcp.analysis.zero_window_probe_ack",
+        "tcp.analysis.keep_alive",
+        "tcp.analysis.keep_alive_ack",
+        "tcp.analysis.window_full",
+        "tcp.analysis.window_update",
+        "tcp.analysis.bytes_in_flight",
+    ]
     sport = info["subscriber_port"]
     command, rows = tsharkFields(info["pcap"], f"tcp.port == {sport}", fields)
     started = info["started"]
@@ -462,21 +536,31 @@ def analyseTcp(info):
     for row in rows:
         row["t"] = float(row["frame.time_epoch"]) - started
         (fromSubscriber if int(row["tcp.srcport"]) == sport else fromBroker).append(row)
-    windows = [(row["t"], int(row["tcp.window_size"] or 0)) for row in fromSubscriber
-               if row["tcp.flags.syn"] in ("0", "False", "")]
+    windows = [
+        (row["t"], int(row["tcp.window_size"] or 0))
+        for row in fromSubscriber
+        if row["tcp.flags.syn"] in ("0", "False", "")
+    ]
     zeroWindows = [row["t"] for row in fromSubscriber if flag(row, "tcp.analysis.zero_window")]
-    probes = [row["t"] for row in fromBroker
-              if flag(row, "tcp.analysis.zero_window_probe")
-              or flag(row, "tcp.analysis.keep_alive")]
+    probes = [
+        row["t"]
+        for row in fromBroker
+        if flag(row, "tcp.analysis.zero_window_probe") or flag(row, "tcp.analysis.keep_alive")
+    ]
     zwProbesOnly = sum(flag(row, "tcp.analysis.zero_window_probe") for row in fromBroker)
     keepAliveProbes = sum(flag(row, "tcp.analysis.keep_alive") for row in fromBroker)
-    probeAcks = sum(flag(row, "tcp.analysis.zero_window_probe_ack")
-                    or flag(row, "tcp.analysis.keep_alive_ack") for row in fromSubscriber)
+    probeAcks = sum(
+        flag(row, "tcp.analysis.zero_window_probe_ack") or flag(row, "tcp.analysis.keep_alive_ack")
+        for row in fromSubscriber
+    )
     dataSegments = [row for row in fromBroker if int(row["tcp.len"] or 0) > 0]
     payloadBytes = sum(int(row["tcp.len"]) for row in dataSegments)
     windowFull = sum(flag(row, "tcp.analysis.window_full") for row in fromBroker)
-    resets = [(row["t"], "subscriber" if int(row["tcp.srcport"]) == sport else "broker")
-              for row in rows if row["tcp.flags.reset"] in ("1", "True")]
+    resets = [
+        (row["t"], "subscriber" if int(row["tcp.srcport"]) == sport else "broker")
+        for row in rows
+        if row["tcp.flags.reset"] in ("1", "True")
+    ]
     syn = next((row for row in fromSubscriber if row["tcp.flags.syn"] in ("1", "True")), None)
     lastData = dataSegments[-1]["t"] if dataSegments else None
     return {
@@ -520,8 +604,14 @@ def analyseUdp(info):
         for option in head.split(b" "):
             if option.startswith(b"seq="):
                 seq = int(option[4:])
-        toSubscriber.append({"t": t, "verb": verb.decode("ascii", "replace"),
-                             "redelivered": redelivered, "seq": seq})
+        toSubscriber.append(
+            {
+                "t": t,
+                "verb": verb.decode("ascii", "replace"),
+                "redelivered": redelivered,
+                "seq": seq,
+            }
+        )
     # What the broker sent until the last sample, when its counters were
     # read (it goes on resending until it stops).
     toSubscriber = [d for d in toSubscriber if d["t"] <= info["ended"]]
@@ -536,8 +626,10 @@ def analyseUdp(info):
         "msg_first_sends": len(first),
         "msg_redelivered": len(again),
         "distinct_seq_sent": len({d["seq"] for d in messages}),
-        "other_datagrams": {verb: sum(1 for d in toSubscriber if d["verb"] == verb)
-                            for verb in sorted({d["verb"] for d in toSubscriber} - {"MSG"})},
+        "other_datagrams": {
+            verb: sum(1 for d in toSubscriber if d["verb"] == verb)
+            for verb in sorted({d["verb"] for d in toSubscriber} - {"MSG"})
+        },
         "sends": [(round(d["t"], 3), d["redelivered"]) for d in messages],
     }
 
@@ -550,8 +642,7 @@ def summariseTcp(info, samples, analysis):
     queue = [s["inflight"] for s in samples if s["inflight"] is not None]
     rssValues = [s["rss"] for s in samples if s["rss"]]
     txQueue = [s["broker_tx_queue"] for s in samples if s["broker_tx_queue"] is not None]
-    rxQueue = [s["subscriber_rx_queue"] for s in samples
-               if s["subscriber_rx_queue"] is not None]
+    rxQueue = [s["subscriber_rx_queue"] for s in samples if s["subscriber_rx_queue"] is not None]
     dropTime = next((s["t"] for s in samples if s["clients_dropped"]), None)
     queueFull = next((s["t"] for s in samples if s["dropped_queue_full"]), None)
     return {
@@ -580,11 +671,26 @@ def summariseTcp(info, samples, analysis):
         "rss_min": min(rssValues, default=None),
         "rss_max": max(rssValues, default=None),
         "vmhwm": info["vmhwm"],
-        "counters": {name: stats.get(name) for name in (
-            "published", "matched", "delivered", "fired", "redelivered", "acked", "replaced",
-            "dropped", "dropped_queue_full", "dropped_superseded",
-            "dropped_redelivery_limit", "dropped_disconnected", "inflight",
-            "pings_missed", "clients_dropped")},
+        "counters": {
+            name: stats.get(name)
+            for name in (
+                "published",
+                "matched",
+                "delivered",
+                "fired",
+                "redelivered",
+                "acked",
+                "replaced",
+                "dropped",
+                "dropped_queue_full",
+                "dropped_superseded",
+                "dropped_redelivery_limit",
+                "dropped_disconnected",
+                "inflight",
+                "pings_missed",
+                "clients_dropped",
+            )
+        },
         "events": info["log_tail"][-6:],
     }
 
@@ -611,11 +717,27 @@ def summariseUdp(info, samples, analysis):
         "rss_min": min((s["rss"] for s in samples if s["rss"]), default=None),
         "rss_max": max((s["rss"] for s in samples if s["rss"]), default=None),
         "broker_queue_max": max((s["inflight"] for s in samples), default=None),
-        "counters": {name: stats.get(name) for name in (
-            "published", "matched", "delivered", "fired", "redelivered", "acked", "replaced",
-            "dropped", "dropped_queue_full", "dropped_superseded",
-            "dropped_redelivery_limit", "dropped_disconnected", "inflight", "unsent",
-            "pings_missed", "clients_dropped")},
+        "counters": {
+            name: stats.get(name)
+            for name in (
+                "published",
+                "matched",
+                "delivered",
+                "fired",
+                "redelivered",
+                "acked",
+                "replaced",
+                "dropped",
+                "dropped_queue_full",
+                "dropped_superseded",
+                "dropped_redelivery_limit",
+                "dropped_disconnected",
+                "inflight",
+                "unsent",
+                "pings_missed",
+                "clients_dropped",
+            )
+        },
         "events": info["log_tail"][-6:],
     }
 
@@ -681,16 +803,26 @@ def plotTcp(mode, samples, analysis, path):
     figure, (top, middle, bottom) = plt.subplots(3, 1, sharex=True, figsize=(7, 6.2), dpi=80)
     windows = analysis["windows"]
     if windows:
-        top.step([t for t, _ in windows], [w for _, w in windows], where="post",
-                 color="tab:blue", label="window advertised by the subscriber (bytes)")
+        top.step(
+            [t for t, _ in windows],
+            [w for _, w in windows],
+            where="post",
+            color="tab:blue",
+            label="window advertised by the subscriber (bytes)",
+        )
     zeros = [t for t, w in windows if w == 0]
     if zeros:
-        top.plot(zeros, [0] * len(zeros), "v", color="tab:red", markersize=4,
-                 label="zero window")
+        top.plot(zeros, [0] * len(zeros), "v", color="tab:red", markersize=4, label="zero window")
     probes = analysis["probe_times"]
     if probes:
-        top.plot(probes, [max((w for _, w in windows), default=1) * 0.1] * len(probes), "|",
-                 color="black", markersize=10, label="broker's probes")
+        top.plot(
+            probes,
+            [max((w for _, w in windows), default=1) * 0.1] * len(probes),
+            "|",
+            color="black",
+            markersize=10,
+            label="broker's probes",
+        )
     for reset, _ in analysis["resets"]:
         for axis in (top, middle, bottom):
             axis.axvline(reset, color="tab:gray", linestyle="--", linewidth=0.8)
@@ -698,29 +830,52 @@ def plotTcp(mode, samples, analysis, path):
     top.legend(fontsize=7, loc="upper right")
     top.set_title(f"TCP, mode {mode}: a subscriber that stops reading", fontsize=10)
     t = [s["t"] for s in samples]
-    middle.plot(t, [(s["broker_tx_queue"] or 0) / 1024 for s in samples], color="tab:green",
-                label="broker's kernel send queue (KiB)")
-    middle.plot(t, [(s["subscriber_rx_queue"] or 0) / 1024 for s in samples],
-                color="tab:cyan", label="subscriber's receive queue (KiB)")
+    middle.plot(
+        t,
+        [(s["broker_tx_queue"] or 0) / 1024 for s in samples],
+        color="tab:green",
+        label="broker's kernel send queue (KiB)",
+    )
+    middle.plot(
+        t,
+        [(s["subscriber_rx_queue"] or 0) / 1024 for s in samples],
+        color="tab:cyan",
+        label="subscriber's receive queue (KiB)",
+    )
     middle.set_ylabel("KiB")
     middle.legend(fontsize=7, loc="upper left")
     queue = middle.twinx()
-    queue.plot(t, [s["inflight"] or 0 for s in samples], color="tab:orange",
-               label="broker's own queue (inflight, messages)")
+    queue.plot(
+        t,
+        [s["inflight"] or 0 for s in samples],
+        color="tab:orange",
+        label="broker's own queue (inflight, messages)",
+    )
     queue.set_ylabel("messages")
     queue.set_ylim(bottom=0, top=max(10, max(s["inflight"] or 0 for s in samples) * 1.15))
     queue.legend(fontsize=7, loc="center right")
-    bottom.plot(t, [s["dropped"] or 0 for s in samples], color="tab:red",
-                label="dropped (all reasons)")
-    bottom.plot(t, [s["replaced"] or 0 for s in samples], color="tab:purple",
-                label="replaced (latest)")
-    bottom.plot(t, [s["fired"] or 0 for s in samples], color="tab:blue",
-                label="fired (handed to the transport)")
+    bottom.plot(
+        t, [s["dropped"] or 0 for s in samples], color="tab:red", label="dropped (all reasons)"
+    )
+    bottom.plot(
+        t, [s["replaced"] or 0 for s in samples], color="tab:purple", label="replaced (latest)"
+    )
+    bottom.plot(
+        t,
+        [s["fired"] or 0 for s in samples],
+        color="tab:blue",
+        label="fired (handed to the transport)",
+    )
     bottom.set_ylabel("messages")
     bottom.legend(fontsize=7, loc="upper left")
     memory = bottom.twinx()
-    memory.plot(t, [(s["rss"] or 0) / 2**20 for s in samples], color="tab:brown",
-                linestyle="--", label="broker RSS (MiB)")
+    memory.plot(
+        t,
+        [(s["rss"] or 0) / 2**20 for s in samples],
+        color="tab:brown",
+        linestyle="--",
+        label="broker RSS (MiB)",
+    )
     memory.set_ylabel("RSS (MiB)")
     memory.ticklabel_format(useOffset=False)
     values = [(s["rss"] or 0) / 2**20 for s in samples if s["rss"]]
@@ -739,25 +894,52 @@ def plotUdp(results, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(len(results), 1, sharex=True,
-                                figsize=(7, 2.2 * len(results) + 0.6), dpi=80)
+    figure, axes = plt.subplots(
+        len(results), 1, sharex=True, figsize=(7, 2.2 * len(results) + 0.6), dpi=80
+    )
     if len(results) == 1:
         axes = [axes]
     for axis, (mode, samples, analysis) in zip(axes, results):
         t = [s["t"] for s in samples]
-        axis.plot(t, [s["published"] for s in samples], color="tab:gray", linestyle="--",
-                  label="published")
+        axis.plot(
+            t,
+            [s["published"] for s in samples],
+            color="tab:gray",
+            linestyle="--",
+            label="published",
+        )
         sends = analysis["sends"]
-        axis.plot([x for x, _ in sends], range(1, len(sends) + 1), color="tab:blue",
-                  label="MSG datagrams sent (capture)")
-        axis.plot(t, [s["subscriber_drops"] or 0 for s in samples], color="tab:red",
-                  label="dropped at the subscriber's socket")
-        axis.plot(t, [s["redelivered"] or 0 for s in samples], color="tab:green",
-                  label="redelivered (broker)")
-        axis.plot(t, [s["dropped"] or 0 for s in samples], color="tab:orange",
-                  label="dropped by the broker")
-        axis.plot(t, [s["replaced"] or 0 for s in samples], color="tab:purple",
-                  linestyle=":", label="replaced (broker)")
+        axis.plot(
+            [x for x, _ in sends],
+            range(1, len(sends) + 1),
+            color="tab:blue",
+            label="MSG datagrams sent (capture)",
+        )
+        axis.plot(
+            t,
+            [s["subscriber_drops"] or 0 for s in samples],
+            color="tab:red",
+            label="dropped at the subscriber's socket",
+        )
+        axis.plot(
+            t,
+            [s["redelivered"] or 0 for s in samples],
+            color="tab:green",
+            label="redelivered (broker)",
+        )
+        axis.plot(
+            t,
+            [s["dropped"] or 0 for s in samples],
+            color="tab:orange",
+            label="dropped by the broker",
+        )
+        axis.plot(
+            t,
+            [s["replaced"] or 0 for s in samples],
+            color="tab:purple",
+            linestyle=":",
+            label="replaced (broker)",
+        )
         axis.set_ylabel("datagrams / messages", fontsize=8)
         axis.set_title(f"UDP, mode {mode}", fontsize=9)
         axis.legend(fontsize=6, loc="upper left")
@@ -775,34 +957,55 @@ def describeSetup():
         load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
     except OSError:
         load = "unknown"
-    tshark = subprocess.run(["tshark", "--version"], capture_output=True,
-                            timeout=30).stdout.decode().splitlines()[0]
-    return (f"machine: {os.cpu_count()} cores, load average {load}; Python "
-            f"{platform.python_version()}; {tshark}")
+    tshark = (
+        subprocess.run(["tshark", "--version"], capture_output=True, timeout=30)
+        .stdout.decode()
+        .splitlines()[0]
+    )
+    return (
+        f"machine: {os.cpu_count()} cores, load average {load}; Python "
+        f"{platform.python_version()}; {tshark}"
+    )
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("transport", choices=["tcp", "udp"])
-    parser.add_argument("--modes", nargs="+", choices=["latest", "all", "fire"],
-                        help="delivery modes (tcp: fire latest; udp: latest all fire)")
-    parser.add_argument("--seconds", type=float,
-                        help="how long each mode runs (tcp 45, udp 20)")
-    parser.add_argument("--rate", type=float,
-                        help="messages published per second (tcp 500, udp 200)")
-    parser.add_argument("--payload", type=int,
-                        help="payload bytes per message (tcp 1024, udp 512)")
-    parser.add_argument("--rcvbuf", type=int,
-                        help="the subscriber's SO_RCVBUF, before the kernel doubles it "
-                        "(tcp 4096, udp 16384)")
-    parser.add_argument("--ping-interval", type=float, default=10.0,
-                        help="the broker's --ping-interval (10, its default)")
-    parser.add_argument("--sample", type=float, default=0.25,
-                        help="seconds between samples of the counters (0.25)")
-    parser.add_argument("--snaplen", type=int, default=256,
-                        help="bytes captured per packet (256: headers and control lines)")
-    parser.add_argument("--out", help="where to write the captures and summaries "
-                        "(default: a new directory under /tmp)")
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=["latest", "all", "fire"],
+        help="delivery modes (tcp: fire latest; udp: latest all fire)",
+    )
+    parser.add_argument("--seconds", type=float, help="how long each mode runs (tcp 45, udp 20)")
+    parser.add_argument(
+        "--rate", type=float, help="messages published per second (tcp 500, udp 200)"
+    )
+    parser.add_argument("--payload", type=int, help="payload bytes per message (tcp 1024, udp 512)")
+    parser.add_argument(
+        "--rcvbuf",
+        type=int,
+        help="the subscriber's SO_RCVBUF, before the kernel doubles it (tcp 4096, udp 16384)",
+    )
+    parser.add_argument(
+        "--ping-interval",
+        type=float,
+        default=10.0,
+        help="the broker's --ping-interval (10, its default)",
+    )
+    parser.add_argument(
+        "--sample", type=float, default=0.25, help="seconds between samples of the counters (0.25)"
+    )
+    parser.add_argument(
+        "--snaplen",
+        type=int,
+        default=256,
+        help="bytes captured per packet (256: headers and control lines)",
+    )
+    parser.add_argument(
+        "--out",
+        help="where to write the captures and summaries (default: a new directory under /tmp)",
+    )
     parser.add_argument("--plots", help="where to write the PNGs (default: --out)")
     options = parser.parse_args(argv)
     tcp = options.transport == "tcp"
@@ -812,8 +1015,7 @@ def main(argv=None):
     options.rate = options.rate or (500.0 if tcp else 200.0)
     options.payload = options.payload or (1024 if tcp else 512)
     if shutil.which("tshark") is None:
-        print("flow_control.py: tshark is not installed (apt-get install tshark)",
-              file=sys.stderr)
+        print("flow_control.py: tshark is not installed (apt-get install tshark)", file=sys.stderr)
         return 1
     out = options.out or tempfile.mkdtemp(prefix=f"dallal-flow-control-{options.transport}-")
     os.makedirs(out, exist_ok=True)
@@ -837,14 +1039,21 @@ def main(argv=None):
                 text = describeUdp(summary)
                 udpPlots.append((mode, samples, analysis))
             summary["commands"] = {
-                "broker": info["broker_command"], "tshark": info.get("tshark_command"),
+                "broker": info["broker_command"],
+                "tshark": info.get("tshark_command"),
                 "tshark_read": analysis["tshark_read_command"],
             }
             summary["dallal_stats_json"] = info["dallal_stats_json"]
             summaries.append(summary)
             with open(os.path.join(out, f"{options.transport}-{mode}-samples.json"), "w") as f:
-                json.dump({"info": {k: v for k, v in info.items()}, "samples": samples,
-                           "analysis": analysis}, f)
+                json.dump(
+                    {
+                        "info": {k: v for k, v in info.items()},
+                        "samples": samples,
+                        "analysis": analysis,
+                    },
+                    f,
+                )
             for line in text:
                 log(line)
             lines += text
@@ -858,13 +1067,19 @@ def main(argv=None):
             summary["plot"] = png
     reproduce = shlex.join([sys.executable, "bench/flow_control.py", *(argv or sys.argv[1:])])
     with open(os.path.join(out, "summary.json"), "w") as f:
-        json.dump({"options": vars(options), "summaries": summaries, "reproduce": reproduce},
-                  f, indent=1)
+        json.dump(
+            {"options": vars(options), "summaries": summaries, "reproduce": reproduce}, f, indent=1
+        )
     with open(os.path.join(out, "summary.md"), "w") as f:
-        f.write(f"# flow control, {options.transport}\n\n```\n" + "\n".join(lines)
-                + f"\n```\n\nreproduce: `{reproduce}`\n")
-    log(f"wrote {out}/summary.json, summary.md, the captures (*.pcapng) and samples; "
-        f"plots in {plots}")
+        f.write(
+            f"# flow control, {options.transport}\n\n```\n"
+            + "\n".join(lines)
+            + f"\n```\n\nreproduce: `{reproduce}`\n"
+        )
+    log(
+        f"wrote {out}/summary.json, summary.md, the captures (*.pcapng) and samples; "
+        f"plots in {plots}"
+    )
     log("reproduce: " + reproduce)
     return 0
 

@@ -101,8 +101,7 @@ def pipelinedReads(frames, readSize):
     reads would deliver them.
     """
     stream = b"".join(
-        b"PUB %d bench %d\r\n%s\r\n" % (number, len(PAYLOAD), PAYLOAD)
-        for number in range(frames)
+        b"PUB %d bench %d\r\n%s\r\n" % (number, len(PAYLOAD), PAYLOAD) for number in range(frames)
     )
     return [stream[offset : offset + readSize] for offset in range(0, len(stream), readSize)]
 
@@ -126,15 +125,22 @@ def framesPerSecond(receiverClass, reads, frames):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--read-sizes", type=int, nargs="+", default=[4096, 65536, 1048576],
+        "--read-sizes",
+        type=int,
+        nargs="+",
+        default=[4096, 65536, 1048576],
         help="bytes per dataReceived call (default: 4096 65536 1048576)",
     )
     parser.add_argument(
-        "--stream-mib", type=int, default=8,
+        "--stream-mib",
+        type=int,
+        default=8,
         help="MiB of frames fed per repetition (default: %(default)s)",
     )
     parser.add_argument(
-        "--repeat", type=int, default=5,
+        "--repeat",
+        type=int,
+        default=5,
         help="repetitions; the median is printed (default: %(default)s)",
     )
     arguments = parser.parse_args(argv)
@@ -161,10 +167,14 @@ def main(argv=None):
         lineRate, frameRate = medians.values()
         print(f"  FrameReceiver / LineReceiver: {frameRate / lineRate:.1f}x")
     command = [
-        "python3", "bench/framing.py",
-        "--read-sizes", *map(str, arguments.read_sizes),
-        "--stream-mib", str(arguments.stream_mib),
-        "--repeat", str(arguments.repeat),
+        "python3",
+        "bench/framing.py",
+        "--read-sizes",
+        *map(str, arguments.read_sizes),
+        "--stream-mib",
+        str(arguments.stream_mib),
+        "--repeat",
+        str(arguments.repeat),
     ]
     print(f"\nreproduce: {shlex.join(command)}")
 

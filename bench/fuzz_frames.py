@@ -61,27 +61,16 @@ def _importTargets():
     global BrokerConfig, BrokerHarness, DallalClientProtocol, FrameReceiver, udp
     global ConnectionDone, Failure, LogLevel, StringTransport, globalLogPublisher
 
-    import dallal.client
-    import dallal.broker.core
-    import dallal.protocol.datagram
-    import dallal.protocol.framing
-    import dallal.server.requests
-    import dallal.server.tcp
-    import dallal.topics
-    import dallal.topictree
-    import dallal.server.udp
-    import dallal.protocol.wire
-
+    from helpers import BrokerHarness
     from twisted.internet.error import ConnectionDone
     from twisted.internet.testing import StringTransport
     from twisted.logger import LogLevel, globalLogPublisher
     from twisted.python.failure import Failure
 
-    from dallal.server import udp
-    from dallal.client import DallalClientProtocol
     from dallal.broker.core import BrokerConfig
+    from dallal.client import DallalClientProtocol
     from dallal.protocol.framing import FrameReceiver
-    from helpers import BrokerHarness
+    from dallal.server import udp
 
 
 class CheckFailed(AssertionError):
@@ -435,11 +424,19 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60, help="how long to fuzz (default 60)")
     parser.add_argument("--target", choices=TARGET_NAMES, default=None, help="only this target")
-    parser.add_argument("--no-atheris", action="store_true", help="the mutation loop even if atheris is installed")
+    parser.add_argument(
+        "--no-atheris", action="store_true", help="the mutation loop even if atheris is installed"
+    )
     parser.add_argument("--seed", type=int, default=0, help="the mutation loop's random seed")
-    parser.add_argument("--corpus", default=None, help="atheris: the corpus folder (default: a new temporary one)")
-    parser.add_argument("--artifacts", default=".", help="where reproducers are written (default: here)")
-    parser.add_argument("--replay", nargs="+", metavar="FILE", help="run these inputs once each and report")
+    parser.add_argument(
+        "--corpus", default=None, help="atheris: the corpus folder (default: a new temporary one)"
+    )
+    parser.add_argument(
+        "--artifacts", default=".", help="where reproducers are written (default: here)"
+    )
+    parser.add_argument(
+        "--replay", nargs="+", metavar="FILE", help="run these inputs once each and report"
+    )
     args = parser.parse_args()
 
     useAtheris = atheris is not None and not args.no_atheris and not args.replay

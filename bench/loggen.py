@@ -37,17 +37,46 @@ PUBLISHERS = 40
 MAX_MISSED = 3
 MODES = ("all", "latest", "fire")
 MODE_WEIGHTS = (0.6, 0.25, 0.15)
-DROP_REASONS = ("queue_full", "slow_consumer", "disconnected", "redelivery_limit", "superseded",
-                "too_large")
-ERROR_CODES = (("BAD_TOPIC", False), ("BAD_ARGUMENTS", False), ("PAYLOAD_TOO_LARGE", False),
-               ("BAD_COMMAND", False), ("BAD_FRAMING", True))
-COUNTERS = ("connections", "connections_total", "subscriptions", "published", "matched",
-            "delivered", "fired", "redelivered", "acked", "replaced", "dropped",
-            *(f"dropped_{reason}" for reason in DROP_REASONS), "inflight", "bytes_in",
-            "bytes_out", "errors", "pings_missed", "clients_dropped", "duplicates", "unsent")
+DROP_REASONS = (
+    "queue_full",
+    "slow_consumer",
+    "disconnected",
+    "redelivery_limit",
+    "superseded",
+    "too_large",
+)
+ERROR_CODES = (
+    ("BAD_TOPIC", False),
+    ("BAD_ARGUMENTS", False),
+    ("PAYLOAD_TOO_LARGE", False),
+    ("BAD_COMMAND", False),
+    ("BAD_FRAMING", True),
+)
+COUNTERS = (
+    "connections",
+    "connections_total",
+    "subscriptions",
+    "published",
+    "matched",
+    "delivered",
+    "fired",
+    "redelivered",
+    "acked",
+    "replaced",
+    "dropped",
+    *(f"dropped_{reason}" for reason in DROP_REASONS),
+    "inflight",
+    "bytes_in",
+    "bytes_out",
+    "errors",
+    "pings_missed",
+    "clients_dropped",
+    "duplicates",
+    "unsent",
+)
 TRACEBACK = (
     "\tTraceback (most recent call last):\n"
-    "\t  File \"/usr/lib/python3/site-packages/twisted/internet/tcp.py\", line 250, in doRead\n"
+    '\t  File "/usr/lib/python3/site-packages/twisted/internet/tcp.py", line 250, in doRead\n'
     "\t    return self._dataReceived(data)\n"
     "\tbuiltins.ConnectionResetError: [Errno 104] Connection reset by peer\n"
 )
@@ -104,7 +133,10 @@ class RotatingLog:
         for index, path in enumerate(self.files):
             suffix = "" if index == newest else f".{newest - index}"
             os.replace(path, self.directory / f"twistd.log{suffix}")
-        return [self.directory / f"twistd.log{'' if i == 0 else f'.{i}'}" for i in range(len(self.files))]
+        return [
+            self.directory / f"twistd.log{'' if i == 0 else f'.{i}'}"
+            for i in range(len(self.files))
+        ]
 
 
 class Pool:
@@ -136,15 +168,23 @@ class Pool:
 
 
 class Session:
-    __slots__ = ("sid", "client", "transport", "topics", "stories", "alive", "troubled",
-                 "publisher")
+    __slots__ = (
+        "sid",
+        "client",
+        "transport",
+        "topics",
+        "stories",
+        "alive",
+        "troubled",
+        "publisher",
+    )
 
     def __init__(self, sid, client, transport, publisher):
         self.sid = sid
         self.client = client
         self.transport = transport
-        self.topics = {}        # topic -> [mode, seq, queued (mid, published) or None]
-        self.stories = set()    # mids sent or queued and not yet ended
+        self.topics = {}  # topic -> [mode, seq, queued (mid, published) or None]
+        self.stories = set()  # mids sent or queued and not yet ended
         self.alive = True
         self.troubled = False
         self.publisher = publisher
@@ -161,16 +201,22 @@ class Broker:
         self.rng = generator.rng
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.sessions = {}
-        self.subscribers = {}   # topic -> {sid: session}
+        self.subscribers = {}  # topic -> {sid: session}
         self.nextSid = itertools.count(1)
         self.nextMid = itertools.count(1)
-        self.published = {}     # mid -> (topic, bytes, t)
+        self.published = {}  # mid -> (topic, bytes, t)
         self.subscriberPool = Pool(self.rng)
         self.publisherPool = Pool(self.rng)
-        self.log.entry(t, "twisted.scripts._twistd_unix.UnixAppLogger#info",
-                       "twistd 26.10.0 (/usr/bin/python3 3.11.7) starting up.")
-        self.log.entry(t, "twisted.scripts._twistd_unix.UnixAppLogger#info",
-                       "reactor class: twisted.internet.epollreactor.EPollReactor.")
+        self.log.entry(
+            t,
+            "twisted.scripts._twistd_unix.UnixAppLogger#info",
+            "twistd 26.10.0 (/usr/bin/python3 3.11.7) starting up.",
+        )
+        self.log.entry(
+            t,
+            "twisted.scripts._twistd_unix.UnixAppLogger#info",
+            "reactor class: twisted.internet.epollreactor.EPollReactor.",
+        )
         self.log.entry(t, "-", "BrokerFactory starting on 1373")
         self.event(t + 0.0001, "listening", transport="tcp", address="0.0.0.0:1373")
         self.event(t + 0.0002, "listening", transport="udp", address="0.0.0.0:1234")
@@ -226,7 +272,9 @@ class Broker:
         session.topics[topic] = [mode, 0, None]
         self.subscribers.setdefault(topic, {})[session.sid] = session
         self.counters["subscriptions"] += 1
-        self.event(t, "subscribe", session=session.sid, client=session.client, topic=topic, mode=mode)
+        self.event(
+            t, "subscribe", session=session.sid, client=session.client, topic=topic, mode=mode
+        )
 
     def disconnect(self, t, session, reason):
         if not session.alive:
@@ -240,8 +288,15 @@ class Broker:
         self.counters["subscriptions"] -= len(session.topics)
         self.counters["connections"] -= 1
         del self.sessions[session.sid]
-        self.event(t, "disconnect", session=session.sid, client=session.client,
-                   transport=session.transport, reason=reason, subscriptions=len(session.topics))
+        self.event(
+            t,
+            "disconnect",
+            session=session.sid,
+            client=session.client,
+            transport=session.transport,
+            reason=reason,
+            subscriptions=len(session.topics),
+        )
 
     # Messages
 
@@ -253,9 +308,19 @@ class Broker:
         counters["matched"] += len(receivers)
         counters["bytes_in"] += size
         self.published[mid] = (topic, size, t)
-        self.event(t, "publish", mid=mid, topic=topic, bytes=size, session=publisher.sid,
-                   client=publisher.client, transport=publisher.transport,
-                   subscribers=len(receivers), origin=BROKER_NAME, hops=0)
+        self.event(
+            t,
+            "publish",
+            mid=mid,
+            topic=topic,
+            bytes=size,
+            session=publisher.sid,
+            client=publisher.client,
+            transport=publisher.transport,
+            subscribers=len(receivers),
+            origin=BROKER_NAME,
+            hops=0,
+        )
         for receiver in receivers:
             t += 0.00002
             subscription = receiver.topics[topic]
@@ -269,13 +334,22 @@ class Broker:
                     self.event(t, "replace", mid=queued, topic=topic, session=receiver.sid, by=mid)
                 subscription[2] = mid
                 receiver.stories.add(mid)
-                self.g.schedule(t + self.rng.expovariate(20.0), self.sendQueued, receiver, topic, mid)
+                self.g.schedule(
+                    t + self.rng.expovariate(20.0), self.sendQueued, receiver, topic, mid
+                )
                 continue
             if mode != "fire" and self.rng.random() < 0.002:
                 counters["dropped"] += 1
                 counters["dropped_queue_full"] += 1
-                self.event(t, "drop", "warn", mid=mid, topic=topic, session=receiver.sid,
-                           reason="queue_full")
+                self.event(
+                    t,
+                    "drop",
+                    "warn",
+                    mid=mid,
+                    topic=topic,
+                    session=receiver.sid,
+                    reason="queue_full",
+                )
                 continue
             self.send(t, receiver, topic, mid)
 
@@ -287,8 +361,17 @@ class Broker:
         counters = self.counters
         counters["delivered" if attempt == 1 else "redelivered"] += 1
         counters["bytes_out"] += self.published[mid][1]
-        self.event(t, "deliver", mid=mid, topic=topic, session=receiver.sid,
-                   client=receiver.client, mode=mode, seq=subscription[1], attempt=attempt)
+        self.event(
+            t,
+            "deliver",
+            mid=mid,
+            topic=topic,
+            session=receiver.sid,
+            client=receiver.client,
+            mode=mode,
+            seq=subscription[1],
+            attempt=attempt,
+        )
         if mode == "fire":
             counters["fired"] += 1
             return
@@ -319,8 +402,14 @@ class Broker:
         t = self.now(t)
         receiver.stories.discard(mid)
         self.counters["acked"] += 1
-        self.event(t, "ack", mid=mid, topic=topic, session=receiver.sid,
-                   latency=f"{t - self.published[mid][2]:.6f}")
+        self.event(
+            t,
+            "ack",
+            mid=mid,
+            topic=topic,
+            session=receiver.sid,
+            latency=f"{t - self.published[mid][2]:.6f}",
+        )
 
     def dropUnacked(self, t, receiver, mid):
         if receiver.alive and mid in receiver.stories:
@@ -330,8 +419,15 @@ class Broker:
         session.stories.discard(mid)
         self.counters["dropped"] += 1
         self.counters[f"dropped_{reason}"] += 1
-        self.event(t, "drop", "warn", mid=mid, topic=self.published[mid][0],
-                   session=session.sid, reason=reason)
+        self.event(
+            t,
+            "drop",
+            "warn",
+            mid=mid,
+            topic=self.published[mid][0],
+            session=session.sid,
+            reason=reason,
+        )
 
     # Health
 
@@ -340,14 +436,21 @@ class Broker:
             return
         if missed >= MAX_MISSED:
             self.counters["clients_dropped"] += 1
-            self.event(t, "client_dropped", "warn", session=session.sid, client=session.client,
-                       missed=missed)
+            self.event(
+                t,
+                "client_dropped",
+                "warn",
+                session=session.sid,
+                client=session.client,
+                missed=missed,
+            )
             reason = "expired" if session.transport == "udp" else "missed_pings"
             self.disconnect(t + 0.0001, session, reason)
             return
         self.counters["pings_missed"] += 1
-        self.event(t, "ping_missed", "warn", session=session.sid, client=session.client,
-                   missed=missed)
+        self.event(
+            t, "ping_missed", "warn", session=session.sid, client=session.client, missed=missed
+        )
         if recovers and missed == 1:
             session.troubled = False
             return
@@ -356,8 +459,15 @@ class Broker:
     def refuse(self, t, session):
         code, fatal = self.rng.choice(ERROR_CODES)
         self.counters["errors"] += 1
-        self.event(t, "protocol_error", "warn", session=session.sid, client=session.client,
-                   code=code, fatal=fatal)
+        self.event(
+            t,
+            "protocol_error",
+            "warn",
+            session=session.sid,
+            client=session.client,
+            code=code,
+            fatal=fatal,
+        )
         if fatal:
             self.disconnect(t + 0.0001, session, "protocol_error")
 
@@ -370,8 +480,9 @@ class Broker:
         self.event(t + 0.001, "stats", **self.counters)
         self.log.entry(t + 0.002, "-", "(TCP Port 1373 Closed)")
         self.log.entry(t + 0.002, "twisted.internet.base#info", "Main loop terminated.")
-        self.log.entry(t + 0.003, "twisted.scripts._twistd_unix.UnixAppLogger#info",
-                       "Server Shut Down.")
+        self.log.entry(
+            t + 0.003, "twisted.scripts._twistd_unix.UnixAppLogger#info", "Server Shut Down."
+        )
 
 
 class Generator:
@@ -385,17 +496,22 @@ class Generator:
         self.target = lines
         self.rate = rate
         self.restarts = restarts
-        topicNames = [f"sensors/site{site}/{kind}" for site in range(40)
-                      for kind in ("temperature", "humidity", "power")]
+        topicNames = [
+            f"sensors/site{site}/{kind}"
+            for site in range(40)
+            for kind in ("temperature", "humidity", "power")
+        ]
         topicNames += [f"news/{section}" for section in ("world", "sport", "tech", "markets")]
         topicNames += [f"chat/room{room}" for room in range(60)]
         self.rng.shuffle(topicNames)
         self.topics = topicNames
         # Publishers favour a few topics (Zipf); subscribers less so.
-        self.topicWeights = list(itertools.accumulate(
-            1 / (rank + 1) for rank in range(len(topicNames))))
-        self.subscriptionWeights = list(itertools.accumulate(
-            1 / math.sqrt(rank + 1) for rank in range(len(topicNames))))
+        self.topicWeights = list(
+            itertools.accumulate(1 / (rank + 1) for rank in range(len(topicNames)))
+        )
+        self.subscriptionWeights = list(
+            itertools.accumulate(1 / math.sqrt(rank + 1) for rank in range(len(topicNames)))
+        )
         self.queue = []
         self.order = itertools.count()
 
@@ -437,8 +553,9 @@ class Generator:
                 troubled = broker.subscriberPool.choice()
                 if not troubled.troubled:
                     troubled.troubled = True
-                    self.schedule(t + PING_INTERVAL, broker.missPings, troubled, 1,
-                                  rng.random() < 0.7)
+                    self.schedule(
+                        t + PING_INTERVAL, broker.missPings, troubled, 1, rng.random() < 0.7
+                    )
             elif roll < 0.0068:
                 broker.refuse(t, broker.publisherPool.choice())
             elif roll < 0.00685:
@@ -469,23 +586,32 @@ class Generator:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--lines", type=int, default=1_000_000,
-                        help="about how many lines to write (default 1000000)")
+    parser.add_argument(
+        "--lines",
+        type=int,
+        default=1_000_000,
+        help="about how many lines to write (default 1000000)",
+    )
     parser.add_argument("--out", required=True, help="the folder for twistd.log*")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--rate", type=float, default=300.0,
-                        help="mean publishes per second of log time (default 300)")
-    parser.add_argument("--restarts", type=int, default=1,
-                        help="broker restarts along the log (default 1)")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=300.0,
+        help="mean publishes per second of log time (default 300)",
+    )
+    parser.add_argument(
+        "--restarts", type=int, default=1, help="broker restarts along the log (default 1)"
+    )
     parser.add_argument("--rotate-bytes", type=int, default=ROTATE_BYTES)
     args = parser.parse_args(argv)
     started = time.monotonic()
-    generator = Generator(args.out, args.lines, args.seed, args.rate, args.restarts,
-                          args.rotate_bytes)
+    generator = Generator(
+        args.out, args.lines, args.seed, args.rate, args.restarts, args.rotate_bytes
+    )
     files = generator.run()
     elapsed = time.monotonic() - started
-    print(f"{generator.log.lines} lines in {len(files)} files under {args.out} "
-          f"({elapsed:.1f} s)")
+    print(f"{generator.log.lines} lines in {len(files)} files under {args.out} ({elapsed:.1f} s)")
 
 
 if __name__ == "__main__":

@@ -386,11 +386,15 @@ class MqttStream(RepeatingFrameStream):
             self._learnRepeatingFrame(position, end, end - 2, self.ACK, buffer)
         elif packetType == MQTT_CONNACK:
             if buffer[bodyStart + 1] != 0:
-                raise BenchError(f"the MQTT broker refused the connection: {buffer[position:end]!r}")
+                raise BenchError(
+                    f"the MQTT broker refused the connection: {buffer[position:end]!r}"
+                )
             self.confirmations += 1
         elif packetType == MQTT_SUBACK:
             if MQTT_SUBACK_FAILURE in buffer[bodyStart + 2 : end]:
-                raise BenchError(f"the MQTT broker refused a subscription: {buffer[position:end]!r}")
+                raise BenchError(
+                    f"the MQTT broker refused a subscription: {buffer[position:end]!r}"
+                )
             self.confirmations += 1
         else:
             raise BenchError(f"the MQTT broker sent {buffer[position:end]!r}")

@@ -180,13 +180,17 @@ def main():
         try:
             started = time.monotonic()
             fill(broker.port, args.retained, timeout=300)
-            print(f"stored {args.retained} retained messages in "
-                  f"{time.monotonic() - started:.1f} s", flush=True)
+            print(
+                f"stored {args.retained} retained messages in {time.monotonic() - started:.1f} s",
+                flush=True,
+            )
             alone = probe(broker.port, args.settle, args.interval)
             attacker = Attacker(broker.port, args.retained, args.read, args.seconds)
             attacker.start()
             served = probe(
-                broker.port, args.seconds, args.interval,
+                broker.port,
+                args.seconds,
+                args.interval,
                 stopWhen=lambda: args.read and not attacker.is_alive(),
             )
             attacker.join(args.seconds)
@@ -194,17 +198,22 @@ def main():
             print("probe alone:        " + summary(alone))
             print("probe with attacker: " + summary(served))
             if args.read:
-                took = "did not finish" if attacker.seconds is None else \
-                    f"in {attacker.seconds:.2f} s"
-                print(f"attacker received {attacker.received} messages ({args.retained} "
-                      f"retained, and the broker's own $SYS topics) {took}")
+                took = (
+                    "did not finish" if attacker.seconds is None else f"in {attacker.seconds:.2f} s"
+                )
+                print(
+                    f"attacker received {attacker.received} messages ({args.retained} "
+                    f"retained, and the broker's own $SYS topics) {took}"
+                )
             print(f"broker peak memory {peak / 2**20:.0f} MiB")
         finally:
             broker.stop()
     median = statistics.median(served) if served else float("inf")
     verdict = "PASS" if median < TARGET_MEDIAN else "FAIL"
-    print(f"{verdict} retained_subscribe: probe median {median * 1000:.1f} ms while "
-          f"SUB # over {args.retained} retained messages is served (target < 100 ms)")
+    print(
+        f"{verdict} retained_subscribe: probe median {median * 1000:.1f} ms while "
+        f"SUB # over {args.retained} retained messages is served (target < 100 ms)"
+    )
     print("reproduce: python3 " + " ".join(shlex.quote(a) for a in sys.argv))
     return 0 if verdict == "PASS" else 1
 

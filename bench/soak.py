@@ -67,6 +67,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
+from brokerproc import BenchError, Broker, ControlConnection, raiseDescriptorLimit  # noqa: E402
+from helpers import OutputCollector, SlowHandler, countersAddUp, loggedEvents  # noqa: E402
 from twisted.internet import stdio  # noqa: E402
 from twisted.internet.defer import (  # noqa: E402
     Deferred,
@@ -80,9 +82,7 @@ from twisted.internet.task import LoopingCall, deferLater  # noqa: E402
 from twisted.logger import LogLevel, formatEvent, globalLogBeginner  # noqa: E402
 from twisted.protocols.basic import LineReceiver  # noqa: E402
 
-from brokerproc import BenchError, Broker, ControlConnection, raiseDescriptorLimit  # noqa: E402
 from dallal.client import connect, connectUDP  # noqa: E402
-from helpers import OutputCollector, SlowHandler, countersAddUp, loggedEvents  # noqa: E402
 
 TOPICS = 20
 PREFIX = "soak"
@@ -909,9 +909,7 @@ def run(settings, directory, log=print):
         for process in reporting:
             process.collector.process.wait(60)
         status = stopBroker(broker)
-        workerErrors = [
-            line for process in reporting + faults.dead for line in process.errors()
-        ]
+        workerErrors = [line for process in reporting + faults.dead for line in process.errors()]
     finally:
         if control is not None:
             control.close()
@@ -948,9 +946,7 @@ def run(settings, directory, log=print):
         "loadMax": max(samples.load),
         "loadAfter": os.getloadavg(),
         "workers": summarizeWorkers(reports),
-        "warnings": Counter(
-            name.decode() for name in re.findall(rb"#warn\] event=(\w+)", logText)
-        ),
+        "warnings": Counter(name.decode() for name in re.findall(rb"#warn\] event=(\w+)", logText)),
     }
     return Result(settings, checks, figures)
 
@@ -1088,7 +1084,9 @@ def checkLog(logText, status, workerErrors):
         count = logText.count(needle)
         if count:
             index = logText.find(needle)
-            problems.append(f"{count} x {needle.decode()!r}, first: {logText[index - 200:index + 300]!r}")
+            problems.append(
+                f"{count} x {needle.decode()!r}, first: {logText[index - 200 : index + 300]!r}"
+            )
     if b"Server Shut Down." not in logText:
         problems.append("no 'Server Shut Down.' in the log")
     final = loggedEvents(logText, "stats")
@@ -1099,7 +1097,9 @@ def checkLog(logText, status, workerErrors):
     if status not in (0, -signal.SIGTERM):
         problems.append(f"the broker exited with status {status}")
     if workerErrors:
-        problems.append(f"load processes reported {len(workerErrors)} error lines: {workerErrors[:5]}")
+        problems.append(
+            f"load processes reported {len(workerErrors)} error lines: {workerErrors[:5]}"
+        )
     lines = logText.count(b"\n")
     detail = f"{lines} log lines, exit status {status}"
     if problems:
@@ -1181,8 +1181,12 @@ def main():
     defaults = Settings()
     parser.add_argument("--clients", type=int, default=defaults.clients)
     parser.add_argument("--minutes", type=float, default=defaults.seconds / 60)
-    parser.add_argument("--rate", type=float, default=defaults.rate,
-                        help="publishes per second, all publishers together")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=defaults.rate,
+        help="publishes per second, all publishers together",
+    )
     parser.add_argument("--ping-interval", type=float, default=defaults.pingInterval)
     parser.add_argument("--workers", type=int, default=defaults.workers)
     parser.add_argument("--udp-share", type=float, default=defaults.udpShare)
@@ -1210,8 +1214,16 @@ def main():
     printResult(result)
     if args.json:
         with open(args.json, "w") as out:
-            json.dump({"settings": asdict(settings), "checks": [asdict(c) for c in result.checks],
-                       "figures": result.figures}, out, indent=1, default=str)
+            json.dump(
+                {
+                    "settings": asdict(settings),
+                    "checks": [asdict(c) for c in result.checks],
+                    "figures": result.figures,
+                },
+                out,
+                indent=1,
+                default=str,
+            )
     if args.keep:
         print(f"broker log: {directory}")
     else:

@@ -39,6 +39,7 @@ HERE = Path(__file__).resolve().parent
 REPORT = HERE.parent / "spark" / "report.py"
 sys.path.insert(0, str(REPORT.parent))
 from dallal_analytics.classdata import PREFIX, SUFFIX, cacheFolder  # noqa: E402
+
 LOGGEN = HERE / "loggen.py"
 SIZES = {"1m": 1_000_000, "10m": 10_000_000}
 WINDOW = 60
@@ -46,9 +47,26 @@ QUANTILES = (0.5, 0.95, 0.99)
 TWISTD_LINE = re.compile(
     r"^(?:\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[+-]\d{4})?|-) \[([^\]]*)\] ?(.*)$"
 )
-COMPARED = ("publishes", "deliveries", "redeliveries", "retained", "matched", "acked", "fired",
-            "replaced", "dropped", "inflight", "bytes_in", "bytes_out", "sessions",
-            "peak_connections", "errors", "pings_missed", "clients_dropped", "unparsed_lines")
+COMPARED = (
+    "publishes",
+    "deliveries",
+    "redeliveries",
+    "retained",
+    "matched",
+    "acked",
+    "fired",
+    "replaced",
+    "dropped",
+    "inflight",
+    "bytes_in",
+    "bytes_out",
+    "sessions",
+    "peak_connections",
+    "errors",
+    "pings_missed",
+    "clients_dropped",
+    "unparsed_lines",
+)
 
 
 def logFiles(folder):
@@ -56,6 +74,7 @@ def logFiles(folder):
     twistd's rotated files oldest first: twistd.log.N ... twistd.log.1,
     twistd.log.
     """
+
     def age(path):
         suffix = path.name.rpartition(".log")[2].lstrip(".")
         return -int(suffix) if suffix.isdigit() else 0
@@ -99,10 +118,10 @@ class Baseline:
         self.kinds = Counter()
         self.run = 0
         self.lastWasListening = False
-        self.sessions = {}             # (run, session) -> [client, transport, first, last, end reason]
-        self.connected = Counter()     # run -> sessions connected now
+        self.sessions = {}  # (run, session) -> [client, transport, first, last, end reason]
+        self.connected = Counter()  # run -> sessions connected now
         self.peak = 0
-        self.sizes = {}                # (run, mid) -> bytes
+        self.sizes = {}  # (run, mid) -> bytes
         self.traffic = defaultdict(lambda: [0, 0, 0, 0, 0, set(), set()])
         self.topics = defaultdict(lambda: [0, 0, 0, 0, 0, set(), set()])
         self.publishers = defaultdict(lambda: [0, 0, set()])
@@ -142,8 +161,13 @@ class Baseline:
         if session not in (None, "0"):
             state = self.sessions.get(key)
             if state is None:
-                state = self.sessions[key] = [fields.get("client"), fields.get("transport"),
-                                              t, t, None]
+                state = self.sessions[key] = [
+                    fields.get("client"),
+                    fields.get("transport"),
+                    t,
+                    t,
+                    None,
+                ]
                 self.connected[run] += 1
                 self.peak = max(self.peak, self.connected[run])
             state[3] = t
@@ -209,8 +233,10 @@ class Baseline:
             loss.update(counts)
         resolved = sum(loss[name] for name in ("acked", "fired", "replaced", "dropped"))
         latencies = sorted(value for values in self.latencies.values() for value in values)
-        perTopicLatency = {key: [percentile(sorted(values), q) for q in QUANTILES]
-                           for key, values in self.latencies.items()}
+        perTopicLatency = {
+            key: [percentile(sorted(values), q) for q in QUANTILES]
+            for key, values in self.latencies.items()
+        }
         topics = self.topics.values()
         return {
             "publishes": total(topics, 0),
@@ -296,17 +322,29 @@ def timed(function, *arguments):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--size", choices=sorted(SIZES), default="1m",
-                        help="lines to generate: 1m or 10m (default 1m)")
+    source.add_argument(
+        "--size",
+        choices=sorted(SIZES),
+        default="1m",
+        help="lines to generate: 1m or 10m (default 1m)",
+    )
     source.add_argument("--logs", help="a folder of logs to use instead")
-    parser.add_argument("--work", help="where to put generated logs and the report "
-                        "(default: a temporary folder, removed afterwards)")
+    parser.add_argument(
+        "--work",
+        help="where to put generated logs and the report "
+        "(default: a temporary folder, removed afterwards)",
+    )
     parser.add_argument("--master", help="the Spark master (default local[*])")
     parser.add_argument("--no-baseline", action="store_true")
-    parser.add_argument("--repeat", type=int, default=1, metavar="N",
-                        help="run the report and the baseline N times, alternately, and "
-                        "print the medians (the time of one run on a shared machine varies "
-                        "by a fifth)")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the report and the baseline N times, alternately, and "
+        "print the medians (the time of one run on a shared machine varies "
+        "by a fifth)",
+    )
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error(f"--repeat must be 1 or more, got {args.repeat}")
@@ -315,8 +353,17 @@ def main(argv=None):
         work = Path(work)
         folder = Path(args.logs) if args.logs else work / "logs"
         if not args.logs:
-            _, seconds = timed(subprocess.run, [sys.executable, str(LOGGEN), "--lines",
-                                                str(SIZES[args.size]), "--out", str(folder)])
+            _, seconds = timed(
+                subprocess.run,
+                [
+                    sys.executable,
+                    str(LOGGEN),
+                    "--lines",
+                    str(SIZES[args.size]),
+                    "--out",
+                    str(folder),
+                ],
+            )
             print(f"generated in {seconds:.1f} s")
         files = logFiles(folder)
         size = sum(path.stat().st_size for path in files)
@@ -329,55 +376,76 @@ def main(argv=None):
             evicted = evictFromPageCache(files)
             if run == 1:
                 print(f"java: {javaVersion()}")
-                print("each contender reads the log from disk (dropped from the page cache "
-                      "before it)" if evicted else "the log may be in the page cache "
-                      "(posix_fadvise is missing here)")
+                print(
+                    "each contender reads the log from disk (dropped from the page cache before it)"
+                    if evicted
+                    else "the log may be in the page cache (posix_fadvise is missing here)"
+                )
             (sparkSummary, wroteArchive), sparkSeconds = timed(
                 runSpark, folder, work / "report", args.master
             )
             sparkTimes.append(sparkSeconds)
             lines = sparkSummary["lines"]["lines"]
             print(f"{lines:,} lines, {len(files)} files, {size / 1e6:.0f} MB")
-            print(f"spark report:    {sparkSeconds:8.1f} s  {lines / sparkSeconds:12,.0f} lines/s "
-                  "(JVM start included)")
+            print(
+                f"spark report:    {sparkSeconds:8.1f} s  {lines / sparkSeconds:12,.0f} lines/s "
+                "(JVM start included)"
+            )
             if wroteArchive:
-                print("  this run wrote the archive of the JVM's classes that later runs map: "
-                      "its time includes writing it")
+                print(
+                    "  this run wrote the archive of the JVM's classes that later runs map: "
+                    "its time includes writing it"
+                )
             if args.no_baseline:
                 continue
             evictFromPageCache(files)
             (baselineLines, baseline), baselineSeconds = timed(runBaseline, folder)
             baselineTimes.append(baselineSeconds)
-            print(f"python baseline: {baselineSeconds:8.1f} s  "
-                  f"{baselineLines / baselineSeconds:12,.0f} lines/s")
+            print(
+                f"python baseline: {baselineSeconds:8.1f} s  "
+                f"{baselineLines / baselineSeconds:12,.0f} lines/s"
+            )
             print(f"ratio (baseline time / spark time): {baselineSeconds / sparkSeconds:.2f}")
             print("load average after: {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()))
         if args.repeat > 1:
             spark = statistics.median(sparkTimes)
-            print(f"median of {args.repeat}: spark report {spark:.1f} s "
-                  f"({', '.join(f'{t:.1f}' for t in sparkTimes)})")
+            print(
+                f"median of {args.repeat}: spark report {spark:.1f} s "
+                f"({', '.join(f'{t:.1f}' for t in sparkTimes)})"
+            )
             if baselineTimes:
                 python = statistics.median(baselineTimes)
                 ratios = [b / s for s, b in zip(sparkTimes, baselineTimes)]
-                print(f"median of {args.repeat}: python baseline {python:.1f} s "
-                      f"({', '.join(f'{t:.1f}' for t in baselineTimes)})")
-                print(f"median ratio (baseline time / spark time): "
-                      f"{statistics.median(ratios):.2f} "
-                      f"({', '.join(f'{r:.2f}' for r in ratios)})")
+                print(
+                    f"median of {args.repeat}: python baseline {python:.1f} s "
+                    f"({', '.join(f'{t:.1f}' for t in baselineTimes)})"
+                )
+                print(
+                    f"median ratio (baseline time / spark time): "
+                    f"{statistics.median(ratios):.2f} "
+                    f"({', '.join(f'{r:.2f}' for r in ratios)})"
+                )
         if args.no_baseline:
             return 0
         disagreements = [
-            (key, sparkSummary[key], baseline[key]) for key in COMPARED
+            (key, sparkSummary[key], baseline[key])
+            for key in COMPARED
             if sparkSummary[key] != baseline[key]
         ]
         for key, spark, python in disagreements:
             print(f"  disagree on {key}: spark {spark}, baseline {python}")
         print("totals agree" if not disagreements else "totals DISAGREE")
-        print("latency p50/p95/p99 spark (approximate): "
-              + " / ".join(f"{sparkSummary['latency'][f'p{q}']:.6f}" for q in (50, 95, 99)))
-        print("latency p50/p95/p99 baseline (exact):    "
-              + " / ".join(f"{baseline['latency'][f'p{q}']:.6f}" for q in (50, 95, 99)))
-        print(f"counter mismatches (stats events vs log): {len(sparkSummary['counter_mismatches'])}")
+        print(
+            "latency p50/p95/p99 spark (approximate): "
+            + " / ".join(f"{sparkSummary['latency'][f'p{q}']:.6f}" for q in (50, 95, 99))
+        )
+        print(
+            "latency p50/p95/p99 baseline (exact):    "
+            + " / ".join(f"{baseline['latency'][f'p{q}']:.6f}" for q in (50, 95, 99))
+        )
+        print(
+            f"counter mismatches (stats events vs log): {len(sparkSummary['counter_mismatches'])}"
+        )
         return 1 if disagreements else 0
 
 

@@ -187,9 +187,7 @@ class DeliveryWindow:
         self.received = multiprocessing.Value("q", 0, lock=False)
 
     def isOpen(self, published):
-        return published * self.subscribers - self.received.value < (
-            self.size * self.subscribers
-        )
+        return published * self.subscribers - self.received.value < (self.size * self.subscribers)
 
 
 def subscribeFrame(requestId, mode):
@@ -230,8 +228,7 @@ def runSubscribers(port, subscribers, timeout, pipe, mode="fire", deliveryWindow
                 if time.monotonic() > deadline:
                     received = sum(stream.messages for stream in streams.values())
                     raise BenchError(
-                        f"timed out waiting for {waitingFor}, "
-                        f"{received} messages received"
+                        f"timed out waiting for {waitingFor}, {received} messages received"
                     )
                 for key, _ in selector.select(1.0):
                     sock = key.fileobj
@@ -246,9 +243,7 @@ def runSubscribers(port, subscribers, timeout, pipe, mode="fire", deliveryWindow
                     if deliveryWindow is not None:
                         deliveryWindow.received.value += stream.messages - before
 
-        receiveUntil(
-            lambda: all(stream.subAcks for stream in streams.values()), "the SUBACKs"
-        )
+        receiveUntil(lambda: all(stream.subAcks for stream in streams.values()), "the SUBACKs")
         pipe.send("ready")
         cpuBefore = time.process_time()
         # Checking every stream after each read would cost the generator as
@@ -287,8 +282,7 @@ def encodePublishWrites(messages, window, payloadSize=len(PAYLOAD)):
     ]
     frames.append(b"PUB last %s %d\r\n%s\r\n" % (TOPIC, payloadSize, lastPayload))
     groups = [
-        frames[start : start + framesPerWrite]
-        for start in range(0, messages, framesPerWrite)
+        frames[start : start + framesPerWrite] for start in range(0, messages, framesPerWrite)
     ]
     return [(len(group), b"".join(group)) for group in groups]
 
@@ -525,9 +519,7 @@ class Measurement:
         return self.brokerCpu / self.offered
 
 
-def measure(
-    subscribers, deliveries, messageEvents, window, timeout, mode="fire", deliveryWindow=0
-):
+def measure(subscribers, deliveries, messageEvents, window, timeout, mode="fire", deliveryWindow=0):
     """
     Publish enough messages for C{deliveries} deliveries to C{subscribers}
     subscribers of one topic in delivery C{mode}, on a fresh broker, keeping
@@ -538,9 +530,7 @@ def measure(
     with tempfile.TemporaryDirectory(prefix="dallal-bench-") as directory:
         broker = Broker(directory, messageEvents=messageEvents)
         try:
-            result = exchange(
-                broker, subscribers, messages, mode, window, deliveryWindow, timeout
-            )
+            result = exchange(broker, subscribers, messages, mode, window, deliveryWindow, timeout)
             peakMemory = broker.peakMemory()
             counters = broker.counters()
         except BenchError as error:
@@ -659,7 +649,10 @@ def describeSetup():
     try:
         revision = subprocess.run(
             ["git", "describe", "--always", "--dirty"],
-            capture_output=True, text=True, timeout=5, cwd=package,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=package,
         ).stdout.strip()
     except OSError:
         revision = ""
@@ -794,7 +787,7 @@ def describeDrops(counters):
     The nonzero C{dropped_<reason>} counters, as C{reason n, ...}.
     """
     reasons = [
-        f"{name[len('dropped_'):]} {value:,}"
+        f"{name[len('dropped_') :]} {value:,}"
         for name, value in sorted(counters.items())
         if name.startswith("dropped_") and value
     ]
@@ -808,8 +801,7 @@ def printStalledHeader(messages, payloadSize):
         f"reads (and acks) and one that never reads (SO_RCVBUF {STALLED_RECEIVE_BUFFER:,})"
     )
     print(
-        "mode    reader got   broker RSS before  peak        growth      after"
-        "      broker counters"
+        "mode    reader got   broker RSS before  peak        growth      after      broker counters"
     )
 
 
@@ -838,23 +830,31 @@ def commandLine(script, arguments, *options):
     PYTHONPATH (which says which broker it measured), the options of
     L{runOptions} as C{arguments} holds them, then C{options}.
     """
-    environment = (
-        [f"PYTHONPATH={os.environ['PYTHONPATH']}"] if os.environ.get("PYTHONPATH") else []
+    environment = [f"PYTHONPATH={os.environ['PYTHONPATH']}"] if os.environ.get("PYTHONPATH") else []
+    return shlex.join(
+        [
+            *environment,
+            "python3",
+            f"bench/{script}",
+            "--messages",
+            str(arguments.messages),
+            "--runs",
+            str(arguments.runs),
+            "--window",
+            str(arguments.window),
+            *options,
+        ]
     )
-    return shlex.join([
-        *environment, "python3", f"bench/{script}",
-        "--messages", str(arguments.messages),
-        "--runs", str(arguments.runs),
-        "--window", str(arguments.window),
-        *options,
-    ])
 
 
 def reproduceCommand(arguments):
     options = [
-        "--delivery-window", str(arguments.delivery_window),
-        "--subscribers", *map(str, arguments.subscribers),
-        "--modes", *arguments.modes,
+        "--delivery-window",
+        str(arguments.delivery_window),
+        "--subscribers",
+        *map(str, arguments.subscribers),
+        "--modes",
+        *arguments.modes,
     ]
     if arguments.message_events:
         options.append("--message-events")
@@ -866,8 +866,10 @@ def reproduceCommand(arguments):
         options.append("--no-stalled")
     else:
         options += [
-            "--stalled-messages", str(arguments.stalled_messages),
-            "--stalled-payload", str(arguments.stalled_payload),
+            "--stalled-messages",
+            str(arguments.stalled_messages),
+            "--stalled-payload",
+            str(arguments.stalled_payload),
         ]
     return commandLine("throughput.py", arguments, *options)
 
@@ -882,20 +884,28 @@ def runOptions(description, messages, messagesHelp, interleaved, windowHelp):
     """
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
-        "--messages", type=int, default=messages,
+        "--messages",
+        type=int,
+        default=messages,
         help=f"{messagesHelp} (default: %(default)s)",
     )
     parser.add_argument(
-        "--runs", type=int, default=3,
+        "--runs",
+        type=int,
+        default=3,
         help=f"runs of every measurement, interleaved {interleaved}; the "
         "summary gives medians and spreads (default: %(default)s)",
     )
     parser.add_argument(
-        "--window", type=int, default=1000,
+        "--window",
+        type=int,
+        default=1000,
         help=f"{windowHelp} (default: %(default)s)",
     )
     parser.add_argument(
-        "--timeout", type=float, default=120.0,
+        "--timeout",
+        type=float,
+        default=120.0,
         help="seconds one measurement may take before the run fails (default: %(default)s)",
     )
     return parser
@@ -917,47 +927,61 @@ def parseArguments(argv):
         "PUBs the publisher keeps unacknowledged",
     )
     parser.add_argument(
-        "--delivery-window", type=int, default=500,
+        "--delivery-window",
+        type=int,
+        default=500,
         help="messages (and at most 4 MiB) the publisher may have published "
         "and its subscribers not yet received, on average, in modes fire and "
         "all (latest replaces messages by design); 0 for no limit "
         "(default: %(default)s)",
     )
     parser.add_argument(
-        "--subscribers", type=int, nargs="+", default=[1, 100],
-        help="the scenarios: one publisher to this many subscribers "
-        "(default: 1 100)",
+        "--subscribers",
+        type=int,
+        nargs="+",
+        default=[1, 100],
+        help="the scenarios: one publisher to this many subscribers (default: 1 100)",
     )
     parser.add_argument(
-        "--modes", nargs="+", choices=MODES, default=list(MODES),
+        "--modes",
+        nargs="+",
+        choices=MODES,
+        default=list(MODES),
         help="the delivery modes the subscribers ask for (default: %(default)s)",
     )
     parser.add_argument(
-        "--message-events", action="store_true",
+        "--message-events",
+        action="store_true",
         help="measure the broker started with --message-events, logging an "
         "event per message published and delivered",
     )
     parser.add_argument(
-        "--no-message-events", action="store_true",
+        "--no-message-events",
+        action="store_true",
         help="measure the broker without per-message events (what it does "
         "by default; with --message-events too, both are measured and compared)",
     )
     stalled = parser.add_mutually_exclusive_group()
     stalled.add_argument(
-        "--no-stalled", action="store_true",
+        "--no-stalled",
+        action="store_true",
         help="skip the stalled-subscriber measurements",
     )
     stalled.add_argument(
-        "--stalled-only", action="store_true",
+        "--stalled-only",
+        action="store_true",
         help="run only the stalled-subscriber measurements",
     )
     parser.add_argument(
-        "--stalled-messages", type=int, default=400,
-        help="messages published in each stalled-subscriber measurement "
-        "(default: %(default)s)",
+        "--stalled-messages",
+        type=int,
+        default=400,
+        help="messages published in each stalled-subscriber measurement (default: %(default)s)",
     )
     parser.add_argument(
-        "--stalled-payload", type=payloadSize, default=65536,
+        "--stalled-payload",
+        type=payloadSize,
+        default=65536,
         help="their payload size in bytes (default: %(default)s)",
     )
     arguments = parser.parse_args(argv)
@@ -969,9 +993,12 @@ def parseArguments(argv):
 def main(argv=None):
     arguments = parseArguments(argv)
     eventModes = [
-        setting for setting, wanted in (
-            (True, arguments.message_events), (False, arguments.no_message_events)
-        ) if wanted
+        setting
+        for setting, wanted in (
+            (True, arguments.message_events),
+            (False, arguments.no_message_events),
+        )
+        if wanted
     ]
     print(describeSetup())
     if not arguments.stalled_only:

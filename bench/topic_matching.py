@@ -31,8 +31,18 @@ from dallal.topictree import SubscriptionTree
 BUILDINGS = [f"b{number}" for number in range(20)]
 FLOORS = [f"f{number}" for number in range(10)]
 ROOMS = [f"r{number}" for number in range(50)]
-KINDS = ["temperature", "humidity", "co2", "light", "motion",
-         "door", "window", "power", "noise", "pressure"]
+KINDS = [
+    "temperature",
+    "humidity",
+    "co2",
+    "light",
+    "motion",
+    "door",
+    "window",
+    "power",
+    "noise",
+    "pressure",
+]
 
 FILTERS = 10_000
 SUBSCRIBERS_PER_FILTER = 10
@@ -81,7 +91,9 @@ def makePublishes(rng, filters, count):
     """
     Topics to publish: half subscribed exactly, half from anywhere.
     """
-    exact = [topicFilter for topicFilter in filters if "+" not in topicFilter and "#" not in topicFilter]
+    exact = [
+        topicFilter for topicFilter in filters if "+" not in topicFilter and "#" not in topicFilter
+    ]
     return [rng.choice(exact) if rng.random() < 0.5 else randomTopic(rng) for _ in range(count)]
 
 

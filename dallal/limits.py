@@ -281,8 +281,7 @@ class LimitLog:
         for limit in LIMITS:
             counters[limit.counter] = 0
 
-    def refused(self, limit, maximum, client, transport, session=0, reason=None,
-                requestId=NO_ID):
+    def refused(self, limit, maximum, client, transport, session=0, reason=None, requestId=NO_ID):
         """
         Count and log one refusal by C{limit}.
 

@@ -6,6 +6,7 @@ import re
 
 USER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 
+
 def checkUserName(name):
     """
     @raise ValueError: C{name} is not a valid user name, with the rule.

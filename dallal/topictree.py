@@ -44,9 +44,7 @@ def checkFilter(topicFilter, maxLength=MAX_TOPIC_LENGTH, maxLevels=None):
     for index, level in enumerate(levels):
         if MULTI_LEVEL in level:
             if level != MULTI_LEVEL:
-                raise TopicError(
-                    f"'#' must be alone in its level, not in {level!r}"
-                )
+                raise TopicError(f"'#' must be alone in its level, not in {level!r}")
             if index != len(levels) - 1:
                 raise TopicError("'#' must be the last level of a filter")
         elif SINGLE_LEVEL in level and level != SINGLE_LEVEL:

@@ -28,7 +28,11 @@ from dallal_analytics import htmlreport, parse, questions
 from dallal_analytics.classdata import ClassDataArchive
 from dallal_analytics.prefetch import startReadingAhead
 from dallal_analytics.session import (
-    JVM_OPTIONS, buildSession, driverProcess, isLocalMaster, jvmRunning,
+    JVM_OPTIONS,
+    buildSession,
+    driverProcess,
+    isLocalMaster,
+    jvmRunning,
     launchedBySparkSubmit,
 )
 
@@ -39,7 +43,9 @@ TOP = 10
 CHART_STEPS = 200
 
 UNITS = {"s": 1, "m": 60, "h": 3600}
-WINDOW = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|second|seconds|m|min|minute|minutes|h|hour|hours)?\s*$")
+WINDOW = re.compile(
+    r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|second|seconds|m|min|minute|minutes|h|hour|hours)?\s*$"
+)
 
 # Traffic to and from other brokers over bridges (EVENTS.md).
 BRIDGED_TOTALS = ("bridged_published", "bridged_delivered", "bridged_dropped")
@@ -122,7 +128,8 @@ class Progress:
     def _watch(self, name, begun, finished):
         while not finished.wait(self.interval):
             stages = [
-                info for info in map(
+                info
+                for info in map(
                     self.statusTracker.getStageInfo, self.statusTracker.getActiveStageIds()
                 )
                 if info is not None
@@ -190,8 +197,12 @@ def chartStep(runRows):
     """
     Whole seconds that cut the log's time span into about L{CHART_STEPS}.
     """
-    times = [row[name] for row in runRows for name in ("first_event", "last_event")
-             if row[name] is not None]
+    times = [
+        row[name]
+        for row in runRows
+        for name in ("first_event", "last_event")
+        if row[name] is not None
+    ]
     if not times:
         return 1
     span = (max(times) - min(times)).total_seconds()
@@ -210,9 +221,7 @@ def counterMismatches(runRows):
         if not counters:
             continue
         fromLog = {column: run[column] for column in questions.COUNTERS_FROM_EVENTS.values()}
-        fromLog["inflight"] = run["matched"] - sum(
-            run[name] for name in questions.OUTCOME_COUNTS
-        )
+        fromLog["inflight"] = run["matched"] - sum(run[name] for name in questions.OUTCOME_COUNTS)
         messageEventsLogged = run["publishes"] > 0 or not counters.get("published")
         for counter, column in sorted(names.items()):
             if counter not in counters:
@@ -221,8 +230,12 @@ def counterMismatches(runRows):
                 continue
             if counters[counter] != fromLog[column]:
                 mismatches.append(
-                    {"run": run["run"], "counter": counter,
-                     "broker": counters[counter], "log": fromLog[column]}
+                    {
+                        "run": run["run"],
+                        "counter": counter,
+                        "broker": counters[counter],
+                        "log": fromLog[column],
+                    }
                 )
     return mismatches
 
@@ -252,14 +265,19 @@ def _writeLatency(tables, events, sessionTransports, progress):
         ).localCheckpoint()
         latencyTable = tables.write("latency", questions.latency(sketch))
         histogramTable = tables.write("latency_histogram", questions.latencyHistogram(sketch))
-        overallLatency = questions.overallLatency(_rows(sketch.groupBy("fine").agg(
-            F.sum("acks").alias("acks"), F.sum("sum").alias("sum"), F.max("max").alias("max")
-        )))
+        overallLatency = questions.overallLatency(
+            _rows(
+                sketch.groupBy("fine").agg(
+                    F.sum("acks").alias("acks"),
+                    F.sum("sum").alias("sum"),
+                    F.max("max").alias("max"),
+                )
+            )
+        )
     return latencyTable, histogramTable, overallLatency
 
 
-def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None,
-              deliveries=False):
+def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None, deliveries=False):
     """
     Analyse the logs at C{paths} into C{outDir}; return the summary.
     C{deliveries}: also write the table of every (message, subscriber).
@@ -297,10 +315,17 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
         # per-message events again.
         starts = questions.brokerStarts(others, survey.pop("listening"))
         messages = survey.pop("messages")
-        unparsedExamples = [
-            row.raw for row in others.where(col("kind") == parse.UNPARSED)
-            .select("raw").limit(UNPARSED_EXAMPLES).collect()
-        ] if survey[parse.UNPARSED] else []
+        unparsedExamples = (
+            [
+                row.raw
+                for row in others.where(col("kind") == parse.UNPARSED)
+                .select("raw")
+                .limit(UNPARSED_EXAMPLES)
+                .collect()
+            ]
+            if survey[parse.UNPARSED]
+            else []
+        )
         events = questions.assignRuns(lines, starts)
 
     background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="background")
@@ -316,9 +341,7 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
             # the cores while that is planned (faster in three of four pairs,
             # by 0.7 s in the median pair).  Its jobs, submitted first, get
             # the cores first.
-            lossAccount = background.submit(
-                _writeLossAccount, tables, events, deliveries, progress
-            )
+            lossAccount = background.submit(_writeLossAccount, tables, events, deliveries, progress)
             # The event summary and the latency sketch are read by many
             # small queries: checkpointed (computed now, kept by the
             # executors, their lineage cut) rather than cached, so that Spark
@@ -330,9 +353,10 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
                 events, questions.messageSizes(events, messages), window
             ).localCheckpoint()
             activity = cache(questions.sessionActivity(summary))
-            sessionTable = tables.write("sessions", questions.sessions(
-                activity, questions.sessionNames(summary), len(starts)
-            ))
+            sessionTable = tables.write(
+                "sessions",
+                questions.sessions(activity, questions.sessionNames(summary), len(starts)),
+            )
             sessionTransports = sessionTable.select(
                 "run", "session", col("transport").alias("session_transport")
             )
@@ -342,9 +366,7 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
             # million lines, the report was faster in four of four pairs of
             # alternated runs: after the parse, 32.2-34.6 s instead of
             # 34.8-36.9).
-            latency = background.submit(
-                _writeLatency, tables, events, sessionTransports, progress
-            )
+            latency = background.submit(_writeLatency, tables, events, sessionTransports, progress)
             connectionTable = tables.write("connections", questions.connections(sessionTable))
             tables.write(
                 "connections_by_window", questions.connectionsByWindow(connectionTable, window)
@@ -367,9 +389,9 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
     with progress.stage("health"):
         errorTable = tables.write("errors", questions.errors(summary))
         healthTable = tables.write("health", questions.health(summary))
-        runTable = tables.write("runs", questions.runs(
-            summary, activity, sessionTable, messageTable, connectionTable
-        ))
+        runTable = tables.write(
+            "runs", questions.runs(summary, activity, sessionTable, messageTable, connectionTable)
+        )
     for frame in cached:
         frame.unpersist()
 
@@ -392,13 +414,13 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
             errorRows=errorRows,
             overallLatency=overallLatency,
             sessionKinds=_rows(sessionTable.groupBy("transport", "end_reason").count()),
-            transports=_rows(trafficTable.groupBy("transport").agg(
-                *(F.sum(name).alias(name) for name in TRANSPORT_MEASURES)
-            )),
+            transports=_rows(
+                trafficTable.groupBy("transport").agg(
+                    *(F.sum(name).alias(name) for name in TRANSPORT_MEASURES)
+                )
+            ),
         )
-        (outDir / "summary.json").write_text(
-            json.dumps(summary, indent=2, sort_keys=True) + "\n"
-        )
+        (outDir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
         connectionStep = chartStep(runRows)
         htmlreport.write(
             outDir / "report.html",
@@ -417,8 +439,9 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
             ),
             connectionStep=connectionStep,
             topics=topicRows[:TOP],
-            publishers=_rows(publisherTable.orderBy(
-                col("publishes").desc(), col("bytes").desc()).limit(TOP)),
+            publishers=_rows(
+                publisherTable.orderBy(col("publishes").desc(), col("bytes").desc()).limit(TOP)
+            ),
             latency=sorted(
                 _rows(latencyTable),
                 key=lambda row: (-row["acks"], row["topic"] or "", row["transport"]),
@@ -431,11 +454,23 @@ def runReport(spark, paths, outDir, window=DEFAULT_WINDOW_SECONDS, progress=None
     return summary
 
 
-def summarize(window, survey, starts, unparsedExamples, runRows, topicRows, lossRows,
-              errorRows, overallLatency, sessionKinds, transports):
+def summarize(
+    window,
+    survey,
+    starts,
+    unparsedExamples,
+    runRows,
+    topicRows,
+    lossRows,
+    errorRows,
+    overallLatency,
+    sessionKinds,
+    transports,
+):
     """
     summary.json: the totals, from the rows the report collected.
     """
+
     def total(rows, name):
         return sum(row[name] or 0 for row in rows)
 
@@ -490,12 +525,12 @@ def summarize(window, survey, starts, unparsedExamples, runRows, topicRows, loss
         "lines": survey,
         "unparsed_examples": unparsedExamples,
         "runs": len(starts),
-        "first_event_at": htmlreport.isoformat(min(
-            (row["first_event"] for row in runRows if row["first_event"]), default=None
-        )),
-        "last_event_at": htmlreport.isoformat(max(
-            (row["last_event"] for row in runRows if row["last_event"]), default=None
-        )),
+        "first_event_at": htmlreport.isoformat(
+            min((row["first_event"] for row in runRows if row["first_event"]), default=None)
+        ),
+        "last_event_at": htmlreport.isoformat(
+            max((row["last_event"] for row in runRows if row["last_event"]), default=None)
+        ),
         "window_seconds": window,
         "topics": {
             jsonKey(row["topic"]): {name: value for name, value in row.items() if name != "topic"}
@@ -503,8 +538,10 @@ def summarize(window, survey, starts, unparsedExamples, runRows, topicRows, loss
         },
         "transports": {
             transport: dict(
-                {name: (trafficByTransport.get(transport) or {}).get(name, 0)
-                 for name in TRANSPORT_MEASURES},
+                {
+                    name: (trafficByTransport.get(transport) or {}).get(name, 0)
+                    for name in TRANSPORT_MEASURES
+                },
                 sessions=sessionsByTransport.get(transport, 0),
             )
             for transport in sorted(set(trafficByTransport) | set(sessionsByTransport))
@@ -520,43 +557,48 @@ def parseArguments(argv):
         "Parquet tables, summary.json and report.html in --out.",
     )
     parser.add_argument(
-        "logs", nargs="+", metavar="LOGS",
+        "logs",
+        nargs="+",
+        metavar="LOGS",
         help="log files, globs or directories (twistd.log, twistd.log.1, ...)",
     )
     parser.add_argument("--out", required=True, help="the folder to write the report in")
     parser.add_argument(
-        "--window", type=windowSeconds, default=DEFAULT_WINDOW_SECONDS, metavar="DURATION",
-        help="the time window of the traffic and health tables: 30s, 1m, 1h "
-        "(default 1m)",
+        "--window",
+        type=windowSeconds,
+        default=DEFAULT_WINDOW_SECONDS,
+        metavar="DURATION",
+        help="the time window of the traffic and health tables: 30s, 1m, 1h (default 1m)",
     )
     parser.add_argument(
-        "--deliveries", action="store_true",
+        "--deliveries",
+        action="store_true",
         help="also write the deliveries table: how each (message, subscriber) ended, "
         "a row per send (at ten million lines it doubles the report's loss-account time)",
     )
     parser.add_argument(
         "--master",
-        help="the Spark master URL (default: spark-submit's, or local[*] when "
-        "run with python)",
+        help="the Spark master URL (default: spark-submit's, or local[*] when run with python)",
     )
     parser.add_argument(
-        "--shuffle-partitions", type=positiveCount, metavar="N",
-        help="spark.sql.shuffle.partitions (default 16 for local masters, "
-        "Spark's elsewhere)",
+        "--shuffle-partitions",
+        type=positiveCount,
+        metavar="N",
+        help="spark.sql.shuffle.partitions (default 16 for local masters, Spark's elsewhere)",
     )
     parser.add_argument(
-        "--driver-memory", default="4g",
+        "--driver-memory",
+        default="4g",
         help="the driver JVM's heap when run with python (default 4g)",
     )
     parser.add_argument(
-        "--no-jvm-cache", action="store_true",
+        "--no-jvm-cache",
+        action="store_true",
         help="neither map nor write the archive of the JVM's classes that starts later "
         "reports sooner (kept in $DALLAL_REPORT_CACHE, else $XDG_CACHE_HOME/dallal-report "
         "or ~/.cache/dallal-report)",
     )
-    parser.add_argument(
-        "--quiet", action="store_true", help="no progress lines on standard error"
-    )
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on standard error")
     return parser.parse_args(argv)
 
 
@@ -581,9 +623,7 @@ def main(argv=None):
     )
     from pyspark.errors import AnalysisException
 
-    progress = Progress(
-        enabled=not args.quiet, statusTracker=spark.sparkContext.statusTracker()
-    )
+    progress = Progress(enabled=not args.quiet, statusTracker=spark.sparkContext.statusTracker())
     jvm = driverProcess()
     completed = False
     try:
@@ -601,8 +641,10 @@ def main(argv=None):
         if archive and jvm and not completed:
             archive.abandon(jvm)
     out = Path(args.out)
-    print(f"{summary['publishes']} publishes, {summary['deliveries']} deliveries, "
-          f"{summary['sessions']} sessions, {summary['unparsed_lines']} unparsed lines")
+    print(
+        f"{summary['publishes']} publishes, {summary['deliveries']} deliveries, "
+        f"{summary['sessions']} sessions, {summary['unparsed_lines']} unparsed lines"
+    )
     print(f"report: {out / 'report.html'}")
     print(f"summary: {out / 'summary.json'}", flush=True)
     if archive and jvm:

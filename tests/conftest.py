@@ -8,7 +8,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from helpers import BrokerHarness, BrokerProcess
 
 pytest_plugins = ["processguard"]

@@ -140,24 +140,41 @@ def _firstRun(t):
         eventLine(t + 2.1, "subscribe", **s3, topic="weather", mode="latest"),
         eventLine(t + 3, "connect", **s4, transport="tcp"),
         # mid 1: acked by s1, fired to s2.
-        eventLine(t + 4, "publish", mid=1, topic="news", bytes=11, **s4, transport="tcp", subscribers=2),
+        eventLine(
+            t + 4, "publish", mid=1, topic="news", bytes=11, **s4, transport="tcp", subscribers=2
+        ),
         eventLine(t + 4.001, "deliver", mid=1, topic="news", **s1, mode="all", seq=1, attempt=1),
         eventLine(t + 4.002, "deliver", mid=1, topic="news", **s2, mode="fire", seq=1, attempt=1),
         eventLine(t + 4.004, "ack", mid=1, topic="news", session=1, latency=0.004),
         # mid 2: redelivered once to s1, then acked.
-        eventLine(t + 5, "publish", mid=2, topic="news", bytes=5, **s4, transport="tcp", subscribers=2),
+        eventLine(
+            t + 5, "publish", mid=2, topic="news", bytes=5, **s4, transport="tcp", subscribers=2
+        ),
         eventLine(t + 5.001, "deliver", mid=2, topic="news", **s1, mode="all", seq=2, attempt=1),
         eventLine(t + 5.002, "deliver", mid=2, topic="news", **s2, mode="fire", seq=2, attempt=1),
         eventLine(t + 6.5, "deliver", mid=2, topic="news", **s1, mode="all", seq=2, attempt=2),
         eventLine(t + 7, "ack", mid=2, topic="news", session=1, latency=2.0),
         # mid 3 waits for slow s3 and mid 4 replaces it.
-        eventLine(t + 8, "publish", mid=3, topic="weather", bytes=7, **s4, transport="tcp", subscribers=1),
-        eventLine(t + 8.5, "publish", mid=4, topic="weather", bytes=3, **s4, transport="tcp", subscribers=1),
+        eventLine(
+            t + 8, "publish", mid=3, topic="weather", bytes=7, **s4, transport="tcp", subscribers=1
+        ),
+        eventLine(
+            t + 8.5,
+            "publish",
+            mid=4,
+            topic="weather",
+            bytes=3,
+            **s4,
+            transport="tcp",
+            subscribers=1,
+        ),
         eventLine(t + 8.501, "replace", mid=3, topic="weather", session=3, by=4),
         eventLine(t + 9, "deliver", mid=4, topic="weather", **s3, mode="latest", seq=1, attempt=1),
         eventLine(t + 9.01, "ack", mid=4, topic="weather", session=3, latency=0.51),
         # mid 5: fired to s2, never acked by s1, dropped when s1 leaves.
-        eventLine(t + 10, "publish", mid=5, topic="news", bytes=20, **s4, transport="tcp", subscribers=2),
+        eventLine(
+            t + 10, "publish", mid=5, topic="news", bytes=20, **s4, transport="tcp", subscribers=2
+        ),
         eventLine(t + 10.001, "deliver", mid=5, topic="news", **s1, mode="all", seq=3, attempt=1),
         eventLine(t + 10.002, "deliver", mid=5, topic="news", **s2, mode="fire", seq=3, attempt=1),
         foreignLine(t + 11, "dallal#critical", "Unhandled Error"),
@@ -169,20 +186,54 @@ def _firstRun(t):
         eventLine(t + 20, "ping_missed", "warn", **s2, missed=1),
         eventLine(t + 30, "ping_missed", "warn", **s2, missed=2),
         eventLine(t + 40, "client_dropped", "warn", **s2, missed=3),
-        eventLine(t + 40.001, "disconnect", **s2, transport="udp", reason="expired", subscriptions=1),
+        eventLine(
+            t + 40.001, "disconnect", **s2, transport="udp", reason="expired", subscriptions=1
+        ),
         eventLine(t + 41, "protocol_error", "warn", **s4, code="BAD_TOPIC", fatal=False),
         eventLine(t + 42, "protocol_error", "warn", **s4, code="BAD_FRAMING", fatal=True),
-        eventLine(t + 42.001, "disconnect", **s4, transport="tcp", reason="protocol_error", subscriptions=0),
-        eventLine(t + 43, "drop", "warn", mid=5, topic="news", session=1, reason="disconnected"),
-        eventLine(t + 43.001, "disconnect", **s1, transport="tcp", reason="closed", subscriptions=1),
-        foreignLine(t + 50, "twisted.internet.base#info", "Received SIGTERM, shutting down."),
-        eventLine(t + 50.001, "disconnect", **s3, transport="tcp", reason="shutdown", subscriptions=1),
         eventLine(
-            t + 50.002, "stats", connections=0, connections_total=4, subscriptions=0,
-            published=5, matched=8, delivered=7, fired=3, redelivered=1, acked=3, replaced=1,
-            dropped=1, dropped_queue_full=0, dropped_slow_consumer=0, dropped_disconnected=1,
-            dropped_redelivery_limit=0, dropped_superseded=0, dropped_too_large=0, inflight=0,
-            bytes_in=46, bytes_out=80, errors=2, pings_missed=2, clients_dropped=1, duplicates=0,
+            t + 42.001,
+            "disconnect",
+            **s4,
+            transport="tcp",
+            reason="protocol_error",
+            subscriptions=0,
+        ),
+        eventLine(t + 43, "drop", "warn", mid=5, topic="news", session=1, reason="disconnected"),
+        eventLine(
+            t + 43.001, "disconnect", **s1, transport="tcp", reason="closed", subscriptions=1
+        ),
+        foreignLine(t + 50, "twisted.internet.base#info", "Received SIGTERM, shutting down."),
+        eventLine(
+            t + 50.001, "disconnect", **s3, transport="tcp", reason="shutdown", subscriptions=1
+        ),
+        eventLine(
+            t + 50.002,
+            "stats",
+            connections=0,
+            connections_total=4,
+            subscriptions=0,
+            published=5,
+            matched=8,
+            delivered=7,
+            fired=3,
+            redelivered=1,
+            acked=3,
+            replaced=1,
+            dropped=1,
+            dropped_queue_full=0,
+            dropped_slow_consumer=0,
+            dropped_disconnected=1,
+            dropped_redelivery_limit=0,
+            dropped_superseded=0,
+            dropped_too_large=0,
+            inflight=0,
+            bytes_in=46,
+            bytes_out=80,
+            errors=2,
+            pings_missed=2,
+            clients_dropped=1,
+            duplicates=0,
             unsent=0,
         ),
         foreignLine(t + 50.003, TWISTD, "Server Shut Down."),
@@ -205,9 +256,13 @@ def _secondRun(t):
         eventLine(t + 1.301, "deliver", mid=1, topic="weather", **s1, mode="all", seq=1, attempt=1),
         eventLine(t + 2, "connect", **s2, transport="tcp"),
         eventLine(t + 2.3, "ack", mid=1, topic="weather", session=1, latency=1.0),
-        eventLine(t + 3, "publish", mid=2, topic="news", bytes=4, **s2, transport="tcp", subscribers=1),
+        eventLine(
+            t + 3, "publish", mid=2, topic="news", bytes=4, **s2, transport="tcp", subscribers=1
+        ),
         eventLine(t + 3.001, "deliver", mid=2, topic="news", **s1, mode="all", seq=1, attempt=1),
-        eventLine(t + 4, "publish", mid=3, topic="news", bytes=6, **s2, transport="tcp", subscribers=1),
+        eventLine(
+            t + 4, "publish", mid=3, topic="news", bytes=6, **s2, transport="tcp", subscribers=1
+        ),
         eventLine(t + 4.001, "drop", "warn", mid=3, topic="news", session=1, reason="queue_full"),
         eventLine(t + 4.5, "unsubscribe", **s1, topic="weather/#"),
         eventLine(t + 5, "disconnect", **s2, transport="tcp", reason="closed", subscriptions=0),
@@ -250,8 +305,13 @@ HAND_WRITTEN_SUMMARY = {
     "replaced": 1,
     "dropped": 2,
     "dropped_by_reason": {
-        "disconnected": 1, "queue_full": 1, "redelivery_limit": 0,
-        "slow_consumer": 0, "superseded": 0, "too_large": 0, "bridge_refused": 0,
+        "disconnected": 1,
+        "queue_full": 1,
+        "redelivery_limit": 0,
+        "slow_consumer": 0,
+        "superseded": 0,
+        "too_large": 0,
+        "bridge_refused": 0,
     },
     "inflight": 1,
     "bytes_in": 56,
@@ -261,7 +321,10 @@ HAND_WRITTEN_SUMMARY = {
     "peak_connections": 4,
     "peak_connections_at": "2026-11-21T20:28:03Z",
     "session_end_reasons": {
-        "closed": 2, "expired": 1, "protocol_error": 1, "shutdown": 1,
+        "closed": 2,
+        "expired": 1,
+        "protocol_error": 1,
+        "shutdown": 1,
         "still_connected": 1,
     },
     "errors": 2,

@@ -23,11 +23,11 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import Logger, formatEvent
 from twisted.python.failure import Failure
 
+from dallal.broker.core import BrokerConfig
+from dallal.broker.events import NAMESPACE, EventLog
 from dallal.protocol import wire
 from dallal.security.acl import parseAcl
 from dallal.security.auth import BrokerRealm, Gatekeeper, PasswordFileChecker
-from dallal.broker.core import BrokerConfig
-from dallal.broker.events import NAMESPACE, EventLog
 from dallal.security.passwords import PasswordHash
 from dallal.server.service import DallalService
 
@@ -62,9 +62,7 @@ def runInline(function, *arguments):
     return maybeDeferred(function, *arguments)
 
 
-def makeGatekeeper(
-    clock, users=None, acl=None, runHash=runInline, bridgeUsers=(), config=None
-):
+def makeGatekeeper(clock, users=None, acl=None, runHash=runInline, bridgeUsers=(), config=None):
     """
     A L{Gatekeeper} on C{clock}, checking passwords with cheap scrypt,
     inline unless told otherwise.
@@ -136,9 +134,7 @@ class BrokerHarness:
             config = dataclasses.replace(config, name=HARNESS_NAME)
         self.gatekeeper = None
         if users is not None or acl is not None:
-            self.gatekeeper = makeGatekeeper(
-                self.clock, users, acl, runHash, bridgeUsers, config
-            )
+            self.gatekeeper = makeGatekeeper(self.clock, users, acl, runHash, bridgeUsers, config)
         grace = {} if shutdownGrace is None else {"shutdownGrace": shutdownGrace}
         # No $SYS statistics: the tests that want them start their own.
         self.service = DallalService(
@@ -331,9 +327,7 @@ def messages(data):
     The C{(topic, payload)} of each C{MSG} frame in C{data}.
     """
     return [
-        (frame.arguments[0], frame.payload)
-        for frame in decodeFrames(data)
-        if frame.verb == b"MSG"
+        (frame.arguments[0], frame.payload) for frame in decodeFrames(data) if frame.verb == b"MSG"
     ]
 
 
@@ -460,9 +454,7 @@ class OutputCollector:
 
         @return: the match.
         """
-        return self.waitUntil(
-            lambda output: re.search(pattern, output), timeout, repr(pattern)
-        )
+        return self.waitUntil(lambda output: re.search(pattern, output), timeout, repr(pattern))
 
     def terminate(self, timeout=STOP_TIMEOUT):
         """
@@ -477,7 +469,7 @@ class OutputCollector:
             status = self.process.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"{self.argv} still running {timeout} s after SIGTERM")
+            raise AssertionError(f"{self.argv} still running {timeout} s after SIGTERM") from None
         self._reader.join(timeout)
         return status
 

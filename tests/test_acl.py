@@ -184,9 +184,7 @@ def test_loadErrors(tmp_path):
 
 LEVELS = ["a", "b", "$s", ""]
 UNIVERSE = [
-    "/".join(levels)
-    for depth in range(1, 4)
-    for levels in itertools.product(LEVELS, repeat=depth)
+    "/".join(levels) for depth in range(1, 4) for levels in itertools.product(LEVELS, repeat=depth)
 ]
 filterLevels = strategies.sampled_from(["a", "b", "$s", "", "+"])
 filters = strategies.builds(

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO
 
 pytestmark = pytest.mark.e2e

@@ -11,6 +11,16 @@ import threading
 
 import pytest
 import pytest_twisted
+from helpers import (
+    CHEAP_SCRYPT,
+    PING_INTERVAL,
+    BrokerHarness,
+    decodeFrames,
+    makeGatekeeper,
+    messages,
+)
+from test_topics_core import MemoryRetained
+from test_udp import TOKEN, UdpHarness
 from twisted.cred.checkers import ANONYMOUS
 from twisted.cred.credentials import UsernamePassword
 from twisted.cred.error import UnauthorizedLogin
@@ -19,6 +29,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.python import usage
 
+from dallal.security.acl import parseAcl
 from dallal.security.auth import (
     FAILURE_DELAY,
     LOGIN_TIMEOUT,
@@ -31,19 +42,8 @@ from dallal.security.auth import (
     UnknownUser,
     beyondLoopback,
 )
-from dallal.security.acl import parseAcl
 from dallal.security.passwords import PasswordFile, PasswordFileError, PasswordHash
 from dallal.server.tap import Options
-from helpers import (
-    CHEAP_SCRYPT,
-    PING_INTERVAL,
-    BrokerHarness,
-    decodeFrames,
-    makeGatekeeper,
-    messages,
-)
-from test_topics_core import MemoryRetained
-from test_udp import TOKEN, UdpHarness
 
 USERS = {"alice": b"alice's secret", "bob": b"correct horse battery staple"}
 ACL = """\
@@ -174,9 +174,7 @@ async def test_checksRunOffTheReactorThread():
     hashed = PasswordHash.make(b"pw", **CHEAP_SCRYPT)
     recording = RecordingHash(hashed.n, hashed.r, hashed.p, hashed.salt, hashed.digest)
     checker = PasswordFileChecker({"alice": recording})
-    name = await checker.requestAvatarId(UsernamePassword(b"alice", b"pw")).addTimeout(
-        30, reactor
-    )
+    name = await checker.requestAvatarId(UsernamePassword(b"alice", b"pw")).addTimeout(30, reactor)
     assert name == "alice"
     assert recording.threads and threading.get_ident() not in recording.threads
 
@@ -228,9 +226,7 @@ def test_bridgeUsersAreTheOnlyUsersThatMayBridge(tmp_path):
         passwords.set(user, PasswordHash.make(password, **CHEAP_SCRYPT))
     passwords.save()
     realm = Gatekeeper.fromFiles(Clock(), str(path), bridgeUsers=("alice",)).realm
-    mayBridge = {
-        user: realm.requestAvatar(user, None, IBrokerUser)[1].mayBridge for user in USERS
-    }
+    mayBridge = {user: realm.requestAvatar(user, None, IBrokerUser)[1].mayBridge for user in USERS}
     assert mayBridge == {"alice": True, "bob": False}
     assert realm.requestAvatar(ANONYMOUS, None, IBrokerUser)[1].mayBridge
     with pytest.raises(PasswordFileError, match="has no user 'carol', named by --bridge-users"):
@@ -505,9 +501,7 @@ def loggedIn(harness, user, clientId="c1"):
 def test_publishRefusedByTheAcl(secured):
     bob = loggedIn(secured, "bob")
     bob.send(b"PUB 1 news 2\r\nhi\r\nPUB 2 bob/x 2\r\nhi\r\n")
-    assert bob.received() == (
-        b"ERR 1 FORBIDDEN user bob may not publish on news\r\nPUBACK 2\r\n"
-    )
+    assert bob.received() == (b"ERR 1 FORBIDDEN user bob may not publish on news\r\nPUBACK 2\r\n")
     assert secured.fields("denied") == [
         {"session": 1, "client": bob.address, "user": "bob", "action": "publish", "topic": "news"}
     ]
@@ -566,7 +560,14 @@ def test_wildcardSubscriberOnlyReceivesWhatItMayRead(secured):
     bob.send(b"SUB 1 # mode=fire\r\n")
     bob.received()
     alice = loggedIn(secured, "alice")
-    for topic in (b"news/a", b"news/secret", b"secret", b"users/bob/x", b"users/carol/x", b"news/b"):
+    for topic in (
+        b"news/a",
+        b"news/secret",
+        b"secret",
+        b"users/bob/x",
+        b"users/carol/x",
+        b"news/b",
+    ):
         alice.send(b"PUB p %s 1\r\nx\r\n" % topic)
     assert [topic for topic, _ in messages(bob.received())] == [
         b"news/a",
@@ -677,7 +678,9 @@ def test_udpLoginInTheHelloThatEchoesTheToken():
     assert checks.waiting == []
     assert udpHello(peer, b"me", credentialOptions("alice", USERS["alice"])) == []
     # A resend while the password is checked is not checked again.
-    peer.send(b"HELLO 2 me token=%s %s\r\n" % (peer.token, credentialOptions("alice", USERS["alice"])))
+    peer.send(
+        b"HELLO 2 me token=%s %s\r\n" % (peer.token, credentialOptions("alice", USERS["alice"]))
+    )
     assert len(checks.waiting) == 1
     checks.runAll()
     [answer] = peer.received()

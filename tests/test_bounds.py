@@ -10,17 +10,17 @@ leaves (C{--max-retained}, C{--max-retained-bytes}).
 import tracemalloc
 
 import pytest
-from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
-
-from dallal.security.auth import FAILURE_DELAY, MAX_CONCURRENT_CHECKS, CheckQueue
-from dallal.broker.core import BrokerConfig
-from dallal.server.tcp import OUTPUT_SOFT_MARK, TURN_SECONDS
-from dallal.server.udp import ANSWER_BOOKKEEPING, LOGIN_RESEND_TIMEOUT, AnswerCache
 from helpers import PING_INTERVAL, BrokerHarness
 from test_auth import USERS, PendingChecks, credentialOptions, udpHello
 from test_topics_core import MemoryRetained, document
 from test_udp import UdpHarness
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+
+from dallal.broker.core import BrokerConfig
+from dallal.security.auth import FAILURE_DELAY, MAX_CONCURRENT_CHECKS, CheckQueue
+from dallal.server.tcp import OUTPUT_SOFT_MARK, TURN_SECONDS
+from dallal.server.udp import ANSWER_BOOKKEEPING, LOGIN_RESEND_TIMEOUT, AnswerCache
 
 
 def assertRefusedBy(harness, limit, maximum):
@@ -153,9 +153,7 @@ def test_connectionClosedAfterConsecutiveErrors():
     assert disconnect["reason"] == "protocol_error"
 
 
-@pytest.mark.parametrize(
-    "carriedOut", [b"PING\r\n", b"PUB 1 news 2\r\nhi\r\n", b"SUB 2 news\r\n"]
-)
+@pytest.mark.parametrize("carriedOut", [b"PING\r\n", b"PUB 1 news 2\r\nhi\r\n", b"SUB 2 news\r\n"])
 def test_aRequestCarriedOutEndsTheRun(carriedOut):
     harness = BrokerHarness()
     client = harness.connect()
@@ -171,7 +169,7 @@ def test_aUdpSessionEndedAfterConsecutiveErrors():
     the tenth ERR, and its session ends: what it sends next finds none.
     """
     harness, (peer, _) = udpHarness()
-    for number in range(9):
+    for _number in range(9):
         peer.request(b"NOPE")
     assert [answer.split()[2] for answer in peer.received()] == [b"BAD_COMMAND"] * 9
     peer.request(b"PUB 1 +bad 2", b"hi")
@@ -190,10 +188,10 @@ def test_aUdpSessionEndedAfterConsecutiveErrors():
 @pytest.mark.parametrize("carriedOut", [(b"PING", None), (b"PUB 1 news 2", b"hi")])
 def test_aUdpRequestCarriedOutEndsTheRun(carriedOut):
     harness, (peer, _) = udpHarness()
-    for number in range(9):
+    for _number in range(9):
         peer.request(b"NOPE")
     peer.request(*carriedOut)
-    for number in range(9):
+    for _number in range(9):
         peer.request(b"NOPE")
     assert b"TOO_MANY_ERRORS" not in b"".join(peer.received())
     assert harness.broker.stats()["refused_consecutive_errors"] == 0
@@ -206,7 +204,7 @@ def test_aStrangersErrorsEndNoSession():
     """
     harness, (peer, _) = udpHarness()
     stranger = harness.peer(40009)
-    for number in range(20):
+    for _number in range(20):
         stranger.send(b"NOPE client=me token=%s\r\n" % peer.token)
     assert harness.broker.stats()["refused_consecutive_errors"] == 0
     peer.request(b"PING")
@@ -404,7 +402,7 @@ def test_aUdpLoginWhoseHelloIsResentWaitsForItsCheck():
     peer = harness.peer(40001)
     hello = b"HELLO 2 me token=%s %s\r\n"
     udpHello(peer, b"me", credentialOptions("alice", USERS["alice"]))
-    for number in range(3):
+    for _number in range(3):
         harness.clock.advance(LOGIN_RESEND_TIMEOUT - 0.5)
         peer.send(hello % (peer.token, credentialOptions("alice", USERS["alice"])))
     checks.runAll()
@@ -552,7 +550,9 @@ def test_retainedMessagesUpToTheLimit():
     )
     assert subscriber.received().count(b"MSG ") == 2
     assertRefusedBy(harness, "retained", 2)
-    client.send(b"PUB 4 b 2 retain=1\r\nyy\r\nPUB 5 a 0 retain=1\r\n\r\nPUB 6 c 1 retain=1\r\nx\r\n")
+    client.send(
+        b"PUB 4 b 2 retain=1\r\nyy\r\nPUB 5 a 0 retain=1\r\n\r\nPUB 6 c 1 retain=1\r\nx\r\n"
+    )
     assert client.received() == b"PUBACK 4\r\nPUBACK 5\r\nPUBACK 6\r\n"
 
 

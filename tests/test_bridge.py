@@ -11,6 +11,8 @@ Bridges between brokers (PROTOCOL.md, "Bridges"), on a clock:
 import json
 
 import pytest
+from helpers import PING_INTERVAL, BrokerHarness, decodeFrames, messages
+from test_events_catalogue import LINK_EVENTS, catalogue
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionLost, ConnectionRefusedError
@@ -20,8 +22,6 @@ from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from dallal.server.bridge import BridgeLink, BridgeSpec, parseBridge
-from dallal.cli.main import formatStats
 from dallal.broker.core import BrokerConfig
 from dallal.broker.delivery import DeliveryConfig
 from dallal.broker.origin import (
@@ -34,8 +34,8 @@ from dallal.broker.origin import (
     storedName,
 )
 from dallal.broker.sysstats import SysPublisher
-from helpers import PING_INTERVAL, BrokerHarness, decodeFrames, messages
-from test_events_catalogue import LINK_EVENTS, catalogue
+from dallal.cli.main import formatStats
+from dallal.server.bridge import BridgeLink, BridgeSpec, parseBridge
 
 REMOTE = IPv4Address("TCP", "10.0.0.1", 1373)
 
@@ -198,9 +198,7 @@ def test_bridgeFramesOnlyFromBridgeUsers(frame):
     mallory = harness.connect()
     mallory.login("mallory", USERS["mallory"])
     mallory.send(frame)
-    assert mallory.received().startswith(
-        b"ERR 7 NOT_AUTHORIZED user mallory is not a bridge: "
-    )
+    assert mallory.received().startswith(b"ERR 7 NOT_AUTHORIZED user mallory is not a bridge: ")
     [denied] = harness.fields("denied")
     assert (denied["user"], denied["action"]) == ("mallory", "bridge")
     stats = harness.broker.stats()

@@ -6,6 +6,7 @@ sends, and how its Deferreds answer what the broker sends back.
 import re
 
 import pytest
+from helpers import splitAt
 from twisted.internet.defer import TimeoutError
 from twisted.internet.error import ConnectionDone, ConnectionLost
 from twisted.internet.task import Clock
@@ -13,7 +14,6 @@ from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
 from dallal.client import ClosedUnanswered, DallalClientProtocol, ServerError
-from helpers import splitAt
 
 
 class Outcome:

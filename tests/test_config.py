@@ -6,11 +6,11 @@ command line over it, and one line naming the key for anything wrong.
 import re
 
 import pytest
+from helpers import REPO
 from twisted.python import usage
 
 from dallal.server.config import NOT_KEYS, ConfigError
 from dallal.server.tap import Options
-from helpers import REPO
 
 
 def parsed(tmp_path, text, *argv):
@@ -109,14 +109,20 @@ def test_optionsThatAreNotSettingsAreNoKeys(tmp_path, name):
         ),
         ("max-queued = 0", "dallal.toml: max-queued must be a whole number of at least 1, not '0'"),
         ("ack-timeout = -1", "dallal.toml: ack-timeout must be a number, positive, not '-1'"),
-        ("sys-interval = \"soon\"", "dallal.toml: sys-interval must be a number, positive or 0, not 'soon'"),
+        (
+            'sys-interval = "soon"',
+            "dallal.toml: sys-interval must be a number, positive or 0, not 'soon'",
+        ),
         ("udp = 70000", "dallal.toml: udp: port 70000 is not in 0-65535"),
         ("max-queued = true", "dallal.toml: max-queued takes a string or a number, not true"),
         ("max-queued = [1, 2]", "dallal.toml: max-queued takes a string or a number, not a list"),
         ("max-queued = {a = 1}", "dallal.toml: max-queued takes a string or a number, not a table"),
         ("tcp = [true]", "dallal.toml: tcp takes a string or a number, not true"),
         ("message-events = 1", "dallal.toml: message-events is a flag: true or false, not 1"),
-        ("message-events = \"yes\"", "dallal.toml: message-events is a flag: true or false, not 'yes'"),
+        (
+            'message-events = "yes"',
+            "dallal.toml: message-events is a flag: true or false, not 'yes'",
+        ),
         # Values checked once all options are read.
         ('tcp = ["70000"]', "dallal.toml: tcp: port 70000 is not in 0-65535"),
         ('name = "a b"', "dallal.toml: name: "),

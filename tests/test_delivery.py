@@ -15,12 +15,12 @@ from collections import Counter, namedtuple
 from itertools import count
 
 import pytest
+from helpers import BrokerHarness, decodeFrames
 from twisted.internet.defer import Deferred
 from twisted.internet.testing import StringTransport
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from dallal.client import DallalClientProtocol, ReceivedMessage
 from dallal.broker.core import BrokerConfig
 from dallal.broker.delivery import (
     ALL,
@@ -32,14 +32,13 @@ from dallal.broker.delivery import (
     DeliveryConfig,
 )
 from dallal.broker.interfaces import ISubscriber
-from helpers import BrokerHarness, decodeFrames
+from dallal.client import DallalClientProtocol, ReceivedMessage
 
 TOPIC = "news"
 ACK_TIMEOUT = 2.0
 
 # What a message's story can end with, besides a `deliver` in fire mode.
 ENDING_EVENTS = ("ack", "replace", "drop")
-
 
 
 def harnessWith(**limits):
@@ -87,9 +86,7 @@ def assertAccountsAgree(harness):
         told["dropped_" + reason] = sum(event["reason"] == reason for event in drops)
     assert told == {name: counters[name] for name in told}
     endings = Counter(
-        (event["mid"], event["session"])
-        for name in ENDING_EVENTS
-        for event in harness.fields(name)
+        (event["mid"], event["session"]) for name in ENDING_EVENTS for event in harness.fields(name)
     )
     endings.update((event["mid"], event["session"]) for event in fires)
     assert [pair for pair, times in endings.items() if times > 1] == []
@@ -483,9 +480,9 @@ def connectSubscribed(harness, *subscriptions):
     client = harness.connect()
     for line in subscriptions:
         client.send(line + b"\r\n")
-    assert [frame.verb for frame in decodeFrames(client.received())] == [
-        b"SUBACK"
-    ] * len(subscriptions)
+    assert [frame.verb for frame in decodeFrames(client.received())] == [b"SUBACK"] * len(
+        subscriptions
+    )
     return client
 
 
@@ -584,9 +581,7 @@ def test_pausedConnectionIsWrittenNothingUntilResumed():
     C{fire}.
     """
     harness = harnessWith(ackTimeout=ACK_TIMEOUT)
-    subscriber = connectSubscribed(
-        harness, b"SUB 1 l", b"SUB 2 a mode=all", b"SUB 3 f mode=fire"
-    )
+    subscriber = connectSubscribed(harness, b"SUB 1 l", b"SUB 2 a mode=all", b"SUB 3 f mode=fire")
     publisher = harness.connect()
     subscriber.transport.producer.pauseProducing()
     for number in (1, 2, 3):

@@ -13,10 +13,6 @@ import subprocess
 
 import pytest
 import pytest_twisted
-from twisted.internet import reactor
-
-from dallal.client import ServerError, connect
-from dallal.security.passwords import PasswordFile, PasswordHash
 from helpers import (
     COMMAND_TIMEOUT,
     DALLAL,
@@ -30,6 +26,10 @@ from helpers import (
 )
 from test_auth import ACL
 from test_tls import PKI
+from twisted.internet import reactor
+
+from dallal.client import ServerError, connect
+from dallal.security.passwords import PasswordFile, PasswordHash
 
 pytestmark = pytest.mark.e2e
 

@@ -8,11 +8,11 @@ import socket
 import time
 
 import pytest
-
-from dallal.protocol import wire
 from helpers import BrokerProcess, dallal
 from test_e2e_auth import PASSWORDS, SecuredBroker, as_
 from test_fuzz_network import vmRSS
+
+from dallal.protocol import wire
 
 pytestmark = pytest.mark.e2e
 

@@ -23,7 +23,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from helpers import (
     COMMAND_TIMEOUT,
     DALLAL,
@@ -137,8 +136,7 @@ class Brokers:
         times.
         """
         self.processes[name].waitUntil(
-            lambda output: output.count(b"event=bridge_up bridge=%s " % bridge.encode())
-            >= times,
+            lambda output: output.count(b"event=bridge_up bridge=%s " % bridge.encode()) >= times,
             START_TIMEOUT,
             f"bridge {bridge} up {times} time(s)",
         )
@@ -297,9 +295,7 @@ def test_bridgeLogsInToAHubThatTakesPasswords(brokers, tmp_path):
             "news/hub: from-the-hub",
             "news/leaf: from-the-leaf",
         ]
-    brokers.processes["refused"].waitFor(
-        rb"event=bridge_down bridge=hub reason=login_failed", WAIT
-    )
+    brokers.processes["refused"].waitFor(rb"event=bridge_down bridge=hub reason=login_failed", WAIT)
     assert b"not her password" not in brokers.stop("refused").output
     stats = json.loads(as_("alice", hub, "stats", "--json").stdout)
     assert stats["logins_failed"] >= 1

@@ -4,13 +4,13 @@ pipeline, with a message that begins with a dash, messages from standard
 input or a file, and a subscriber that outlives a broker restart.
 """
 
-import pytest
 import json
 import os
 import re
 import socket
 import subprocess
 
+import pytest
 from helpers import (
     COMMAND_TIMEOUT,
     DALLAL,

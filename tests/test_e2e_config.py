@@ -9,11 +9,6 @@ import subprocess
 
 import pytest
 import pytest_twisted
-from twisted.internet import reactor, threads
-from twisted.internet.defer import Deferred
-
-from dallal.client import ServerError, connect
-from dallal.security.passwords import PasswordHash
 from helpers import (
     COMMAND_TIMEOUT,
     DALLAL,
@@ -23,6 +18,11 @@ from helpers import (
     dallal,
     environmentWithout,
 )
+from twisted.internet import reactor, threads
+from twisted.internet.defer import Deferred
+
+from dallal.client import ServerError, connect
+from dallal.security.passwords import PasswordHash
 
 pytestmark = pytest.mark.e2e
 
@@ -112,7 +112,16 @@ async def test_sighupReloadsPasswordsAndAclWhileClientsStayConnected(tmp_path):
         environment = environmentWithout("DALLAL_PASSWORD")
         environment["DALLAL_PASSWORD"] = "pw-alice"
         command = OutputCollector(
-            [DALLAL, "--user", "alice", "127.0.0.1", broker.port, "subscribe", "news/#", "alerts/#"],
+            [
+                DALLAL,
+                "--user",
+                "alice",
+                "127.0.0.1",
+                broker.port,
+                "subscribe",
+                "news/#",
+                "alerts/#",
+            ],
             None,
             env=environment,
         )

@@ -14,13 +14,13 @@ import time
 
 import pytest
 import pytest_twisted
+from helpers import DALLAL, BrokerProcess, OutputCollector, SlowHandler, countersAddUp, dallal
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
 from dallal.client import connect
-from helpers import DALLAL, BrokerProcess, OutputCollector, SlowHandler, countersAddUp, dallal
 
 pytestmark = pytest.mark.e2e
 
@@ -330,8 +330,10 @@ async def test_mixedRunAddsUp(startBroker, subscribers):
         # last one, waiting; everything else has ended one way or another.
         settled = await statsWhen(
             publisher,
-            lambda stats: stats["inflight"] == 2
-            and all(inbox and inbox[-1].payload == payloads[-1] for inbox in inboxes),
+            lambda stats: (
+                stats["inflight"] == 2
+                and all(inbox and inbox[-1].payload == payloads[-1] for inbox in inboxes)
+            ),
             "settled deliveries",
         )
         assert [message.payload for message in silent] == payloads[:1]
@@ -371,7 +373,9 @@ def test_publishCountEvery(startBroker, subscribers):
     stopped = subscribers(broker.port, "ticks")
     stopped.signal(signal.SIGSTOP)
     started = time.monotonic()
-    result = dallal("127.0.0.1", broker.port, "publish", "--count", "5", "--every", "0.1", "ticks", "tick")
+    result = dallal(
+        "127.0.0.1", broker.port, "publish", "--count", "5", "--every", "0.1", "ticks", "tick"
+    )
     elapsed = time.monotonic() - started
     assert (result.stdout, result.stderr, result.returncode) == (PUBLISHED, b"", 0)
     assert elapsed >= 0.4

@@ -28,12 +28,6 @@ from contextlib import contextmanager
 
 import pytest
 import pytest_twisted
-from twisted.internet import reactor
-from twisted.internet.defer import Deferred, gatherResults
-from twisted.internet.error import ConnectionRefusedError
-from twisted.internet.threads import deferToThread
-
-from dallal.client import ServerError, connect
 from helpers import (
     COMMAND_TIMEOUT,
     LOOPBACK_ANY_PORT,
@@ -46,6 +40,12 @@ from helpers import (
     loggedEvents,
     subscriber,
 )
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.error import ConnectionRefusedError
+from twisted.internet.threads import deferToThread
+
+from dallal.client import ServerError, connect
 
 pytestmark = pytest.mark.e2e
 
@@ -266,8 +266,7 @@ def test_silentSubscriberIsDroppedByPings(tmp_path, silent):
                 publish(broker.port, "half/open", "three")
                 healthy.waitFor(rb"half/open: three\n", COMMAND_TIMEOUT)
                 assert healthy.output == (
-                    b"subscribing on half/open\nhalf/open: one\nhalf/open: two\n"
-                    b"half/open: three\n"
+                    b"subscribing on half/open\nhalf/open: one\nhalf/open: two\nhalf/open: three\n"
                 )
                 assert b"client=" + healthyAddress + b" missed" not in broker.output
             finally:
@@ -420,9 +419,7 @@ async def test_retainedMessagesAckedBeforeSigtermSurviveTheRestart(tmp_path):
     try:
         publisher = await connected(broker.port)
         pump = Pump(
-            lambda number: publisher.publish(
-                f"keep/{number % topics}", b"%d" % number, retain=True
-            )
+            lambda number: publisher.publish(f"keep/{number % topics}", b"%d" % number, retain=True)
         )
         pump.start()
         await pump.until(lambda: len(pump.acked) >= 200)

@@ -5,13 +5,12 @@ slowed down, not dropped; a subscriber stopped with SIGSTOP holds the
 publisher back for the stall timeout only, then loses messages, counted.
 """
 
-import pytest
 import json
 import re
 import signal
 import time
 
-from dallal.broker.delivery import DeliveryConfig
+import pytest
 from helpers import DALLAL, OutputCollector, countersAddUp, dallal
 from test_e2e_delivery import (  # noqa: F401 (startBroker, subscribers: fixtures)
     PUBLISHED,
@@ -20,6 +19,8 @@ from test_e2e_delivery import (  # noqa: F401 (startBroker, subscribers: fixture
     subscribers,
 )
 from test_e2e_udp import UdpBroker
+
+from dallal.broker.delivery import DeliveryConfig
 
 pytestmark = pytest.mark.e2e
 

@@ -126,7 +126,19 @@ def mosquittoSub(port, *arguments):
     """
     # Its debug lines are not flushed into a pipe unless told.
     process = OutputCollector(
-        [STDBUF, "-oL", MOSQUITTO_SUB, "-p", str(port), "-d", "-v", "-W", str(int(WAIT)), *arguments], None
+        [
+            STDBUF,
+            "-oL",
+            MOSQUITTO_SUB,
+            "-p",
+            str(port),
+            "-d",
+            "-v",
+            "-W",
+            str(int(WAIT)),
+            *arguments,
+        ],
+        None,
     )
     try:
         process.waitFor(rb"received SUBACK", timeout=WAIT)
@@ -159,7 +171,9 @@ def test_qos012BothWays(anyBroker, version):
     sub = mosquittoSub(anyBroker.port, "-V", version, "-q", "2", "-t", "q/#")
     try:
         for qos in "012":
-            result = mosquittoPub(anyBroker.port, "-V", version, "-q", qos, "-t", f"q/{qos}", "-m", f"at qos {qos}")
+            result = mosquittoPub(
+                anyBroker.port, "-V", version, "-q", qos, "-t", f"q/{qos}", "-m", f"at qos {qos}"
+            )
             assert result.returncode == 0, result.stderr
         received(sub, b"q/0 at qos 0", b"q/1 at qos 1", b"q/2 at qos 2")
         # The subscriber saw each at its publish QoS.
@@ -238,7 +252,12 @@ def test_crossProtocol(mqttBroker):
     """
     listening = subscriber(mqttBroker.tcpPort, "from/mqtt")
     try:
-        assert mosquittoPub(mqttBroker.port, "-t", "from/mqtt", "-m", "hello dallal", "-q", "1").returncode == 0
+        assert (
+            mosquittoPub(
+                mqttBroker.port, "-t", "from/mqtt", "-m", "hello dallal", "-q", "1"
+            ).returncode
+            == 0
+        )
         listening.waitFor(rb"from/mqtt: hello dallal\n", timeout=WAIT)
     finally:
         listening.kill()
@@ -266,9 +285,22 @@ def test_usernamePasswordAndAcl(tmp_path):
         sub = mosquittoSub(port, "-u", "bob", "-P", PASSWORDS["bob"], "-t", "news/#", "-q", "1")
         try:
             for topic in ("news/secret", "news/open"):
-                assert mosquittoPub(
-                    port, "-u", "alice", "-P", PASSWORDS["alice"], "-t", topic, "-m", "x", "-q", "1"
-                ).returncode == 0
+                assert (
+                    mosquittoPub(
+                        port,
+                        "-u",
+                        "alice",
+                        "-P",
+                        PASSWORDS["alice"],
+                        "-t",
+                        topic,
+                        "-m",
+                        "x",
+                        "-q",
+                        "1",
+                    ).returncode
+                    == 0
+                )
             received(sub, b"news/open x")
             assert b"news/secret" not in sub.output
         finally:
@@ -347,7 +379,9 @@ def test_pahoRequestResponseWithProperties(mqttBroker):
         properties.ResponseTopic = "service/reply/requester"
         properties.CorrelationData = b"\x00\x01request-1"
         properties.UserProperty = [("app", "test")]
-        requester.publish("service/request", b"what time is it", qos=2, properties=properties).wait_for_publish(WAIT)
+        requester.publish(
+            "service/request", b"what time is it", qos=2, properties=properties
+        ).wait_for_publish(WAIT)
         (request,) = waitForMessages(responder, 1)
         assert request.qos == 2 and request.payload == b"what time is it"
         assert request.properties.ResponseTopic == "service/reply/requester"
@@ -398,7 +432,12 @@ def test_sharedSubscriptionGivesEachMessageToOneMember(anyBroker):
     watcher = mosquittoSub(anyBroker.port, "-t", "jobs/#", "-q", "1")
     try:
         for number in range(10):
-            assert mosquittoPub(anyBroker.port, "-q", "1", "-t", "jobs/a", "-m", f"job {number}").returncode == 0
+            assert (
+                mosquittoPub(
+                    anyBroker.port, "-q", "1", "-t", "jobs/a", "-m", f"job {number}"
+                ).returncode
+                == 0
+            )
         received(watcher, *(b"jobs/a job %d" % number for number in range(10)))
         # Each job reached exactly one member.
         deadline = time.monotonic() + WAIT

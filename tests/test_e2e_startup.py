@@ -8,11 +8,11 @@ import socket
 import subprocess
 
 import pytest
+from helpers import COMMAND_TIMEOUT, TWISTD
+from test_tac import readmeTac
 from twisted.logger import Logger, LogPublisher
 
 from dallal.server.tap import reportStartFailures
-from helpers import COMMAND_TIMEOUT, TWISTD
-from test_tac import readmeTac
 
 pytestmark = pytest.mark.e2e
 

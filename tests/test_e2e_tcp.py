@@ -10,12 +10,12 @@ import time
 
 import pytest
 import pytest_twisted
+from helpers import BrokerProcess, dallal, subscriber
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.threads import deferToThread
 
 from dallal.client import connect
-from helpers import BrokerProcess, dallal, subscriber
 
 pytestmark = pytest.mark.e2e
 
@@ -276,9 +276,7 @@ async def test_manySubscribers(broker):
     try:
         for _ in range(count):
             clients.append(
-                await connect(reactor, f"tcp:127.0.0.1:{broker.port}").addTimeout(
-                    timeout, reactor
-                )
+                await connect(reactor, f"tcp:127.0.0.1:{broker.port}").addTimeout(timeout, reactor)
             )
         inboxes = [[] for _ in clients]
         arrived = [Deferred() for _ in clients]
@@ -304,6 +302,4 @@ async def test_manySubscribers(broker):
         await gatherResults(arrived).addTimeout(timeout, reactor)
         assert inboxes == [[("crowd", b"hello all")]] * count
     finally:
-        await gatherResults([client.close() for client in clients]).addTimeout(
-            timeout, reactor
-        )
+        await gatherResults([client.close() for client in clients]).addTimeout(timeout, reactor)

@@ -15,10 +15,6 @@ import subprocess
 import termios
 
 import pytest
-from twisted.conch.insults.helper import TerminalBuffer
-from twisted.conch.insults.insults import ClientProtocol
-from twisted.internet.testing import StringTransport
-
 from helpers import (
     COMMAND_TIMEOUT,
     DALLAL,
@@ -29,6 +25,9 @@ from helpers import (
     dallal,
     subscriber,
 )
+from twisted.conch.insults.helper import TerminalBuffer
+from twisted.conch.insults.insults import ClientProtocol
+from twisted.internet.testing import StringTransport
 
 pytestmark = pytest.mark.e2e
 
@@ -88,9 +87,7 @@ def storeRetained(port, count):
     over one raw connection, and wait for their PubAcks.
     """
     with socket.create_connection(("127.0.0.1", port), timeout=COMMAND_TIMEOUT) as sock:
-        sock.sendall(
-            b"".join(b"PUB %d r/%d 1 retain=1\r\nx\r\n" % (n, n) for n in range(count))
-        )
+        sock.sendall(b"".join(b"PUB %d r/%d 1 retain=1\r\nx\r\n" % (n, n) for n in range(count)))
         received = b""
         while received.count(b"PUBACK ") < count:
             chunk = sock.recv(65536)
@@ -183,9 +180,7 @@ def test_publishToMatchingAndTopics(broker):
         )
         first = dallal("127.0.0.1", broker.port, "topics", "--limit", "1")
         assert first.stdout == (
-            b"TOPIC       RETAINED  SUBSCRIBERS\n"
-            b"WEATHER/MN  -         1\n"
-            b"(showing 1 of 3 topics)\n"
+            b"TOPIC       RETAINED  SUBSCRIBERS\nWEATHER/MN  -         1\n(showing 1 of 3 topics)\n"
         )
         asJson = dallal("127.0.0.1", broker.port, "topics", "--json", "--limit", "1")
         assert json.loads(asJson.stdout) == {
@@ -388,13 +383,17 @@ def test_shellOnATerminalStoppedBySigterm(broker):
     [
         (lambda directory: (directory / "dallal-data").write_text("a file"), b"dallal-data"),
         (
-            lambda directory: (directory / "dallal-data").mkdir()
-            or (directory / "dallal-data" / "retained.sqlite3").write_bytes(b"\0garbage" * 512),
+            lambda directory: (
+                (directory / "dallal-data").mkdir()
+                or (directory / "dallal-data" / "retained.sqlite3").write_bytes(b"\0garbage" * 512)
+            ),
             b"retained.sqlite3",
         ),
         (
-            lambda directory: (directory / "dallal-data").mkdir()
-            or (directory / "dallal-data" / "retained.sqlite3").write_bytes(b""),
+            lambda directory: (
+                (directory / "dallal-data").mkdir()
+                or (directory / "dallal-data" / "retained.sqlite3").write_bytes(b"")
+            ),
             b"retained.sqlite3 is empty",
         ),
     ],

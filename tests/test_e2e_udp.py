@@ -15,7 +15,6 @@ import threading
 import time
 
 import pytest
-
 from helpers import DALLAL, BrokerProcess, OutputCollector, dallal, subscriber
 
 pytestmark = pytest.mark.e2e
@@ -55,9 +54,7 @@ def udpSubscriber(port, *arguments):
     topics = [argument for argument in arguments if not argument.startswith("-")]
     if "--mode" in arguments:
         topics.remove(arguments[arguments.index("--mode") + 1])
-    process = OutputCollector(
-        [DALLAL, "--udp", "127.0.0.1", port, "subscribe", *arguments], None
-    )
+    process = OutputCollector([DALLAL, "--udp", "127.0.0.1", port, "subscribe", *arguments], None)
     try:
         process.waitFor(re.escape(b"subscribing on " + " ".join(topics).encode() + b"\n"))
     except BaseException:

@@ -14,12 +14,12 @@ import urllib.error
 import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-
 from browser import CHROMIUM, Browser
-from dallal.security.passwords import PasswordFile, PasswordHash
 from helpers import HTTP_LISTENING, LOOPBACK_ANY_PORT, BrokerProcess, dallal, subscriber
+from prometheus_client.parser import text_string_to_metric_families
 from test_web import sampleOf
+
+from dallal.security.passwords import PasswordFile, PasswordHash
 
 pytestmark = pytest.mark.e2e
 

@@ -7,15 +7,15 @@ there, and every counter it logs must be in its counter table.
 import re
 from pathlib import Path
 
+from helpers import PING_INTERVAL, BrokerHarness, FakeDatagramTransport, resultOf
 from twisted.internet.defer import fail, succeed
 
+from dallal.broker.core import BrokerConfig
+from dallal.broker.delivery import DeliveryConfig
+from dallal.broker.retained import RetainedStats, StoreError
+from dallal.modes import ALL, FIRE, LATEST
 from dallal.security.acl import parseAcl
 from dallal.server import udp
-from dallal.broker.delivery import DeliveryConfig
-from dallal.modes import ALL, FIRE, LATEST
-from dallal.broker.core import BrokerConfig
-from dallal.broker.retained import RetainedStats, StoreError
-from helpers import PING_INTERVAL, BrokerHarness, FakeDatagramTransport, resultOf
 
 # The events of a bridge's link to its remote broker.
 LINK_EVENTS = ("bridge_connecting", "bridge_up", "bridge_down")
@@ -149,7 +149,9 @@ def exerciseEveryEvent():
         datagrams.datagramReceived(b"BOGUS\r\n", ("127.0.0.1", port))
     latest.send(b"SUB 5 one/too/many\r\n")
     # The ACL read again takes alice's news away: her subscriptions to it end.
-    harness.broker.revisePermissions(parseAcl("user alice\ntopic readwrite kept/#\n").permissionsFor)
+    harness.broker.revisePermissions(
+        parseAcl("user alice\ntopic readwrite kept/#\n").permissionsFor
+    )
     # A subscriber that never acks holds a publisher back with its full
     # queue (the window of 100, then one queued and one beyond), until it
     # is a slow consumer.

@@ -10,12 +10,6 @@ BUSY} its client resends -- over in-memory transports.
 """
 
 import pytest
-from twisted.python import usage
-
-from dallal.broker.core import BrokerConfig
-from dallal.broker.delivery import ALL, DISCONNECT, FIRE, DeliveryConfig
-from dallal.server.tap import brokerConfig
-from dallal.server.tcp import CONGESTION, LOGIN_CHECK
 from helpers import PING_INTERVAL, decodeFrames
 from test_delivery import (
     Bench,
@@ -28,6 +22,12 @@ from test_delivery import (
 )
 from test_limits import parsed
 from test_udp import FakeBroker, UdpHarness
+from twisted.python import usage
+
+from dallal.broker.core import BrokerConfig
+from dallal.broker.delivery import ALL, DISCONNECT, FIRE, DeliveryConfig
+from dallal.server.tap import brokerConfig
+from dallal.server.tcp import CONGESTION, LOGIN_CHECK
 
 STALL = 5.0
 

@@ -6,11 +6,11 @@ the stream is cut into reads.
 import itertools
 
 import pytest
+from helpers import splitAt
 from hypothesis import given, settings, strategies
 from twisted.internet.testing import StringTransport
 
 from dallal.protocol.framing import FrameReceiver
-from helpers import splitAt
 
 
 class RecordingReceiver(FrameReceiver):

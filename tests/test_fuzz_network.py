@@ -13,7 +13,6 @@ import socket
 import time
 
 import pytest
-
 from helpers import BrokerProcess, dallal, subscriber
 
 pytestmark = pytest.mark.e2e
@@ -69,7 +68,11 @@ def frame(rng):
     One frame of the protocol, usually well-formed.
     """
     kind = rng.randrange(12)
-    topic, requestId, options = rng.choice([*TOPICS, anyText(rng)]), rng.choice(IDS), rng.choice(OPTIONS)
+    topic, requestId, options = (
+        rng.choice([*TOPICS, anyText(rng)]),
+        rng.choice(IDS),
+        rng.choice(OPTIONS),
+    )
     if kind < 4:
         payload = rng.randbytes(rng.choice([0, 1, 10, 100, 1000, 20000]))
         size = len(payload) + rng.choice([0, 0, 0, 0, 1, -1])
@@ -98,7 +101,11 @@ def anyText(rng):
     A few characters from anywhere in Unicode, in UTF-8.
     """
     return "".join(
-        chr(rng.choice([rng.randrange(0x80), rng.randrange(0xD800), rng.randrange(0xE000, 0x110000)]))
+        chr(
+            rng.choice(
+                [rng.randrange(0x80), rng.randrange(0xD800), rng.randrange(0xE000, 0x110000)]
+            )
+        )
         for _ in range(rng.randrange(1, 6))
     ).encode("utf-8")
 
@@ -338,9 +345,7 @@ def test_brokerSurvivesAStormOfBadFrames(tmp_path):
         # Let it settle (the first stats also loads what it loads lazily).
         stats(broker.port)
         before = vmRSS(broker.process.pid)
-        opened, datagrams, flooded = storm(
-            broker.port, udpPort, FUZZ_SECONDS, random.Random(1373)
-        )
+        opened, datagrams, flooded = storm(broker.port, udpPort, FUZZ_SECONDS, random.Random(1373))
         # The storm was a storm.  The flooder's 100 publishes of 20 kB are
         # 8 times a non-reader's queue bound; it gets fewer than it once
         # did, as the broker's listen queue (1024) lets the storm's short

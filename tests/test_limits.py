@@ -10,17 +10,6 @@ import re
 
 import pytest
 import pytest_twisted
-from twisted.internet import reactor
-from twisted.internet.address import UNIXAddress
-from twisted.internet.testing import StringTransport
-from twisted.logger import formatEvent, globalLogPublisher
-from twisted.python import usage
-
-from dallal import __version__, limits
-from dallal.broker.core import BrokerConfig
-from dallal.broker.delivery import DISCONNECT, DeliveryConfig
-from dallal.server.tap import Options, brokerConfig, makeService
-from dallal.server.tcp import REFUSAL_GRACE, RefusedConnection
 from helpers import (
     PING_INTERVAL,
     REPO,
@@ -34,6 +23,17 @@ from helpers import (
 )
 from test_events_catalogue import catalogue
 from test_udp import UdpHarness
+from twisted.internet import reactor
+from twisted.internet.address import UNIXAddress
+from twisted.internet.testing import StringTransport
+from twisted.logger import formatEvent, globalLogPublisher
+from twisted.python import usage
+
+from dallal import __version__, limits
+from dallal.broker.core import BrokerConfig
+from dallal.broker.delivery import DISCONNECT, DeliveryConfig
+from dallal.server.tap import Options, brokerConfig, makeService
+from dallal.server.tcp import REFUSAL_GRACE, RefusedConnection
 
 # The beginnings of the errors these limits answer with, which
 # tests/test_tcp_protocol.py counts as tested.
@@ -53,8 +53,7 @@ def test_connectionsUpToTheLimit():
     admitted = [harness.connect(), harness.connect()]
     refused = harness.connect()
     assert refused.received() == (
-        b"ERR - TOO_MANY_CLIENTS the broker has its maximum of 2 connections: "
-        b"try again later\r\n"
+        b"ERR - TOO_MANY_CLIENTS the broker has its maximum of 2 connections: try again later\r\n"
     )
     assert refused.closing
     for client in admitted:
@@ -82,8 +81,7 @@ def test_connectionsPerAddress():
     harness.connect("10.0.0.1"), harness.connect("10.0.0.1")
     refused = harness.connect("10.0.0.1")
     assert refused.received() == (
-        b"ERR - TOO_MANY_CLIENTS the broker has its maximum of 2 connections "
-        b"from 10.0.0.1\r\n"
+        b"ERR - TOO_MANY_CLIENTS the broker has its maximum of 2 connections from 10.0.0.1\r\n"
     )
     assert refused.closing
     other = harness.connect("10.0.0.2")
@@ -443,8 +441,7 @@ def test_udpClientsUpToTheLimit():
     bob.hello("bob")
     refused = carol.hello("carol")
     assert refused == (
-        b"ERR 2 TOO_MANY_CLIENTS the broker has its maximum of 2 UDP clients: "
-        b"try again later\r\n"
+        b"ERR 2 TOO_MANY_CLIENTS the broker has its maximum of 2 UDP clients: try again later\r\n"
     )
     assert harness.counter("connections") == 2
     assert harness.counter("refused_udp_clients") == 1
@@ -532,6 +529,7 @@ def test_rateTableIsBounded():
 
 # Logging: at most one event a second per limit
 
+
 def test_logWindow():
     """
     A window starts with the first event after the last one ended, and
@@ -539,7 +537,13 @@ def test_logWindow():
     """
     window = limits.LogWindow(perWindow=2, seconds=1)
     assert [window.allow(now) for now in (10, 10.2, 10.9, 11.0, 11.5, 11.9, 12.1)] == [
-        True, True, False, True, True, False, True,
+        True,
+        True,
+        False,
+        True,
+        True,
+        False,
+        True,
     ]
 
 

@@ -7,9 +7,9 @@ import re
 import time
 
 import pytest
+from helpers import LOOPBACK_ANY_PORT, START_TIMEOUT, TWISTD, OutputCollector, dallal
 
 from dallal.server.logs import DEFAULT_KEEP, DEFAULT_ROTATE_BYTES, rotatingLogFile
-from helpers import LOOPBACK_ANY_PORT, START_TIMEOUT, TWISTD, OutputCollector, dallal
 
 PUBLISHED = b"your message published successfully\n"
 
@@ -54,8 +54,7 @@ def test_aWrongSettingIsOneLine(tmp_path, name, value, minimum):
     with pytest.raises(SystemExit) as stopped:
         rotatingLogFile({"DALLAL_LOGFILE": str(tmp_path / "broker.log"), name: value})
     assert str(stopped.value) == (
-        f"dallal: cannot start: {name} must be a whole number of at least {minimum}, "
-        f"not {value!r}"
+        f"dallal: cannot start: {name} must be a whole number of at least {minimum}, not {value!r}"
     )
 
 

@@ -13,7 +13,9 @@ import subprocess
 import time
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from helpers import splitAt
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dallal.protocol.mqtt import (
     MQTT_3_1_1,
@@ -50,7 +52,6 @@ from dallal.protocol.mqtt import (
     encodePublishHeader,
     encodeVariableByteInteger,
 )
-from helpers import splitAt
 
 VERSIONS = [MQTT_3_1_1, MQTT_5]
 
@@ -279,17 +280,13 @@ KNOWN = [
 @pytest.mark.parametrize("version, packet, encoded", KNOWN)
 def test_knownBytes(version, packet, encoded):
     assert packet.encode(version) == encoded
-    assert (
-        decodeOne(encoded, None if isinstance(packet, Connect) else version) == packet
-    )
+    assert decodeOne(encoded, None if isinstance(packet, Connect) else version) == packet
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_everyPacketTypeHasAKnownVector(version):
     types = {
-        type(packet).__name__
-        for packetVersion, packet, _ in KNOWN
-        if packetVersion == version
+        type(packet).__name__ for packetVersion, packet, _ in KNOWN if packetVersion == version
     }
     expected = {
         "Connect", "ConnAck", "Publish", "PubAck", "PubRec", "PubRel", "PubComp",
@@ -433,9 +430,7 @@ def samples(version):
                 Subscription("a", 0, *((True, False, 1) if five else ())),
                 Subscription("$share/g/b/+", 2, *((False, True, 2) if five else ())),
             ],
-            properties(
-                {Property.SUBSCRIPTION_IDENTIFIER: [5], Property.USER_PROPERTY: users}
-            ),
+            properties({Property.SUBSCRIPTION_IDENTIFIER: [5], Property.USER_PROPERTY: users}),
         ),
         SubAck(11, [0, 1, 2, 0x80]),
         SubAck(
@@ -444,9 +439,7 @@ def samples(version):
             properties({Property.REASON_STRING: "r"}),
         ),
         Unsubscribe(13, ["a", "b/#"], properties({Property.USER_PROPERTY: users})),
-        UnsubAck(
-            14, [0, 0x11] if five else [], properties({Property.REASON_STRING: "r"})
-        ),
+        UnsubAck(14, [0, 0x11] if five else [], properties({Property.REASON_STRING: "r"})),
         PingReq(),
         PingResp(),
         Disconnect(),
@@ -482,9 +475,7 @@ def samples(version):
 @pytest.mark.parametrize(
     "version, packet",
     [(version, packet) for version in VERSIONS for packet in samples(version)],
-    ids=lambda value: (
-        type(value).__name__ if not isinstance(value, int) else str(value)
-    ),
+    ids=lambda value: type(value).__name__ if not isinstance(value, int) else str(value),
 )
 def test_roundTrip(version, packet):
     decoded = list(decoderFor(packet, version).feed(packet.encode(version)))
@@ -562,9 +553,7 @@ def test_encoderRefusesWhatItMayNotSend(version):
             Publish("", b""),
             Publish("a", properties={Property.SESSION_EXPIRY_INTERVAL: 1}),
             Publish("a", properties={Property.TOPIC_ALIAS: 0}),
-            Subscribe(
-                1, [Subscription("a")], {Property.SUBSCRIPTION_IDENTIFIER: [1, 2]}
-            ),
+            Subscribe(1, [Subscription("a")], {Property.SUBSCRIPTION_IDENTIFIER: [1, 2]}),
             Subscribe(1, [Subscription("a", retainHandling=3)]),
         ]
     for packet in refused:
@@ -797,9 +786,7 @@ def test_packetSizeLimitBoundary():
     payloadLength = 1024 - len(encodePublishHeader(b"t", 1000, properties=b"\x00"))
     fits = Publish("t", b"p" * payloadLength).encode(MQTT_5)
     assert len(fits) == 1024
-    assert decodeAll(fits, MQTT_5, maxPacketSize=1024) == [
-        Publish("t", b"p" * payloadLength)
-    ]
+    assert decodeAll(fits, MQTT_5, maxPacketSize=1024) == [Publish("t", b"p" * payloadLength)]
     tooLarge = Publish("t", b"p" * (payloadLength + 1)).encode(MQTT_5)
     decoder = MQTTDecoder(MQTT_5, maxPacketSize=1024)
     with pytest.raises(MalformedPacket) as caught:
@@ -841,9 +828,7 @@ def test_byteByByte():
 
 def test_stoppingEarlyKeepsTheRest():
     decoder = MQTTDecoder(MQTT_3_1_1)
-    stream = b"".join(
-        Publish("t", bytes([index])).encode(MQTT_3_1_1) for index in range(5)
-    )
+    stream = b"".join(Publish("t", bytes([index])).encode(MQTT_3_1_1) for index in range(5))
     iterator = decoder.feed(stream)
     assert next(iterator).payload == b"\x00"
     # Nothing is lost when the next read comes before the rest is taken.
@@ -922,9 +907,7 @@ def propertyValues(identifier, packetType):
     if identifier == Property.USER_PROPERTY:
         return st.lists(values, min_size=1, max_size=3)
     if identifier == Property.SUBSCRIPTION_IDENTIFIER:
-        return st.lists(
-            values, min_size=1, max_size=3 if packetType == PacketType.PUBLISH else 1
-        )
+        return st.lists(values, min_size=1, max_size=3 if packetType == PacketType.PUBLISH else 1)
     return values
 
 
@@ -942,9 +925,7 @@ def propertiesFor(packetType, version):
             properties.pop(Property.AUTHENTICATION_DATA, None)
         return properties or NO_PROPERTIES
 
-    return st.fixed_dictionaries({}, optional=optional).map(
-        authenticationDataNeedsAMethod
-    )
+    return st.fixed_dictionaries({}, optional=optional).map(authenticationDataNeedsAMethod)
 
 
 def reasonCodes(packetType, version):
@@ -1060,9 +1041,7 @@ def connAcks(version):
     ).map(
         # [MQTT-3.2.2-4] (3.1.1), [MQTT-3.2.2-6] (5)
         lambda packet: (
-            ConnAck(False, packet.reasonCode, packet.properties)
-            if packet.reasonCode
-            else packet
+            ConnAck(False, packet.reasonCode, packet.properties) if packet.reasonCode else packet
         )
     )
 
@@ -1274,9 +1253,7 @@ def pahoConnection(client, properties=None):
     """
     with socket.create_server(("127.0.0.1", 0)) as listener:
         listener.settimeout(PEER_TIMEOUT)
-        client.connect(
-            "127.0.0.1", listener.getsockname()[1], keepalive=30, properties=properties
-        )
+        client.connect("127.0.0.1", listener.getsockname()[1], keepalive=30, properties=properties)
         connection, _ = listener.accept()
     return connection
 
@@ -1394,9 +1371,7 @@ def test_pahoClient(version):
         qos=1,
         retain=True,
         properties=(
-            pahoProperties(
-                PacketTypes.WILLMESSAGE, WillDelayInterval=30, UserProperty=[("w", "1")]
-            )
+            pahoProperties(PacketTypes.WILLMESSAGE, WillDelayInterval=30, UserProperty=[("w", "1")])
             if five
             else None
         ),
@@ -1488,9 +1463,7 @@ def test_pahoClient(version):
                     ),
                     ("$share/g/b/#", SubscribeOptions(qos=0)),
                 ],
-                properties=pahoProperties(
-                    PacketTypes.SUBSCRIBE, SubscriptionIdentifier=7
-                ),
+                properties=pahoProperties(PacketTypes.SUBSCRIBE, SubscriptionIdentifier=7),
             )
         else:
             _, mid = client.subscribe([("a/+", 2), ("$share/g/b/#", 0)])
@@ -1498,11 +1471,7 @@ def test_pahoClient(version):
         assert subscribe == Subscribe(
             mid,
             [
-                (
-                    Subscription("a/+", 2, True, True, 2)
-                    if five
-                    else Subscription("a/+", 2)
-                ),
+                (Subscription("a/+", 2, True, True, 2) if five else Subscription("a/+", 2)),
                 Subscription("$share/g/b/#", 0),
             ],
             {Property.SUBSCRIPTION_IDENTIFIER: [7]} if five else NO_PROPERTIES,
@@ -1587,8 +1556,7 @@ def test_pahoClient(version):
         peer.until(lambda: len(events) == 2)
         messages = [event[1] for event in events]
         assert [
-            (message.topic, message.payload, message.qos, message.retain)
-            for message in messages
+            (message.topic, message.payload, message.qos, message.retain) for message in messages
         ] == [("a/x", b"to paho", 1, False), ("a/y", b"exactly once", 2, True)]
         if five:
             assert messages[0].properties.UserProperty == [("from", "dallal")]
@@ -1598,17 +1566,13 @@ def test_pahoClient(version):
 
         _, mid = client.unsubscribe(["a/+", "$share/g/b/#"])
         assert peer.receive(1) == [Unsubscribe(mid, ["a/+", "$share/g/b/#"])]
-        peer.send(
-            UnsubAck(mid, [0, ReasonCode.NO_SUBSCRIPTION_EXISTED] if five else [])
-        )
+        peer.send(UnsubAck(mid, [0, ReasonCode.NO_SUBSCRIPTION_EXISTED] if five else []))
         peer.until(lambda: events)
         if five:
             assert events.pop() == ("unsubscribe", mid, [0, 0x11])
 
         client.disconnect(
-            reasoncode=(
-                PahoReasonCode(PacketTypes.DISCONNECT, identifier=4) if five else None
-            )
+            reasoncode=(PahoReasonCode(PacketTypes.DISCONNECT, identifier=4) if five else None)
         )
         assert peer.receive(1) == [Disconnect(4 if five else 0)]
     finally:
@@ -1639,9 +1603,7 @@ def test_mosquittoPub(version):
                 "-D", "publish", "content-type", "text/plain",
                 "-D", "connect", "session-expiry-interval", "60",
             ]  # fmt: skip
-        process = subprocess.Popen(
-            arguments, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
+        process = subprocess.Popen(arguments, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             connection, _ = listener.accept()
             with connection:
@@ -1699,18 +1661,14 @@ def mosquittoBroker(tmp_path):
     A Mosquitto broker on a free local port, or a skip where none is installed.
     """
     # Debian installs the broker in /usr/sbin, not on every user's PATH.
-    executable = shutil.which(
-        "mosquitto", path=f"{os.defpath}:/usr/sbin:/usr/local/sbin"
-    )
+    executable = shutil.which("mosquitto", path=f"{os.defpath}:/usr/sbin:/usr/local/sbin")
     if executable is None:
         pytest.skip("no mosquitto")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     log = open(tmp_path / "mosquitto.log", "wb")
-    process = subprocess.Popen(
-        [executable, "-p", str(port)], stdout=log, stderr=subprocess.STDOUT
-    )
+    process = subprocess.Popen([executable, "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + PEER_TIMEOUT
         while True:
@@ -1820,9 +1778,7 @@ def test_mosquittoBroker(mosquittoBroker, version):
             )
         )
         if five:
-            peer.send(
-                Publish("", b"two", 1, False, False, 4, {Property.TOPIC_ALIAS: 1})
-            )
+            peer.send(Publish("", b"two", 1, False, False, 4, {Property.TOPIC_ALIAS: 1}))
         else:
             peer.send(Publish("cross/b", b"two", 1, False, False, 4))
         packets = peer.receive(4)

@@ -126,7 +126,9 @@ def test_aPersistentSessionIsRefusedPolitely(harness):
     told its Session Expiry Interval is 0.
     """
     client = MQTTClient(harness, MQTT_5)
-    (answer,) = client.connect("p", cleanStart=False, properties={Property.SESSION_EXPIRY_INTERVAL: 60})
+    (answer,) = client.connect(
+        "p", cleanStart=False, properties={Property.SESSION_EXPIRY_INTERVAL: 60}
+    )
     assert not answer.sessionPresent
     assert answer.properties[Property.SESSION_EXPIRY_INTERVAL] == 0
 
@@ -215,12 +217,20 @@ def test_qosIsTheLowerOfThePublishAndTheSubscription(harness):
     packetIds = iter(range(1, 100))
     for topic in ("q0", "q1", "q2"):
         for qos in (0, 1, 2):
-            publisher.send(Publish(topic, b"%d" % qos, qos=qos, packetId=next(packetIds) if qos else None))
+            publisher.send(
+                Publish(topic, b"%d" % qos, qos=qos, packetId=next(packetIds) if qos else None)
+            )
     got = [(p.topic, p.qos) for p in subscriber.received()]
     assert got == [
-        ("q0", 0), ("q0", 0), ("q0", 0),
-        ("q1", 0), ("q1", 1), ("q1", 1),
-        ("q2", 0), ("q2", 1), ("q2", 2),
+        ("q0", 0),
+        ("q0", 0),
+        ("q0", 0),
+        ("q1", 0),
+        ("q1", 1),
+        ("q1", 1),
+        ("q2", 0),
+        ("q2", 1),
+        ("q2", 2),
     ]
 
 
@@ -383,9 +393,7 @@ def test_subscriptionIdentifiersOfEveryMatchingSubscription(harness):
 
 def test_invalidFiltersAreRefusedInTheSuback(harness):
     old = connected(harness, "o")
-    assert old.subscribe(("a/#/b", 0), ("$share/g", 0), ("ok", 2)) == [
-        SubAck(1, [0x80, 0x80, 2])
-    ]
+    assert old.subscribe(("a/#/b", 0), ("$share/g", 0), ("ok", 2)) == [SubAck(1, [0x80, 0x80, 2])]
     new = connected(harness, "n", MQTT_5)
     assert new.subscribe(("a/#/b", 0), ("$share/+/t", 0)) == [
         SubAck(1, [ReasonCode.TOPIC_FILTER_INVALID, ReasonCode.TOPIC_FILTER_INVALID])
@@ -447,7 +455,9 @@ def test_propertiesArePassedThrough(harness):
         Property.PAYLOAD_FORMAT_INDICATOR: 1,
         Property.USER_PROPERTY: [("k", "v"), ("k", "w")],
     }
-    connected(harness, "p", MQTT_5).send(Publish("req", b"?", qos=1, packetId=1, properties=properties))
+    connected(harness, "p", MQTT_5).send(
+        Publish("req", b"?", qos=1, packetId=1, properties=properties)
+    )
     (message,) = subscriber.received()
     assert message.properties == properties
     # And to an MQTT 3.1.1 subscriber, without them.
@@ -491,8 +501,13 @@ def test_anExpiredMessageIsNotDelivered(harness):
     publisher = connected(harness, "p", MQTT_5)
     for number in range(2):
         publisher.send(
-            Publish("t", b"%d" % number, qos=1, packetId=number + 1,
-                    properties={Property.MESSAGE_EXPIRY_INTERVAL: 10})
+            Publish(
+                "t",
+                b"%d" % number,
+                qos=1,
+                packetId=number + 1,
+                properties={Property.MESSAGE_EXPIRY_INTERVAL: 10},
+            )
         )
     (first,) = subscriber.received()
     harness.clock.advance(10)
@@ -506,7 +521,9 @@ def test_theClientsMaximumPacketSizeIsRespected(harness):
     subscriber = connected(harness, "s", MQTT_5, properties={Property.MAXIMUM_PACKET_SIZE: 64})
     subscriber.subscribe(("t", 1))
     publisher = connected(harness, "p")
-    publisher.send(Publish("t", b"x" * 100, qos=1, packetId=1), Publish("t", b"small", qos=1, packetId=2))
+    publisher.send(
+        Publish("t", b"x" * 100, qos=1, packetId=1), Publish("t", b"small", qos=1, packetId=2)
+    )
     assert [p.payload for p in subscriber.received()] == [b"small"]
     harness.clock.advance(0)
     assert harness.broker.counters["dropped_too_large"] == 1

@@ -33,9 +33,7 @@ from dallal.protocol.mqtt import (
 
 TEXT, BINARY, CLOSE = 1, 2, 8
 KEY = base64.b64encode(b"sixteen byte key")
-ACCEPT = base64.b64encode(
-    hashlib.sha1(KEY + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest()
-)
+ACCEPT = base64.b64encode(hashlib.sha1(KEY + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
 MASK = b"\x11\x22\x33\x44"
 
 

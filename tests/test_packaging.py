@@ -10,7 +10,6 @@ import sys
 import urllib.request
 
 import pytest
-
 from helpers import (
     HTTP_LISTENING,
     LOOPBACK_ANY_PORT,
@@ -134,8 +133,10 @@ def test_noPluginCacheTracked():
     twistd writes C{dropin.cache} next to the plugins it scans; it belongs
     to each installation, never to the repository.
     """
-    tracked = subprocess.run(
-        ["git", "ls-files"], cwd=REPO, check=True, capture_output=True, timeout=30
-    ).stdout.decode().splitlines()
+    tracked = (
+        subprocess.run(["git", "ls-files"], cwd=REPO, check=True, capture_output=True, timeout=30)
+        .stdout.decode()
+        .splitlines()
+    )
     assert "twisted/plugins/dallal_plugin.py" in tracked
     assert [name for name in tracked if name.endswith("dropin.cache")] == []

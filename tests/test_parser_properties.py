@@ -12,18 +12,19 @@ ever raises or logs a traceback.
 import json
 from contextlib import contextmanager
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from helpers import BrokerHarness, FakeDatagramTransport, splitAt
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import LogLevel, globalLogPublisher
 from twisted.python.failure import Failure
 
-from dallal.server import udp
-from dallal.client import DallalClientProtocol, DallalDatagramClient
 from dallal.broker.core import BrokerConfig
+from dallal.client import DallalClientProtocol, DallalDatagramClient
 from dallal.protocol.framing import FrameReceiver
-from helpers import BrokerHarness, FakeDatagramTransport, splitAt
+from dallal.server import udp
 
 # Small limits make LINE_TOO_LONG and PAYLOAD_TOO_LARGE reachable by short
 # inputs; the defaults are the broker's as shipped.
@@ -75,9 +76,9 @@ OPTION_NAMES = [
     b"mode", b"retain", b"to-matching", b"limit", b"hops", b"origin", b"oid", b"bridge",
     b"user", b"password", b"token", b"client", b"id", b"seq",
 ]  # fmt: skip
-anyOptions = st.tuples(
-    st.sampled_from(OPTION_NAMES) | anyTokens, st.just(b"") | anyTokens
-).map(b"=".join)
+anyOptions = st.tuples(st.sampled_from(OPTION_NAMES) | anyTokens, st.just(b"") | anyTokens).map(
+    b"=".join
+)
 options = st.lists(
     st.sampled_from(
         [
@@ -357,9 +358,7 @@ def test_brokerStreamRegression():
         b"PUB 2 a/b 2\r\nhi\r\n"
         b"ACK 1\r\n"
         b"PUB 3 +bad 2\r\nhi\r\n"
-        b"PUB 4 a 99 \r\n"
-        + b"x" * 99
-        + b"\r\n"
+        b"PUB 4 a 99 \r\n" + b"x" * 99 + b"\r\n"
         b"STATS 5\r\n"
         b"PUB 6 a 1\r\nxy\r\n"
         b"PING\r\n"

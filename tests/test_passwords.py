@@ -11,15 +11,15 @@ import subprocess
 import sys
 
 import pytest
+from helpers import CHEAP_SCRYPT, COMMAND_TIMEOUT, Conversation, environmentWithout
 
+from dallal.names import checkUserName
 from dallal.security.passwords import (
     DEFAULT_N,
     PasswordFile,
     PasswordFileError,
     PasswordHash,
 )
-from dallal.names import checkUserName
-from helpers import CHEAP_SCRYPT, COMMAND_TIMEOUT, Conversation, environmentWithout
 
 PASSWD = [sys.executable, "-m", "dallal.cli.passwd"]
 

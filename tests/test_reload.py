@@ -7,6 +7,8 @@ import signal
 
 import pytest
 import pytest_twisted
+from helpers import CHEAP_SCRYPT, BrokerHarness, decodeFrames
+from test_delivery import RecordingSubscriber
 from twisted.internet import reactor
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
@@ -18,8 +20,6 @@ from dallal.security.auth import BrokerUser, Gatekeeper
 from dallal.security.passwords import PasswordHash
 from dallal.server.service import RELOADABLE_FIELDS, DallalService
 from dallal.server.tap import RELOADABLE_OPTIONS, Options, makeService
-from helpers import CHEAP_SCRYPT, BrokerHarness, decodeFrames
-from test_delivery import RecordingSubscriber
 
 NEWS_ACL = "user alice\ntopic readwrite news/#\ntopic readwrite alerts/#\n"
 
@@ -95,7 +95,9 @@ def test_theCoreEndsTheSubscriptionsAnAnonymousClientMayNoLongerRead():
     broker = Broker(Clock())
     client = RecordingSubscriber("127.0.0.1:1")
     broker.attach(client)
-    broker.login(client, BrokerUser(None, parseAcl("topic read public/#\n").permissionsFor(None, None)))
+    broker.login(
+        client, BrokerUser(None, parseAcl("topic read public/#\n").permissionsFor(None, None))
+    )
     broker.subscribe(client, "public/news", "s1")
     broker.subscribe(client, "#", "s2")
     broker.revisePermissions(parseAcl("topic read other/#\n").permissionsFor)

@@ -10,7 +10,13 @@ import pytest
 import pytest_twisted
 from twisted.internet import reactor
 
-from dallal.broker.retained import FILE_NAME, SCHEMA_VERSION, RetainedStats, RetainedStore, StoreError
+from dallal.broker.retained import (
+    FILE_NAME,
+    SCHEMA_VERSION,
+    RetainedStats,
+    RetainedStore,
+    StoreError,
+)
 
 # Only turns a hang into a failure: the machine is small and shared.
 TIMEOUT = 30
@@ -219,8 +225,7 @@ async def test_failingWriteFailsItsDeferred(tmp_path, openStore):
     with pytest.raises(StoreError) as failed:
         await within(failing)
     assert str(failed.value) == (
-        f"retained message of 'doomed' not stored in {tmp_path / FILE_NAME}: "
-        "simulated disk failure"
+        f"retained message of 'doomed' not stored in {tmp_path / FILE_NAME}: simulated disk failure"
     )
     # The clear is still on its way, so lookups keep showing it.
     assert store.get("doomed") is None
@@ -323,9 +328,7 @@ def test_dataDirectoryNotCreatable(tmp_path, openStore, dataDir):
     (tmp_path / "afile").write_text("in the way")
     with pytest.raises(StoreError) as failed:
         openStore(tmp_path / dataDir)
-    assert str(failed.value).startswith(
-        f"cannot create the data directory {tmp_path / dataDir}: "
-    )
+    assert str(failed.value).startswith(f"cannot create the data directory {tmp_path / dataDir}: ")
 
 
 def test_storeFileIsADirectory(tmp_path, openStore):

@@ -5,12 +5,12 @@ broker's TCP protocol on a clock.
 """
 
 import pytest
+from helpers import BrokerHarness
+from test_topics_core import MemoryRetained, messages, messagesIn
 
 from dallal.broker.core import BrokerConfig
 from dallal.broker.delivery import DeliveryConfig
 from dallal.broker.feed import RETAINED_PER_TURN
-from helpers import BrokerHarness
-from test_topics_core import MemoryRetained, messages, messagesIn
 
 # More retained messages than one slice.
 TOPICS = 3 * RETAINED_PER_TURN + 10
@@ -81,7 +81,7 @@ def test_aSubscriberThatDoesNotReadStopsTheFeed():
     """
     harness, client = retainedTopics(maxInflight=10, maxQueued=20)
     client.send(b"SUB 1 # mode=all\r\n")
-    for turn in range(5):
+    for _turn in range(5):
         oneTurn(harness.clock)
     received = messages(client)
     assert len(received) == 10
@@ -102,7 +102,7 @@ def test_aPausedTransportStopsTheFeedUntilItDrains():
     client.send(b"SUB 1 # mode=fire\r\n")
     client.protocol.outputFull()
     before = len(messages(client))
-    for turn in range(5):
+    for _turn in range(5):
         oneTurn(harness.clock)
     assert messages(client) == []
     client.protocol.outputDrained()
@@ -116,7 +116,7 @@ def drain(harness, client, turns=100):
     Ack everything the client receives, turn after turn: what it received.
     """
     total = []
-    for turn in range(turns):
+    for _turn in range(turns):
         received = messages(client)
         ack(client, received)
         total += received
@@ -162,7 +162,7 @@ def test_subscribingAgainStartsTheFeedAgain():
     harness, client = retainedTopics()
     client.send(b"SUB 1 # mode=fire\r\nSUB 2 # mode=fire\r\n")
     client.received()
-    for turn in range(10):
+    for _turn in range(10):
         oneTurn(harness.clock)
     # The first feed's first slice, then the second feed whole.
     assert harness.broker.stats()["matched"] == RETAINED_PER_TURN + TOPICS

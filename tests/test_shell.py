@@ -17,7 +17,6 @@ from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
 from dallal.cli.chat import Chat, checkName
-from dallal.client import DallalClientProtocol
 from dallal.cli.console import PipeConsole, TerminalConsole, displayable
 from dallal.cli.shell import (
     COMMANDS,
@@ -28,6 +27,7 @@ from dallal.cli.shell import (
     formatTopics,
     parseCommand,
 )
+from dallal.client import DallalClientProtocol
 
 TIMEOUT = 10.0
 
@@ -72,9 +72,7 @@ class Session:
         self.transport = StringTransport()
         self.client.makeConnection(self.transport)
         self.console = RecordingConsole()
-        self.session = makeSession(
-            self.clock, self.client, self.console, TIMEOUT, self.client.bye
-        )
+        self.session = makeSession(self.clock, self.client, self.console, TIMEOUT, self.client.bye)
         self.status = []
         self.session.finished.addCallback(self.status.append)
 
@@ -269,16 +267,16 @@ def test_topics(shell):
 def test_topicsLimitMustBePositive(shell, limit):
     shell.type(f"/topics {limit}")
     assert shell.sent() == b""
-    assert shell.console.taken() == [
-        f"error: the limit must be a positive number, not {limit!r}"
-    ]
+    assert shell.console.taken() == [f"error: the limit must be a positive number, not {limit!r}"]
 
 
 def test_help(shell):
     shell.type("/help")
     lines = shell.console.taken()
     assert [line.split()[0] for line in lines] == list(COMMANDS)
-    assert lines[0] == "/sub <filter> [latest|all|fire]  subscribe; + matches one level, # all below"
+    assert (
+        lines[0] == "/sub <filter> [latest|all|fire]  subscribe; + matches one level, # all below"
+    )
 
 
 def test_disconnectSaysByeAndFinishes(shell):

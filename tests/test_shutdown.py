@@ -5,12 +5,12 @@ C{SHUTTING_DOWN}, lets what is in flight be acked for a bounded grace, then
 closes every session and logs its final counters.
 """
 
+from helpers import BrokerHarness, FakeDatagramTransport, decodeFrames, resultOf
+from test_topics_core import MemoryRetained
 from twisted.internet.defer import Deferred
 from twisted.internet.testing import MemoryReactorClock
 
 from dallal.broker.core import DRAIN_CHECK_INTERVAL, BrokerConfig
-from helpers import BrokerHarness, FakeDatagramTransport, decodeFrames, resultOf
-from test_topics_core import MemoryRetained
 
 GRACE = 2.0
 

@@ -12,10 +12,10 @@ import re
 import sys
 
 import pytest
-
-from dallal.broker.core import BrokerConfig
 from helpers import REPO
 from test_udp import UdpHarness
+
+from dallal.broker.core import BrokerConfig
 
 sys.path.insert(0, str(REPO / "bench"))
 

@@ -7,7 +7,6 @@ really loads Spark's classes from the archive the first one wrote.
 import os
 import subprocess
 import time
-
 from pathlib import Path
 
 import pytest
@@ -46,9 +45,7 @@ def test_the_first_report_writes_the_archive_and_the_next_map_it(tmp_path, javaH
     first = classdata.ClassDataArchive.find(OPTIONS, environ)
     assert first.creating
     assert first.unfinished.parent == tmp_path / "cache"
-    assert first.javaOptions() == [
-        f"-XX:ArchiveClassesAtExit={first.unfinished}", classdata.QUIET
-    ]
+    assert first.javaOptions() == [f"-XX:ArchiveClassesAtExit={first.unfinished}", classdata.QUIET]
     first.finish(FakeJvm(first))
     assert first.path.name == f"{first.name}-7.jsa"
 
@@ -78,27 +75,40 @@ def test_an_archive_fits_one_java_and_one_set_of_options(tmp_path, javaHome, cla
     assert classdata.ClassDataArchive.find(OPTIONS, environ).name == name
     bigger = ["-XX:+UseParallelGC", "-Xmx40g"]
     assert classdata.ClassDataArchive.find(bigger, environ).name != name
-    assert classdata.ClassDataArchive.find(
-        OPTIONS, dict(environ, SPARK_CONF_DIR=str(tmp_path / "conf"))
-    ).name != name
+    assert (
+        classdata.ClassDataArchive.find(
+            OPTIONS, dict(environ, SPARK_CONF_DIR=str(tmp_path / "conf"))
+        ).name
+        != name
+    )
     (javaHome / "release").write_text('JAVA_VERSION="17.0.16"\n')
     assert classdata.ClassDataArchive.find(OPTIONS, environ).name != name
 
 
 def test_no_archive_where_there_can_be_none(tmp_path, javaHome, classdata):
     # No Java at all.
-    assert classdata.ClassDataArchive.find(OPTIONS, {"PATH": str(tmp_path / "empty"),
-                                           "DALLAL_REPORT_CACHE": str(tmp_path)}) is None
+    assert (
+        classdata.ClassDataArchive.find(
+            OPTIONS, {"PATH": str(tmp_path / "empty"), "DALLAL_REPORT_CACHE": str(tmp_path)}
+        )
+        is None
+    )
     # A cache folder that cannot be made (a file is in the way), or whose
     # path Spark's launcher would split.
     blocker = tmp_path / "file"
     blocker.write_text("")
-    assert classdata.ClassDataArchive.find(
-        OPTIONS, environment(tmp_path, javaHome, DALLAL_REPORT_CACHE=str(blocker / "cache"))
-    ) is None
-    assert classdata.ClassDataArchive.find(
-        OPTIONS, environment(tmp_path, javaHome, DALLAL_REPORT_CACHE=str(tmp_path / "a b"))
-    ) is None
+    assert (
+        classdata.ClassDataArchive.find(
+            OPTIONS, environment(tmp_path, javaHome, DALLAL_REPORT_CACHE=str(blocker / "cache"))
+        )
+        is None
+    )
+    assert (
+        classdata.ClassDataArchive.find(
+            OPTIONS, environment(tmp_path, javaHome, DALLAL_REPORT_CACHE=str(tmp_path / "a b"))
+        )
+        is None
+    )
     # A Java without the base archive that a dynamic one extends.
     (javaHome / "lib" / "server" / "classes.jsa").unlink()
     assert classdata.ClassDataArchive.find(OPTIONS, environment(tmp_path, javaHome)) is None
@@ -198,8 +208,13 @@ def test_only_the_most_recently_used_archives_are_kept(tmp_path, javaHome, class
     archive = classdata.ClassDataArchive.find(OPTIONS, environment(tmp_path, javaHome))
     archive.finish(FakeJvm(archive))
     assert sorted(path.name for path in cache.iterdir()) == sorted(
-        [archive.path.name, "driver-0-3.jsa", "driver-1-3.jsa", writing.name,
-         *(path.name for path in foreign)]
+        [
+            archive.path.name,
+            "driver-0-3.jsa",
+            "driver-1-3.jsa",
+            writing.name,
+            *(path.name for path in foreign),
+        ]
     )
 
 
@@ -224,7 +239,8 @@ def archiveOptions(monkeypatch, tmp_path):
     monkeypatch.setattr(report, "startReadingAhead", lambda paths: None)
     monkeypatch.setattr(report, "buildSession", buildSession)
     monkeypatch.setattr(
-        report.ClassDataArchive, "find",
+        report.ClassDataArchive,
+        "find",
         classmethod(lambda cls, options: cls(tmp_path, "driver")),
     )
     monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
@@ -264,8 +280,8 @@ def test_no_archive_for_a_jvm_already_running(spark, archiveOptions):
 
 @pytest.mark.e2e
 def test_a_second_report_loads_sparks_classes_from_the_archive(
-    reportCommand, handWrittenLogs, handWrittenSummary, tmp_path
-, classdata):
+    reportCommand, handWrittenLogs, handWrittenSummary, tmp_path, classdata
+):
     """
     The real thing: the first report writes the archive as its JVM exits,
     and says so; the second one's JVM loads Spark's classes from it.  Both
@@ -277,16 +293,21 @@ def test_a_second_report_loads_sparks_classes_from_the_archive(
     def report(out, **more):
         return subprocess.run(
             [*reportCommand, str(handWrittenLogs), "--out", str(tmp_path / out)],
-            env=dict(environ, **more), capture_output=True, text=True, timeout=300,
+            env=dict(environ, **more),
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
 
     def totals(out):
-        return (f"{handWrittenSummary['publishes']} publishes, "
-                f"{handWrittenSummary['deliveries']} deliveries, "
-                f"{handWrittenSummary['sessions']} sessions, "
-                f"{handWrittenSummary['unparsed_lines']} unparsed lines\n"
-                f"report: {tmp_path / out / 'report.html'}\n"
-                f"summary: {tmp_path / out / 'summary.json'}\n")
+        return (
+            f"{handWrittenSummary['publishes']} publishes, "
+            f"{handWrittenSummary['deliveries']} deliveries, "
+            f"{handWrittenSummary['sessions']} sessions, "
+            f"{handWrittenSummary['unparsed_lines']} unparsed lines\n"
+            f"report: {tmp_path / out / 'report.html'}\n"
+            f"summary: {tmp_path / out / 'summary.json'}\n"
+        )
 
     first = report("first")
     assert first.returncode == 0, first.stderr
@@ -301,15 +322,15 @@ def test_a_second_report_loads_sparks_classes_from_the_archive(
     # own (%p: its process id).
     loads = tmp_path / "loads"
     loads.mkdir()
-    second = report(
-        "second", JDK_JAVA_OPTIONS=f"-Xlog:class+load=info:file={loads}/%p.txt"
-    )
+    second = report("second", JDK_JAVA_OPTIONS=f"-Xlog:class+load=info:file={loads}/%p.txt")
     assert second.returncode == 0, second.stderr
     assert second.stdout == totals("second")
     assert "archived" not in second.stderr
     assert "cds" not in second.stdout + second.stderr
     fromArchive = [
-        line for path in loads.iterdir() for line in path.read_text().splitlines()
+        line
+        for path in loads.iterdir()
+        for line in path.read_text().splitlines()
         if "org.apache.spark.SparkContext " in line
     ]
     assert fromArchive and all("shared objects file (top)" in line for line in fromArchive)

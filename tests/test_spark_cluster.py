@@ -39,7 +39,8 @@ def test_report_on_a_local_cluster(reportCommand, handWrittenLogs, handWrittenSu
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     environment = {
-        name: value for name, value in os.environ.items()
+        name: value
+        for name, value in os.environ.items()
         if name not in ("PYTHONPATH", "SPARK_HOME")
     }
     environment["SPARK_HOME"] = str(privateSparkHome(tmp_path / "spark-home"))
@@ -47,24 +48,45 @@ def test_report_on_a_local_cluster(reportCommand, handWrittenLogs, handWrittenSu
     # Without the archive of the driver's classes: writing one would cost
     # the suite some 10 s (test_spark_classdata.py tests it).
     result = subprocess.run(
-        [*reportCommand, str(handWrittenLogs), "--out", str(out), "--master", CLUSTER,
-         "--no-jvm-cache"],
-        cwd=elsewhere, env=environment, capture_output=True, text=True, timeout=300,
+        [
+            *reportCommand,
+            str(handWrittenLogs),
+            "--out",
+            str(out),
+            "--master",
+            CLUSTER,
+            "--no-jvm-cache",
+        ],
+        cwd=elsewhere,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     summary = json.loads((out / "summary.json").read_text())
-    for key in ("publishes", "deliveries", "acked", "replaced", "dropped", "inflight",
-                "sessions", "peak_connections", "unparsed_lines", "counter_mismatches"):
+    for key in (
+        "publishes",
+        "deliveries",
+        "acked",
+        "replaced",
+        "dropped",
+        "inflight",
+        "sessions",
+        "peak_connections",
+        "unparsed_lines",
+        "counter_mismatches",
+    ):
         assert summary[key] == handWrittenSummary[key], key
     # The table of every (message, subscriber) only with --deliveries.
     tables = {path.name for path in (out / "tables").iterdir()}
     assert "messages" in tables and "deliveries" not in tables
     # Quiet: the report's progress lines and nothing from the JVMs.
-    noise = [line for line in result.stderr.splitlines()
-             if not line.startswith("dallal-report: ")]
+    noise = [line for line in result.stderr.splitlines() if not line.startswith("dallal-report: ")]
     assert noise == []
     assert result.stdout.splitlines()[-2:] == [
-        f"report: {out / 'report.html'}", f"summary: {out / 'summary.json'}",
+        f"report: {out / 'report.html'}",
+        f"summary: {out / 'summary.json'}",
     ]
     # The executors really ran apart, in the workers' folders.
     assert list((tmp_path / "spark-home" / "work").glob("app-*/*/stderr"))

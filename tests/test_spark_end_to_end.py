@@ -22,7 +22,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from helpers import decodeFrames
 
 pytest_plugins = ["conftest_spark"]
@@ -95,9 +94,18 @@ class BrokerScenario:
 
     def start(self):
         self.broker = subprocess.Popen(
-            [script("twistd"), f"--logfile={self.log}", "-n", "--pidfile=", "dallal",
-             "--tcp", "tcp:0:interface=127.0.0.1", "--ping-interval", str(PING_INTERVAL),
-             "--message-events"],
+            [
+                script("twistd"),
+                f"--logfile={self.log}",
+                "-n",
+                "--pidfile=",
+                "dallal",
+                "--tcp",
+                "tcp:0:interface=127.0.0.1",
+                "--ping-interval",
+                str(PING_INTERVAL),
+                "--message-events",
+            ],
             cwd=self.folder,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -185,7 +193,9 @@ class BrokerScenario:
         """
         result = subprocess.run(
             self._command("publish", topic, message),
-            capture_output=True, text=True, timeout=STEP_TIMEOUT,
+            capture_output=True,
+            text=True,
+            timeout=STEP_TIMEOUT,
         )
         assert result.stdout == f"{PUBLISHED}\n", result.stderr
         self._session()
@@ -271,10 +281,13 @@ class BrokerScenario:
             received.
         """
         client = self._rawClient()
-        client.sendall(f"SUB 1 {topic} mode=latest\r\n".encode() + b"".join(
-            f"PUB {index} {topic} {len(message)}\r\n{message}\r\n".encode()
-            for index, message in enumerate(messages, 2)
-        ))
+        client.sendall(
+            f"SUB 1 {topic} mode=latest\r\n".encode()
+            + b"".join(
+                f"PUB {index} {topic} {len(message)}\r\n{message}\r\n".encode()
+                for index, message in enumerate(messages, 2)
+            )
+        )
         last = len(messages) - 1
         for index in range(len(messages)):
             outcome = "replaced" if 0 < index < last else "acked"
@@ -293,11 +306,14 @@ class BrokerScenario:
             options = dict(option.split(b"=") for option in delivery.arguments[2:])
             client.sendall(b"ACK " + options[b"id"] + b"\r\n")
         client.sendall(b"BYE\r\n")
-        received, hungUp = self._readFrames(client, received, lambda frames: False,
-                                            answerPings=True)
+        received, hungUp = self._readFrames(
+            client, received, lambda frames: False, answerPings=True
+        )
         address = self._clientAddress(client)
-        self._waitForLogged(f"event=disconnect session=\\d+ client={re.escape(address)} ",
-                            f"the disconnect of {address}")
+        self._waitForLogged(
+            f"event=disconnect session=\\d+ client={re.escape(address)} ",
+            f"the disconnect of {address}",
+        )
         self.connected -= 1
         return address, [frame for frame in decodeFrames(received) if frame.verb == b"MSG"]
 
@@ -341,8 +357,12 @@ def brokerRun(tmp_path_factory):
         news = scenario.subscribe("news")
         silent = scenario.silentSubscriber("ghost", ["boo", "hoo"], badTopic="+bad")
         slow = scenario.slowLatestSubscriber("slow", ["one", "two", "three", "four", "five"])
-        for topic, message in [("news", "hello world"), ("news", "again"), ("sport", "goal"),
-                               ("weather", "nobody listens")]:
+        for topic, message in [
+            ("news", "hello world"),
+            ("news", "again"),
+            ("sport", "goal"),
+            ("weather", "nobody listens"),
+        ]:
             scenario.publish(topic, message)
         scenario.waitForMessages(sports, 3)
         scenario.waitForMessages(news, 2)
@@ -370,7 +390,9 @@ def test_real_broker_lines_all_parse(spark, brokerRun):
     rows = parse.parseLines(parse.readLines(spark, [str(scenario.log)])).collect()
     kinds = Counter(row.kind for row in rows)
     assert kinds[parse.UNPARSED] == 0
-    assert kinds[parse.EVENT] == sum(1 for line in text if re.search(r"\[dallal#\w+\] event=", line))
+    assert kinds[parse.EVENT] == sum(
+        1 for line in text if re.search(r"\[dallal#\w+\] event=", line)
+    )
     assert kinds[parse.EVENT] + kinds[parse.OTHER] + kinds[parse.CONTINUATION] == len(text)
     # twistd's own lines (starting up, shutting down) are there and are not events.
     assert kinds[parse.OTHER] >= 2
@@ -381,14 +403,26 @@ def test_summary_counts_what_the_clients_did(brokerRun, brokerReport):
     scenario, _, _ = brokerRun
     _, summary = brokerReport
     expected = scenario.expected
-    for key in ("publishes", "deliveries", "matched", "acked", "replaced", "dropped",
-                "sessions", "peak_connections", "errors", "clients_dropped"):
+    for key in (
+        "publishes",
+        "deliveries",
+        "matched",
+        "acked",
+        "replaced",
+        "dropped",
+        "sessions",
+        "peak_connections",
+        "errors",
+        "clients_dropped",
+    ):
         assert summary[key] == expected[key], key
     # The broker's own $SYS/... topics appear if the run outlasted its first
     # --sys-interval: they are not the clients'.
-    assert {topic: {name: values[name] for name in ("publishes", "deliveries")}
-            for topic, values in summary["topics"].items()
-            if not topic.startswith("$")} == scenario.topics
+    assert {
+        topic: {name: values[name] for name in ("publishes", "deliveries")}
+        for topic, values in summary["topics"].items()
+        if not topic.startswith("$")
+    } == scenario.topics
     assert summary["errors_by_code"] == {"BAD_TOPIC": 1}
     assert summary["unparsed_lines"] == 0
     assert summary["runs"] == 1
@@ -403,17 +437,32 @@ def test_broker_counters_say_the_same(spark, brokerRun, brokerReport):
     scenario, _, _ = brokerRun
     out, _ = brokerReport
     expected = scenario.expected
-    run, = spark.read.parquet(str(out / "tables" / "runs")).collect()
+    (run,) = spark.read.parquet(str(out / "tables" / "runs")).collect()
     counters = run.counters
-    assert {name: counters[name] for name in (
-        "published", "delivered", "matched", "acked", "replaced", "dropped",
-        "dropped_disconnected", "connections_total", "errors", "clients_dropped",
-    )} == {
-        "published": expected["publishes"], "delivered": expected["deliveries"],
-        "matched": expected["matched"], "acked": expected["acked"],
-        "replaced": expected["replaced"], "dropped": expected["dropped"],
+    assert {
+        name: counters[name]
+        for name in (
+            "published",
+            "delivered",
+            "matched",
+            "acked",
+            "replaced",
+            "dropped",
+            "dropped_disconnected",
+            "connections_total",
+            "errors",
+            "clients_dropped",
+        )
+    } == {
+        "published": expected["publishes"],
+        "delivered": expected["deliveries"],
+        "matched": expected["matched"],
+        "acked": expected["acked"],
+        "replaced": expected["replaced"],
+        "dropped": expected["dropped"],
         "dropped_disconnected": expected["dropped_disconnected"],
-        "connections_total": expected["sessions"], "errors": expected["errors"],
+        "connections_total": expected["sessions"],
+        "errors": expected["errors"],
         "clients_dropped": expected["clients_dropped"],
     }
 
@@ -426,7 +475,8 @@ def test_every_story_ended_as_expected(brokerRun, brokerReport):
         assert summary[outcome] == expected[outcome], outcome
     assert {reason: count for reason, count in summary["dropped_by_reason"].items() if count} == {
         name.removeprefix("dropped_"): count
-        for name, count in expected.items() if name.startswith("dropped_")
+        for name, count in expected.items()
+        if name.startswith("dropped_")
     }
     # The broker stopped after its clients: nothing can still be in flight.
     assert summary["inflight"] == 0
@@ -436,7 +486,7 @@ def test_silent_client_session(spark, brokerRun, brokerReport):
     _, silent, _ = brokerRun
     out, _ = brokerReport
     sessions = spark.read.parquet(str(out / "tables" / "sessions"))
-    row, = sessions.where(sessions.client == silent).collect()
+    (row,) = sessions.where(sessions.client == silent).collect()
     assert row.end_reason == "missed_pings"
     assert row.dropped_for_pings is True
     assert row.pings_missed == 2
@@ -450,19 +500,29 @@ def test_slow_latest_subscriber_had_messages_replaced(spark, brokerRun, brokerRe
     # It was sent the first message and the newest; seq jumped over the
     # three replaced in between.
     assert [(frame.payload, frame.arguments[3]) for frame in received] == [
-        (b"one", b"seq=1"), (b"five", b"seq=5"),
+        (b"one", b"seq=1"),
+        (b"five", b"seq=5"),
     ]
-    session, = spark.read.parquet(str(out / "tables" / "sessions")).where(
-        f"client = '{slow}'"
-    ).collect()
-    assert (session.end_reason, session.publishes, session.deliveries, session.acks) == (
-        "closed", 5, 2, 2,
+    (session,) = (
+        spark.read.parquet(str(out / "tables" / "sessions")).where(f"client = '{slow}'").collect()
     )
-    stories = spark.read.parquet(str(out / "tables" / "deliveries")).where(
-        f"session = {session.session}"
-    ).orderBy("mid").collect()
+    assert (session.end_reason, session.publishes, session.deliveries, session.acks) == (
+        "closed",
+        5,
+        2,
+        2,
+    )
+    stories = (
+        spark.read.parquet(str(out / "tables" / "deliveries"))
+        .where(f"session = {session.session}")
+        .orderBy("mid")
+        .collect()
+    )
     assert [(row.outcome, row.mode) for row in stories] == [
-        ("acked", "latest"), ("replaced", None), ("replaced", None), ("replaced", None),
+        ("acked", "latest"),
+        ("replaced", None),
+        ("replaced", None),
+        ("replaced", None),
         ("acked", "latest"),
     ]
     mids = [row.mid for row in stories]

@@ -46,7 +46,9 @@ def test_every_documented_event(spark, tmp_path, logLines):
         e(T, "replace", mid=7, topic="a/b", session=3, by=8),
         e(T, "drop", "warn", mid=7, topic="a/b", session=3, reason="redelivery_limit"),
     ]
-    rows = {row["event"]: row for row in events(spark, logLines.write(tmp_path / "twistd.log", lines))}
+    rows = {
+        row["event"]: row for row in events(spark, logLines.write(tmp_path / "twistd.log", lines))
+    }
     assert len(rows) == len(lines)
     assert all(row["t"] == pytest.approx(T, abs=1e-6) for row in rows.values())
     # The per-message events are numbered, the others are 0.
@@ -57,17 +59,28 @@ def test_every_documented_event(spark, tmp_path, logLines):
         for name in rows
     }
     assert rows["listening"]["address"] == "[::1]:1373"
-    assert (rows["disconnect"]["reason"], rows["disconnect"]["subscriptions"]) == ("missed_pings", 2)
+    assert (rows["disconnect"]["reason"], rows["disconnect"]["subscriptions"]) == (
+        "missed_pings",
+        2,
+    )
     assert rows["subscribe"]["mode"] == "latest"
     assert rows["stats"]["stats"] == {"connections": 1, "published": 7, "dropped_queue_full": 2}
     assert (rows["ping_missed"]["level"], rows["ping_missed"]["missed"]) == ("warn", 2)
-    assert (rows["protocol_error"]["code"], rows["protocol_error"]["fatal"]) == ("BAD_FRAMING", True)
+    assert (rows["protocol_error"]["code"], rows["protocol_error"]["fatal"]) == (
+        "BAD_FRAMING",
+        True,
+    )
     publish = rows["publish"]
     assert (publish["mid"], publish["topic"], publish["bytes"], publish["subscribers"]) == (
-        7, "a/b", 11, 2,
+        7,
+        "a/b",
+        11,
+        2,
     )
     assert (publish["session"], publish["client"], publish["transport"]) == (
-        3, "127.0.0.1:50124", "tcp",
+        3,
+        "127.0.0.1:50124",
+        "tcp",
     )
     deliver = rows["deliver"]
     assert (deliver["mode"], deliver["seq"], deliver["attempt"]) == ("all", 4, 2)
@@ -96,10 +109,29 @@ def test_message_events_by_position_or_by_name(spark, tmp_path, logLines):
     client = dict(session=3, client="127.0.0.1:50124")
     lines = [
         e(T, "publish", mid=7, topic="a/b", bytes=11, **client, transport="tcp", subscribers=2),
-        e(T, "publish", mid=8, topic="a/b", bytes=11, **client, transport="tcp", subscribers=2,
-          origin="elsewhere", hops=1),
-        e(T, "publish", mid=9, colour="red", topic="a/b", bytes=11, **client, transport="tcp",
-          subscribers=2),
+        e(
+            T,
+            "publish",
+            mid=8,
+            topic="a/b",
+            bytes=11,
+            **client,
+            transport="tcp",
+            subscribers=2,
+            origin="elsewhere",
+            hops=1,
+        ),
+        e(
+            T,
+            "publish",
+            mid=9,
+            colour="red",
+            topic="a/b",
+            bytes=11,
+            **client,
+            transport="tcp",
+            subscribers=2,
+        ),
         e(T, "publish", topic="a/b", mid=10, bytes=11, **client, transport="tcp", subscribers=2),
         e(T, "publish", mid=0, topic="a/b", bytes=11, **client, transport="tcp", subscribers=2)
         + " mid=11",
@@ -110,16 +142,29 @@ def test_message_events_by_position_or_by_name(spark, tmp_path, logLines):
         e(T, "deliver", mid=14, topic="météo/zürich", **client, mode="all", seq=4, attempt=1),
     ]
     # Rows are not in the lines' order: those read by position come first.
-    rows = sorted(events(spark, logLines.write(tmp_path / "twistd.log", lines)),
-                  key=lambda row: row["mid"])
+    rows = sorted(
+        events(spark, logLines.write(tmp_path / "twistd.log", lines)), key=lambda row: row["mid"]
+    )
     assert [
-        (row["mid"], row["topic"], row["bytes"], row["session"], row["client"],
-         row["transport"], row["subscribers"], row["t"])
+        (
+            row["mid"],
+            row["topic"],
+            row["bytes"],
+            row["session"],
+            row["client"],
+            row["transport"],
+            row["subscribers"],
+            row["t"],
+        )
         for row in rows[:5]
-    ] == [(mid, "a/b", 11, 3, "127.0.0.1:50124", "tcp", 2, pytest.approx(T, abs=1e-6))
-          for mid in (7, 8, 9, 10, 11)]
+    ] == [
+        (mid, "a/b", 11, 3, "127.0.0.1:50124", "tcp", 2, pytest.approx(T, abs=1e-6))
+        for mid in (7, 8, 9, 10, 11)
+    ]
     assert [(row["mid"], row["mode"], row["seq"], row["attempt"]) for row in rows[5:]] == [
-        (12, "all", 4, 2), (13, "all", 4, 2), (14, "all", 4, 1),
+        (12, "all", 4, 2),
+        (13, "all", 4, 2),
+        (14, "all", 4, 1),
     ]
     assert (rows[7]["topic"], rows[7]["client"]) == ("météo/zürich", "127.0.0.1:50124")
     # By position or by name, an event has its number.
@@ -163,7 +208,9 @@ def test_lines_that_are_not_events(spark, tmp_path, logLines):
     from dallal_analytics import parse
 
     lines = [
-        logLines.foreign(T, "twisted.scripts._twistd_unix.UnixAppLogger#info", "twistd starting up."),
+        logLines.foreign(
+            T, "twisted.scripts._twistd_unix.UnixAppLogger#info", "twistd starting up."
+        ),
         logLines.foreign(T, "-", "BrokerFactory starting on 1373"),
         logLines.event(T, "connect", session=1, client="127.0.0.1:1", transport="tcp"),
         # A failure logged by the broker's namespace is not an event, and its
@@ -176,14 +223,29 @@ def test_lines_that_are_not_events(spark, tmp_path, logLines):
         "garbage event=publish mid=2",
         '\x1e{"dallal_event": "connect", "log_namesp',
         "",
-        logLines.event(T + 1, "disconnect", session=1, client="127.0.0.1:1", transport="tcp",
-                       reason="closed", subscriptions=0),
+        logLines.event(
+            T + 1,
+            "disconnect",
+            session=1,
+            client="127.0.0.1:1",
+            transport="tcp",
+            reason="closed",
+            subscriptions=0,
+        ),
     ]
     rows = parsedRows(spark, logLines.write(tmp_path / "twistd.log", lines))
     assert [row["kind"] for row in rows] == [
-        parse.OTHER, parse.OTHER, parse.EVENT, parse.OTHER, parse.OTHER,
-        parse.CONTINUATION, parse.CONTINUATION,
-        parse.UNPARSED, parse.UNPARSED, parse.UNPARSED, parse.EVENT,
+        parse.OTHER,
+        parse.OTHER,
+        parse.EVENT,
+        parse.OTHER,
+        parse.OTHER,
+        parse.CONTINUATION,
+        parse.CONTINUATION,
+        parse.UNPARSED,
+        parse.UNPARSED,
+        parse.UNPARSED,
+        parse.EVENT,
     ]
     assert [row["event"] for row in rows if row["kind"] == parse.EVENT] == ["connect", "disconnect"]
     assert rows[7]["raw"] == "garbage event=publish mid=2"
@@ -195,18 +257,22 @@ def test_missing_or_malformed_fields_are_null(spark, tmp_path, logLines):
     lines = [
         # A publish and a deliver as brokers before acknowledged delivery
         # logged them.
-        logLines.event(T, "publish", mid=1, topic="news", bytes=11, client="127.0.0.1:2",
-                       subscribers=1),
+        logLines.event(
+            T, "publish", mid=1, topic="news", bytes=11, client="127.0.0.1:2", subscribers=1
+        ),
         logLines.event(T, "deliver", mid=1, topic="news", session=1, client="127.0.0.1:1"),
         logLines.event(T, "ack", mid="seven", topic="news", session=1, latency="fast"),
         # A repeated key: the last one counts.
-        logLines.event(T, "ping_missed", "warn", session=1, client="127.0.0.1:1", missed=1) + " missed=2",
+        logLines.event(T, "ping_missed", "warn", session=1, client="127.0.0.1:1", missed=1)
+        + " missed=2",
         # No t: twistd's own second is the time.
         "2026-11-21T20:28:19+0000 [dallal#info] event=connect session=4 client=127.0.0.1:4 transport=tcp",
         # A per-message event laid out as documented, but for its t.
         "2026-11-21T20:28:19+0000 [dallal#info] event=replace mid=3 topic=news session=1 by=4 t=soon",
     ]
-    rows = {row["event"]: row for row in events(spark, logLines.write(tmp_path / "twistd.log", lines))}
+    rows = {
+        row["event"]: row for row in events(spark, logLines.write(tmp_path / "twistd.log", lines))
+    }
     publish, deliver, ack, missed, connect, replace = (
         rows[name] for name in ("publish", "deliver", "ack", "ping_missed", "connect", "replace")
     )
@@ -224,14 +290,20 @@ def test_rotated_files_as_directory_glob_or_list(spark, tmp_path, logLines):
 
     folder = tmp_path / "logs"
     for index, suffix in enumerate(("", ".1", ".2")):
-        logLines.write(folder / f"twistd.log{suffix}", [
-            logLines.event(T - index, "connect", session=index + 1, client="127.0.0.1:1",
-                           transport="tcp"),
-        ])
+        logLines.write(
+            folder / f"twistd.log{suffix}",
+            [
+                logLines.event(
+                    T - index, "connect", session=index + 1, client="127.0.0.1:1", transport="tcp"
+                ),
+            ],
+        )
     # A rotated file compressed by logrotate is read as well.
     with gzip.open(folder / "twistd.log.3.gz", "wt") as compressed:
-        compressed.write(logLines.event(T - 3, "connect", session=4, client="127.0.0.1:1",
-                                        transport="tcp") + "\n")
+        compressed.write(
+            logLines.event(T - 3, "connect", session=4, client="127.0.0.1:1", transport="tcp")
+            + "\n"
+        )
 
     def sessions(paths):
         frame = parse.parseLines(parse.readLines(spark, paths))
@@ -273,10 +345,10 @@ def test_json_log_records(spark, tmp_path):
     Records of Twisted's jsonFileLogObserver, as the broker's EventLog
     emits them.
     """
-    from dallal.broker.events import EventLog
     from twisted.internet.task import Clock
     from twisted.logger import Logger, LogLevel, jsonFileLogObserver
 
+    from dallal.broker.events import EventLog
     from dallal_analytics import parse
 
     path = tmp_path / "dallal.json"
@@ -286,8 +358,9 @@ def test_json_log_records(spark, tmp_path):
         clock.advance(T)
         events = EventLog(clock, logger=Logger(namespace="dallal", observer=observer))
         client = dict(session=3, client="127.0.0.1:50124")
-        events.emit("publish", mid=7, topic="a/b", bytes=11, **client, transport="tcp",
-                    subscribers=2)
+        events.emit(
+            "publish", mid=7, topic="a/b", bytes=11, **client, transport="tcp", subscribers=2
+        )
         events.emit("protocol_error", LogLevel.warn, **client, code="BAD_TOPIC", fatal=True)
         events.emit("ack", mid=7, topic="a/b", session=3, latency=0.0045)
         events.emit("stats", published=1, acked=1)
@@ -295,11 +368,19 @@ def test_json_log_records(spark, tmp_path):
         stream.write("\x1e{this is not JSON\n")
     rows = parsedRows(spark, path)
     assert [row["kind"] for row in rows] == [
-        parse.EVENT, parse.EVENT, parse.EVENT, parse.EVENT, parse.OTHER, parse.UNPARSED,
+        parse.EVENT,
+        parse.EVENT,
+        parse.EVENT,
+        parse.EVENT,
+        parse.OTHER,
+        parse.UNPARSED,
     ]
     publish, error, ack, stats = rows[:4]
     assert (publish["event"], publish["level"], publish["mid"], publish["topic"]) == (
-        "publish", "info", 7, "a/b",
+        "publish",
+        "info",
+        7,
+        "a/b",
     )
     assert publish["t"] == pytest.approx(T, abs=1e-6)
     assert (publish["transport"], publish["subscribers"]) == ("tcp", 2)

@@ -50,12 +50,25 @@ def test_files_globs_and_directories(prefetch, tmp_path, asked):
     (second / ".twistd.log.swp").write_bytes(b"x")
     (second / "_SUCCESS").write_bytes(b"x")
     (second / "nested" / "twistd.log").write_bytes(b"x")
-    assert prefetch.readAhead([
-        str(first / "twistd.log.1"), f"file://{first}/twistd.log", str(second / "*.1"),
-        str(second),
-    ]) == 6
-    assert asked == ["twistd.log.1", "twistd.log", "twistd.log.1",
-                     "twistd.log", "twistd.log.1", "twistd.log.2"]
+    assert (
+        prefetch.readAhead(
+            [
+                str(first / "twistd.log.1"),
+                f"file://{first}/twistd.log",
+                str(second / "*.1"),
+                str(second),
+            ]
+        )
+        == 6
+    )
+    assert asked == [
+        "twistd.log.1",
+        "twistd.log",
+        "twistd.log.1",
+        "twistd.log",
+        "twistd.log.1",
+        "twistd.log.2",
+    ]
 
 
 def test_what_is_not_a_local_file_is_left_to_spark(prefetch, tmp_path, asked):
@@ -63,10 +76,17 @@ def test_what_is_not_a_local_file_is_left_to_spark(prefetch, tmp_path, asked):
     Missing paths, globs that match nothing and other file systems are
     skipped without an error: Spark reports what it cannot read.
     """
-    assert prefetch.readAhead([
-        str(tmp_path / "missing.log"), str(tmp_path / "*.log"), "hdfs://namenode/logs",
-        "s3a://bucket/logs/twistd.log",
-    ]) == 0
+    assert (
+        prefetch.readAhead(
+            [
+                str(tmp_path / "missing.log"),
+                str(tmp_path / "*.log"),
+                "hdfs://namenode/logs",
+                "s3a://bucket/logs/twistd.log",
+            ]
+        )
+        == 0
+    )
     assert asked == []
 
 

@@ -134,7 +134,10 @@ def test_messages_account(spark, report):
     assert len(rows) == 8
     second = rows[1, 2]
     assert (second["subscribers"], second["acked"], second["fired"], second["redeliveries"]) == (
-        2, 1, 1, 1,
+        2,
+        1,
+        1,
+        1,
     )
     assert second["bytes_out"] == 15
     assert rows[2, 2]["inflight"] == 1
@@ -153,20 +156,47 @@ def test_a_story_under_another_topic_is_told_apart(spark, logLines, tmp_path):
     import report as reportModule
 
     t = 1795292880.0
-    path = logLines.write(tmp_path / "logs" / "twistd.log", [
-        logLines.event(t, "publish", mid=1, topic="a", bytes=5, session=1, client="p",
-                       transport="tcp", subscribers=1, origin="here", hops=0),
-        logLines.event(t + 1, "deliver", mid=1, topic="b", session=2, client="s", mode="all",
-                       seq=1, attempt=1),
-        logLines.event(t + 2, "ack", mid=1, topic="b", session=2, latency=0.5),
-    ])
+    path = logLines.write(
+        tmp_path / "logs" / "twistd.log",
+        [
+            logLines.event(
+                t,
+                "publish",
+                mid=1,
+                topic="a",
+                bytes=5,
+                session=1,
+                client="p",
+                transport="tcp",
+                subscribers=1,
+                origin="here",
+                hops=0,
+            ),
+            logLines.event(
+                t + 1,
+                "deliver",
+                mid=1,
+                topic="b",
+                session=2,
+                client="s",
+                mode="all",
+                seq=1,
+                attempt=1,
+            ),
+            logLines.event(t + 2, "ack", mid=1, topic="b", session=2, latency=0.5),
+        ],
+    )
     summary = reportModule.runReport(spark, [str(path)], tmp_path / "out")
     rows = {row["topic"]: row for row in table(spark, tmp_path / "out", "messages")}
     assert (rows["a"]["publish_logged"], rows["a"]["sends"], rows["a"]["inflight"]) == (
-        True, 0, 1,
+        True,
+        0,
+        1,
     )
     assert (rows["b"]["publish_logged"], rows["b"]["sends"], rows["b"]["acked"]) == (
-        False, 1, 1,
+        False,
+        1,
+        1,
     )
     assert (summary["messages_without_publish"], summary["inflight"]) == (1, 1)
 
@@ -179,8 +209,11 @@ def test_traffic_per_window_topic_and_transport(spark, report, handWrittenStart)
         for row in table(spark, out, "traffic")
     }
     assert set(rows) == {
-        (0, "news", "tcp"), (0, "news", "udp"), (0, "weather", "tcp"),
-        (180, "news", "tcp"), (180, "weather", "tcp"),
+        (0, "news", "tcp"),
+        (0, "news", "udp"),
+        (0, "weather", "tcp"),
+        (180, "news", "tcp"),
+        (180, "weather", "tcp"),
     }
     news = rows[0, "news", "tcp"]
     assert (news["publishes"], news["deliveries"], news["redeliveries"]) == (3, 3, 1)
@@ -217,9 +250,7 @@ def test_sessions(spark, report):
 @pytest.mark.e2e
 def test_concurrent_connections(spark, report):
     out, _ = report
-    levels = sorted(
-        (row["t"], row["connections"]) for row in table(spark, out, "connections")
-    )
+    levels = sorted((row["t"], row["connections"]) for row in table(spark, out, "connections"))
     # The first run closes its four sessions; the second starts from zero
     # and ends with one still connected.
     assert [level for _, level in levels] == [1, 2, 3, 4, 3, 2, 1, 0, 1, 2, 1]
@@ -265,23 +296,30 @@ def test_odd_event_lines_are_never_fatal(spark, logLines, tmp_path):
     import report as reportModule
 
     t = 1795292880.0  # 2026-11-21T20:28:00Z
-    path = logLines.write(tmp_path / "logs" / "twistd.log", [
-        # No time at all: neither twistd's nor t=.
-        "- [dallal#info] event=connect session=9 client=127.0.0.1:9 transport=tcp",
-        # Values Spark 4 (ANSI) would overflow on in a time or a sum.
-        logLines.stamp(t) + " [dallal#info] event=connect session=2 client=127.0.0.1:2"
-        " transport=tcp t=1e300",
-        logLines.event(t + 1, "publish", mid="x", bytes=10 ** 30, session=1),
-        logLines.event(t + 2, "deliver", mid=1, topic="a", session="s"),
-        logLines.event(t + 3, "ack", mid=1, topic="a", session=1, latency="Infinity"),
-        logLines.event(t + 4, "drop", "warn", mid=1, topic="a", session=1, reason="meteorite"),
-        logLines.event(t + 5, "stats", published="many"),
-        logLines.event(t + 6, "unheard_of", colour="blue"),
-        logLines.stamp(t + 7) + " [dallal#info] event=",
-    ])
+    path = logLines.write(
+        tmp_path / "logs" / "twistd.log",
+        [
+            # No time at all: neither twistd's nor t=.
+            "- [dallal#info] event=connect session=9 client=127.0.0.1:9 transport=tcp",
+            # Values Spark 4 (ANSI) would overflow on in a time or a sum.
+            logLines.stamp(t) + " [dallal#info] event=connect session=2 client=127.0.0.1:2"
+            " transport=tcp t=1e300",
+            logLines.event(t + 1, "publish", mid="x", bytes=10**30, session=1),
+            logLines.event(t + 2, "deliver", mid=1, topic="a", session="s"),
+            logLines.event(t + 3, "ack", mid=1, topic="a", session=1, latency="Infinity"),
+            logLines.event(t + 4, "drop", "warn", mid=1, topic="a", session=1, reason="meteorite"),
+            logLines.event(t + 5, "stats", published="many"),
+            logLines.event(t + 6, "unheard_of", colour="blue"),
+            logLines.stamp(t + 7) + " [dallal#info] event=",
+        ],
+    )
     summary = reportModule.runReport(spark, [str(path)], tmp_path / "out")
     assert summary["lines"] == {
-        "lines": 9, "event": 9, "other": 0, "continuation": 0, "unparsed": 0,
+        "lines": 9,
+        "event": 9,
+        "other": 0,
+        "continuation": 0,
+        "unparsed": 0,
     }
     assert (summary["publishes"], summary["deliveries"], summary["bytes_in"]) == (1, 1, 0)
     # mid 1's publish is unreadable: its story is counted apart from the account.
@@ -328,20 +366,62 @@ def test_sys_statistics_count_as_the_broker_counts_them(spark, tmp_path, logLine
     e = logLines.event
     t = 1795292880.0
     client = dict(session=1, client="127.0.0.1:1")
-    path = logLines.write(tmp_path / "twistd.log", [
-        e(t, "listening", transport="tcp", address="127.0.0.1:1373"),
-        e(t + 1, "connect", **client, transport="tcp"),
-        e(t + 2, "subscribe", **client, topic="$SYS/broker/clients", mode="fire"),
-        e(t + 3, "publish", mid=1, topic="$SYS/broker/clients", bytes=1, session=0,
-          client="$SYS", transport="sys", subscribers=1, origin="here", hops=0),
-        e(t + 3, "deliver", mid=1, topic="$SYS/broker/clients", **client, mode="fire",
-          seq=1, attempt=1),
-        e(t + 4, "publish", mid=2, topic="a", bytes=5, **client, transport="tcp",
-          subscribers=0, origin="here", hops=0),
-        e(t + 5, "disconnect", **client, transport="tcp", reason="closed", subscriptions=1),
-        e(t + 6, "stats", connections_total=1, published=2, sys_published=1, matched=1,
-          delivered=1, fired=1, bytes_in=6, bytes_out=1),
-    ])
+    path = logLines.write(
+        tmp_path / "twistd.log",
+        [
+            e(t, "listening", transport="tcp", address="127.0.0.1:1373"),
+            e(t + 1, "connect", **client, transport="tcp"),
+            e(t + 2, "subscribe", **client, topic="$SYS/broker/clients", mode="fire"),
+            e(
+                t + 3,
+                "publish",
+                mid=1,
+                topic="$SYS/broker/clients",
+                bytes=1,
+                session=0,
+                client="$SYS",
+                transport="sys",
+                subscribers=1,
+                origin="here",
+                hops=0,
+            ),
+            e(
+                t + 3,
+                "deliver",
+                mid=1,
+                topic="$SYS/broker/clients",
+                **client,
+                mode="fire",
+                seq=1,
+                attempt=1,
+            ),
+            e(
+                t + 4,
+                "publish",
+                mid=2,
+                topic="a",
+                bytes=5,
+                **client,
+                transport="tcp",
+                subscribers=0,
+                origin="here",
+                hops=0,
+            ),
+            e(t + 5, "disconnect", **client, transport="tcp", reason="closed", subscriptions=1),
+            e(
+                t + 6,
+                "stats",
+                connections_total=1,
+                published=2,
+                sys_published=1,
+                matched=1,
+                delivered=1,
+                fired=1,
+                bytes_in=6,
+                bytes_out=1,
+            ),
+        ],
+    )
     summary = reportModule.runReport(spark, [str(path)], tmp_path / "out")
     assert (summary["publishes"], summary["sys_published"], summary["bytes_in"]) == (2, 1, 6)
     assert summary["counter_mismatches"] == []
@@ -362,38 +442,83 @@ def test_bridged_traffic_counts_as_the_broker_counts_it(spark, tmp_path, logLine
     local = dict(session=1, client="127.0.0.1:1")
     ownBridge = dict(session=2, client="bridge:hub")
     remoteBridge = dict(session=3, client="10.0.0.9:2")
-    path = logLines.write(tmp_path / "twistd.log", [
-        e(t, "listening", transport="tcp", address="127.0.0.1:1373"),
-        e(t + 1, "connect", **local, transport="tcp"),
-        e(t + 1, "connect", **ownBridge, transport="bridge"),
-        e(t + 1, "connect", **remoteBridge, transport="tcp"),
-        e(t + 2, "subscribe", **local, topic="a", mode="all", bridge=False),
-        e(t + 2, "subscribe", **ownBridge, topic="#", mode="all", bridge=True),
-        e(t + 2, "subscribe", **remoteBridge, topic="a", mode="all", bridge=True),
-        # Published here: it leaves over both bridges, and one copy is dropped.
-        e(t + 3, "publish", mid=1, topic="a", bytes=2, **local, transport="tcp",
-          subscribers=2, origin="leaf", hops=0),
-        e(t + 3, "deliver", mid=1, topic="a", **ownBridge, mode="all", seq=1, attempt=1),
-        e(t + 3, "drop", "warn", mid=1, topic="a", session=3, reason="bridge_refused"),
-        # Came over this broker's own bridge: to the local subscriber only.
-        e(t + 4, "publish", mid=2, topic="a", bytes=3, **ownBridge, transport="bridge",
-          subscribers=1, origin="hub", hops=1),
-        e(t + 4, "deliver", mid=2, topic="a", **local, mode="all", seq=1, attempt=1),
-        e(t + 5, "stats", published=2, bridged_published=1, delivered=2,
-          bridged_delivered=1, dropped=1, dropped_bridge_refused=1, bridged_dropped=1),
-    ])
+    path = logLines.write(
+        tmp_path / "twistd.log",
+        [
+            e(t, "listening", transport="tcp", address="127.0.0.1:1373"),
+            e(t + 1, "connect", **local, transport="tcp"),
+            e(t + 1, "connect", **ownBridge, transport="bridge"),
+            e(t + 1, "connect", **remoteBridge, transport="tcp"),
+            e(t + 2, "subscribe", **local, topic="a", mode="all", bridge=False),
+            e(t + 2, "subscribe", **ownBridge, topic="#", mode="all", bridge=True),
+            e(t + 2, "subscribe", **remoteBridge, topic="a", mode="all", bridge=True),
+            # Published here: it leaves over both bridges, and one copy is dropped.
+            e(
+                t + 3,
+                "publish",
+                mid=1,
+                topic="a",
+                bytes=2,
+                **local,
+                transport="tcp",
+                subscribers=2,
+                origin="leaf",
+                hops=0,
+            ),
+            e(t + 3, "deliver", mid=1, topic="a", **ownBridge, mode="all", seq=1, attempt=1),
+            e(t + 3, "drop", "warn", mid=1, topic="a", session=3, reason="bridge_refused"),
+            # Came over this broker's own bridge: to the local subscriber only.
+            e(
+                t + 4,
+                "publish",
+                mid=2,
+                topic="a",
+                bytes=3,
+                **ownBridge,
+                transport="bridge",
+                subscribers=1,
+                origin="hub",
+                hops=1,
+            ),
+            e(t + 4, "deliver", mid=2, topic="a", **local, mode="all", seq=1, attempt=1),
+            e(
+                t + 5,
+                "stats",
+                published=2,
+                bridged_published=1,
+                delivered=2,
+                bridged_delivered=1,
+                dropped=1,
+                dropped_bridge_refused=1,
+                bridged_dropped=1,
+            ),
+        ],
+    )
     summary = reportModule.runReport(spark, [str(path)], tmp_path / "out")
-    assert {name: summary[name] for name in (
-        "publishes", "bridged_published", "deliveries", "bridged_delivered", "dropped",
-        "bridged_dropped",
-    )} == {
-        "publishes": 2, "bridged_published": 1, "deliveries": 2, "bridged_delivered": 1,
-        "dropped": 1, "bridged_dropped": 1,
+    assert {
+        name: summary[name]
+        for name in (
+            "publishes",
+            "bridged_published",
+            "deliveries",
+            "bridged_delivered",
+            "dropped",
+            "bridged_dropped",
+        )
+    } == {
+        "publishes": 2,
+        "bridged_published": 1,
+        "deliveries": 2,
+        "bridged_delivered": 1,
+        "dropped": 1,
+        "bridged_dropped": 1,
     }
     assert summary["counter_mismatches"] == []
     sessions = spark.read.parquet(str(tmp_path / "out" / "tables" / "sessions"))
     assert {row.session: row.bridge for row in sessions.collect()} == {
-        1: False, 2: True, 3: True,
+        1: False,
+        2: True,
+        3: True,
     }
 
 
@@ -405,9 +530,17 @@ def test_report_escapes_what_the_log_says(report):
     hostile = "<script>alert(1)</script>"
     page = htmlreport.render(
         dict(summary, errors_by_code={hostile: 1}),
-        traffic=[], histogram=[], connections=[], connectionStep=1,
-        topics=[{"topic": hostile, "publishes": 1}], publishers=[], latency=[], loss=[],
-        errors=[], health=[], runs=[],
+        traffic=[],
+        histogram=[],
+        connections=[],
+        connectionStep=1,
+        topics=[{"topic": hostile, "publishes": 1}],
+        publishers=[],
+        latency=[],
+        loss=[],
+        errors=[],
+        health=[],
+        runs=[],
     )
     assert "<script" not in page
     assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;") == 2
@@ -453,24 +586,39 @@ def test_the_jvm_runs_with_the_reports_options(spark):
     from dallal_analytics.session import COMPILER_DIRECTIVES, JVM_OPTIONS
 
     jvm = spark._jvm
-    arguments = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    arguments = list(
+        jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
+    )
     assert set(JVM_OPTIONS) <= set(arguments)
     hotspot = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
         jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean")
     )
     values = {
         name: hotspot.getVMOption(name).getValue()
-        for name in ("DontCompileHugeMethods", "UseParallelGC", "Tier4InvocationThreshold",
-                     "Tier4MinInvocationThreshold", "Tier4CompileThreshold",
-                     "Tier4BackEdgeThreshold", "ReservedCodeCacheSize", "MetaspaceSize",
-                     "CompilerDirectivesFile", "DisplayVMOutputToStderr")
+        for name in (
+            "DontCompileHugeMethods",
+            "UseParallelGC",
+            "Tier4InvocationThreshold",
+            "Tier4MinInvocationThreshold",
+            "Tier4CompileThreshold",
+            "Tier4BackEdgeThreshold",
+            "ReservedCodeCacheSize",
+            "MetaspaceSize",
+            "CompilerDirectivesFile",
+            "DisplayVMOutputToStderr",
+        )
     }
     assert values == {
-        "DontCompileHugeMethods": "false", "UseParallelGC": "true",
-        "Tier4InvocationThreshold": "50000", "Tier4MinInvocationThreshold": "6000",
-        "Tier4CompileThreshold": "150000", "Tier4BackEdgeThreshold": "400000",
-        "ReservedCodeCacheSize": str(512 << 20), "MetaspaceSize": str(256 << 20),
-        "CompilerDirectivesFile": str(COMPILER_DIRECTIVES), "DisplayVMOutputToStderr": "true",
+        "DontCompileHugeMethods": "false",
+        "UseParallelGC": "true",
+        "Tier4InvocationThreshold": "50000",
+        "Tier4MinInvocationThreshold": "6000",
+        "Tier4CompileThreshold": "150000",
+        "Tier4BackEdgeThreshold": "400000",
+        "ReservedCodeCacheSize": str(512 << 20),
+        "MetaspaceSize": str(256 << 20),
+        "CompilerDirectivesFile": str(COMPILER_DIRECTIVES),
+        "DisplayVMOutputToStderr": "true",
     }
 
 
@@ -512,16 +660,26 @@ def test_a_session_starting_its_jvm_initializes_classes_ahead(spark, tmp_path):
     sparkFolder = Path(session.__file__).resolve().parent.parent
     result = subprocess.run(
         [sys.executable, "-c", INITIALIZED_AHEAD_SCRIPT, str(sparkFolder), str(tmp_path)],
-        capture_output=True, text=True, timeout=180,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "1 [False]"
 
 
-@pytest.mark.parametrize("master, inDriver", [
-    ("local", True), ("local[2]", True), ("local[*]", True), ("local[4, 2]", True),
-    ("local-cluster[2,1,1024]", False), ("spark://host:7077", False), ("yarn", False),
-])
+@pytest.mark.parametrize(
+    "master, inDriver",
+    [
+        ("local", True),
+        ("local[2]", True),
+        ("local[*]", True),
+        ("local[4, 2]", True),
+        ("local-cluster[2,1,1024]", False),
+        ("spark://host:7077", False),
+        ("yarn", False),
+    ],
+)
 def test_where_tasks_run(master, inDriver):
     """
     Only local masters run the tasks in the driver's JVM, where classes
@@ -552,7 +710,8 @@ def test_classes_initialized_ahead_exist_and_a_missing_one_is_skipped(spark, mon
         # this Spark.
         assert jvm.java.lang.Class.forName(name, False, loader).getName() == name
     monkeypatch.setattr(
-        session, "CLASSES_TO_INITIALIZE_AHEAD",
+        session,
+        "CLASSES_TO_INITIALIZE_AHEAD",
         ("org.example.NoSuchClass", *session.CLASSES_TO_INITIALIZE_AHEAD),
     )
     uncaught = []
@@ -675,16 +834,19 @@ def test_the_survey_fills_the_caches_as_it_counts(spark, tmp_path, logLines):
     own, then read the log's again).  The session's setting is left as it
     was.
     """
+    import report as reportModule
     from pyspark import StorageLevel
 
-    import report as reportModule
     from dallal_analytics import parse, questions
 
-    path = logLines.write(tmp_path / "logs" / "twistd.log", [
-        logLines.event(1795292880.0, "ack", mid=1, topic="a/b", session=1, latency=0.001),
-        logLines.event(1795292880.5, "connect", session=2, client="c", transport="tcp"),
-        "a line from elsewhere",
-    ])
+    path = logLines.write(
+        tmp_path / "logs" / "twistd.log",
+        [
+            logLines.event(1795292880.0, "ack", mid=1, topic="a/b", session=1, latency=0.001),
+            logLines.event(1795292880.5, "connect", session=2, client="c", transport="tcp"),
+            "a line from elsewhere",
+        ],
+    )
     split = questions.cachedColumns(parse.splitLines(parse.readLines(spark, [str(path)])))
     split.persist(StorageLevel.MEMORY_AND_DISK_DESER)
     others = parse.parseOtherLines(split).persist(StorageLevel.MEMORY_AND_DISK_DESER)
@@ -726,40 +888,46 @@ def test_progress_lines_are_written_whole():
         progress.say("halfway")
     assert len(stream.writes) == 2
     assert stream.writes[0] == "dallal-report: halfway\n"
-    assert re.fullmatch(r"dallal-report: parse done in \S+ s \(\S+ s in all\)\n",
-                        stream.writes[1])
+    assert re.fullmatch(r"dallal-report: parse done in \S+ s \(\S+ s in all\)\n", stream.writes[1])
 
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("question", ["messages", "latencySketch"])
-def test_an_error_of_the_background_thread_is_the_reports(spark, logLines, tmp_path,
-                                                          monkeypatch, question):
+def test_an_error_of_the_background_thread_is_the_reports(
+    spark, logLines, tmp_path, monkeypatch, question
+):
     """
     The loss account and the latency are written from a thread of their
     own: what fails there fails the report, as it would have in the
     report's own thread.
     """
     import report as reportModule
+
     from dallal_analytics import questions
 
     def failing(frame):
         raise RuntimeError(f"no room for {question}")
 
     monkeypatch.setattr(questions, question, failing)
-    path = logLines.write(tmp_path / "logs" / "twistd.log", [
-        logLines.event(1795292880.0, "connect", session=1, client="c", transport="tcp"),
-    ])
+    path = logLines.write(
+        tmp_path / "logs" / "twistd.log",
+        [
+            logLines.event(1795292880.0, "connect", session=1, client="c", transport="tcp"),
+        ],
+    )
     with pytest.raises(RuntimeError, match=f"no room for {question}"):
         reportModule.runReport(spark, [str(path)], tmp_path / "out")
 
 
 def test_counter_mismatches_name_the_counter():
     import report as reportModule
+
     from dallal_analytics import questions
 
     run = dict.fromkeys(questions.COUNTERS_FROM_EVENTS.values(), 0)
-    run.update(run=1, publishes=2, matched=2, acked=1, counters={"published": 3, "acked": 1,
-                                                                  "inflight": 1})
+    run.update(
+        run=1, publishes=2, matched=2, acked=1, counters={"published": 3, "acked": 1, "inflight": 1}
+    )
     assert reportModule.counterMismatches([run]) == [
         {"run": 1, "counter": "published", "broker": 3, "log": 2}
     ]
@@ -780,7 +948,9 @@ def test_suppressed_refusals_count_as_errors(spark, logLines, tmp_path):
         tmp_path / "logs" / "twistd.log",
         [
             logLines.event(t, "listening", transport="udp", address="127.0.0.1:1234"),
-            logLines.event(t + 1, "protocol_error", "warn", **stranger, code="BAD_TOKEN", fatal=False),
+            logLines.event(
+                t + 1, "protocol_error", "warn", **stranger, code="BAD_TOKEN", fatal=False
+            ),
             logLines.event(t + 2, "protocol_errors_suppressed", "warn", code="BAD_TOKEN", count=20),
             logLines.event(t + 3, "stats", connections=0, connections_total=0, errors=21),
         ],
@@ -794,8 +964,7 @@ def test_suppressed_refusals_count_as_errors(spark, logLines, tmp_path):
 
 
 def test_every_drop_reason_of_the_broker_is_counted():
-    from dallal_analytics import questions
-
     from dallal.broker.delivery import DROP_REASONS
+    from dallal_analytics import questions
 
     assert set(questions.DROP_REASONS) == set(DROP_REASONS)

@@ -10,11 +10,10 @@ import sys
 import tomllib
 
 import pytest
-from twisted.internet import reactor
-from twisted.internet.protocol import ProcessProtocol
-
 from helpers import REPO
 from processguard import ProcessInUnitTest, forgetAttempts
+from twisted.internet import reactor
+from twisted.internet.protocol import ProcessProtocol
 
 pytest_plugins = ["pytester"]
 
@@ -43,7 +42,9 @@ def fork():
         lambda: os.system("true"),
         lambda: os.popen("true"),
         fork,
-        lambda: reactor.spawnProcess(ProcessProtocol(), sys.executable, [sys.executable, "-c", "pass"]),
+        lambda: reactor.spawnProcess(
+            ProcessProtocol(), sys.executable, [sys.executable, "-c", "pass"]
+        ),
     ],
     ids=["subprocess", "os.system", "os.popen", "os.fork", "spawnProcess"],
 )
@@ -88,7 +89,12 @@ def test_markedTestsRunAndUnmarkedOnesFailEvenIfTheyCatchTheError(pytester, monk
     )
     monkeypatch.setenv("PYTHONPATH", str(REPO / "tests"))
     result = pytester.runpytest_subprocess(
-        "-p", "processguard", "-p", "no:cacheprovider", "--rootdir", str(pytester.path),
+        "-p",
+        "processguard",
+        "-p",
+        "no:cacheprovider",
+        "--rootdir",
+        str(pytester.path),
         timeout=60,
     )
     result.assert_outcomes(passed=2, failed=1)

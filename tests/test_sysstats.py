@@ -5,10 +5,10 @@ broker's TCP protocol.
 """
 
 import pytest
+from helpers import BrokerHarness, BrokerProcess, dallal, messages, subscriber
 from twisted.logger import Logger
 
 from dallal.broker.sysstats import LOAD_WINDOWS, PREFIX, SysPublisher
-from helpers import BrokerHarness, BrokerProcess, dallal, messages, subscriber
 
 INTERVAL = 10.0
 

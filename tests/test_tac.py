@@ -5,7 +5,6 @@ The README's C{.tac} example, run as the README says, with C{twistd -ny}.
 import re
 
 import pytest
-
 from helpers import REPO, TWISTD, BrokerProcess, dallal, subscriber
 
 pytestmark = pytest.mark.e2e

@@ -6,12 +6,12 @@ core on a fake clock: what clients read, and what the broker logs.
 import re
 
 import pytest
-
-from dallal.broker.core import BrokerConfig
-from dallal.errors import CLOSING, FRAME_TIMEOUT, TOO_MANY_ERRORS, TOO_MANY_TOPICS
 from helpers import PING_INTERVAL, REPO, BrokerHarness, decodeFrames, messages, splitAt
 from test_auth import AUTH_ERRORS
 from test_limits import TOO_MANY_CLIENTS_ERROR, TOO_MANY_SUBSCRIPTIONS_ERROR
+
+from dallal.broker.core import BrokerConfig
+from dallal.errors import CLOSING, FRAME_TIMEOUT, TOO_MANY_ERRORS, TOO_MANY_TOPICS
 
 # A broker that refuses payloads over 16 bytes, for the tests of that limit.
 SMALL_MAX_PAYLOAD_CONFIG = BrokerConfig(maxPayload=16, messageEvents=True)
@@ -35,8 +35,7 @@ def test_protocolSession(harness):
     assert publisher.received() == b"PUBACK 7\r\n"
     publisher.send(b"PUB 8 +bad 2\r\nhi\r\nPING\r\n")
     assert publisher.received() == (
-        b"ERR 8 BAD_TOPIC '+' and '#' are reserved for subscription wildcards\r\n"
-        b"PONG\r\n"
+        b"ERR 8 BAD_TOPIC '+' and '#' are reserved for subscription wildcards\r\nPONG\r\n"
     )
     assert subscriber.received() == b"MSG news 11 sub=1 seq=1 id=1\r\nhello world\r\n"
     subscriber.send(b"ACK 1\r\n")
@@ -89,9 +88,7 @@ def test_fanOut(harness):
     assert other.received() == b""
     answer = publisher.received()
     assert messages(answer) == [(b"news", payload)]
-    assert [frame.line for frame in decodeFrames(answer) if frame.verb != b"MSG"] == [
-        b"PUBACK p1"
-    ]
+    assert [frame.line for frame in decodeFrames(answer) if frame.verb != b"MSG"] == [b"PUBACK p1"]
 
 
 def test_topicsAreSeparate(harness):

@@ -22,14 +22,13 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from helpers import DALLAL, TWISTD, BrokerProcess, OutputCollector, dallal
 from OpenSSL.SSL import Error as TLSError
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThread
 
 from dallal.client import connect, tlsEndpoint
-from helpers import DALLAL, TWISTD, BrokerProcess, OutputCollector, dallal
-
 
 PUBLISHED = b"your message published successfully\n"
 PUBLISH_FAILED = b"your message publishing failed\n"
@@ -44,7 +43,7 @@ def _name(commonName):
 
 
 def _builder(subject, issuer, publicKey):
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     return (
         x509.CertificateBuilder()
         .subject_name(subject)
@@ -63,9 +62,15 @@ def makeCA(commonName):
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
-                digital_signature=True, content_commitment=False, key_encipherment=False,
-                data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                crl_sign=True, encipher_only=False, decipher_only=False,
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
             ),
             critical=True,
         )  # fmt: skip
@@ -189,7 +194,9 @@ def test_publishAndSubscribeOverTls(pki, tlsBroker):
     )
     try:
         listener.waitFor(re.escape(b"subscribing on news\n"), WAIT)
-        result = tlsCommand(pki.ca, "127.0.0.1", tlsBroker.port, "publish", "news", "hello over tls")
+        result = tlsCommand(
+            pki.ca, "127.0.0.1", tlsBroker.port, "publish", "news", "hello over tls"
+        )
         assert (result.stdout, result.stderr, result.returncode) == (PUBLISHED, b"", 0)
         listener.waitFor(re.escape(b"news: hello over tls\n"), WAIT)
         assert listener.terminate() == 0
@@ -209,8 +216,7 @@ def test_wrongCaFails(pki, tlsBroker):
     assert result.stdout == PUBLISH_FAILED
     assert result.stderr == (
         b"dallal: TLS with the broker at 127.0.0.1:%d failed: certificate verify failed "
-        b"(the broker's certificate is not signed by a trusted CA: see --cafile)\n"
-        % tlsBroker.port
+        b"(the broker's certificate is not signed by a trusted CA: see --cafile)\n" % tlsBroker.port
     )
     result = tlsCommand(pki.otherCA, "127.0.0.1", tlsBroker.port, "subscribe", "news")
     assert (result.stdout, result.returncode) == (b"subscribing failed\n", 1)

@@ -6,11 +6,11 @@ matching topic, through the broker's TCP protocol on a clock (PROTOCOL.md,
 
 import json
 
+from helpers import BrokerHarness, decodeFrames
 from twisted.internet.defer import succeed
 
 from dallal.broker.retained import RetainedStats
 from dallal.topictree import TopicMap
-from helpers import BrokerHarness, decodeFrames
 
 
 class MemoryRetained:
@@ -138,7 +138,12 @@ def test_routesFollowSubscriptionChanges():
     second.lose()
     publish(publisher, b"a/b", b"6")
     assert [(payload, options[b"sub"]) for _, payload, options in messages(first)] == [
-        (b"1", b"f"), (b"2", b"f"), (b"3", b"k"), (b"4", b"f"), (b"5", b"k"), (b"6", b"k"),
+        (b"1", b"f"),
+        (b"2", b"f"),
+        (b"3", b"k"),
+        (b"4", b"f"),
+        (b"5", b"k"),
+        (b"6", b"k"),
     ]
     assert [payload for _, payload, _ in messages(second)] == [b"2", b"3", b"4", b"5"]
     assert [event["subscribers"] for event in harness.fields("publish")] == [1, 2, 2, 2, 2, 1]
@@ -196,8 +201,7 @@ def test_unsubscribeAndList():
     subscriber.send(b"SUB 1 a mode=fire\r\nSUB 2 b/# mode=all\r\nUNSUB 3 a\r\nUNSUB 4 a\r\n")
     written = subscriber.received()
     assert written == (
-        b"SUBACK 1\r\nSUBACK 2\r\nUNSUBACK 3\r\n"
-        b"ERR 4 NOT_SUBSCRIBED not subscribed to 'a'\r\n"
+        b"SUBACK 1\r\nSUBACK 2\r\nUNSUBACK 3\r\nERR 4 NOT_SUBSCRIBED not subscribed to 'a'\r\n"
     )
     publish(publisher, b"a", b"gone")
     assert messages(subscriber) == []
@@ -260,6 +264,4 @@ def test_publishToMatchingReachesExistingTopicsOnly():
     publisher.received()
     publish(publisher, b"w/#", b"all", b" to-matching=1")
     assert publisher.received() == b"PUBACK p topics=2\r\n"
-    assert [(topic, payload) for topic, payload, _ in messages(subscriber)] == [
-        ("w/named", b"all")
-    ]
+    assert [(topic, payload) for topic, payload, _ in messages(subscriber)] == [("w/named", b"all")]

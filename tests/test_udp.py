@@ -8,19 +8,17 @@ import json
 import re
 
 import pytest
+from helpers import PING_INTERVAL, BrokerHarness, FakeDatagramTransport, messages, resultOf
 from hypothesis import given, settings, strategies
+from test_topics_core import MemoryRetained
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
-from dallal import __version__
-
-from dallal.server import udp
-from dallal import client
+from dallal import __version__, client
+from dallal.broker.retained import StoreError
 from dallal.client import DallalDatagramClient, SessionLost
 from dallal.protocol.datagram import MAX_PAYLOAD
-from dallal.broker.retained import StoreError
-from helpers import PING_INTERVAL, BrokerHarness, FakeDatagramTransport, messages, resultOf
-from test_topics_core import MemoryRetained
+from dallal.server import udp
 
 SECRET = b"a fixed secret for the tests...."
 BROKER = ("127.0.0.1", 1234)
@@ -322,9 +320,7 @@ def test_suppressedErrorsAreReportedWhenThePortCloses(harness):
     for port in range(40001, 40013):
         harness.peer(port).send(b"BAD\n")
     harness.udp.doStop()
-    assert harness.fields("protocol_errors_suppressed") == [
-        {"code": "BAD_COMMAND", "count": 2}
-    ]
+    assert harness.fields("protocol_errors_suppressed") == [{"code": "BAD_COMMAND", "count": 2}]
     harness.clock.advance(1)
     assert len(harness.fields("protocol_errors_suppressed")) == 1
 
@@ -518,9 +514,7 @@ def test_refusedRequestIsJudgedAgainWhenRetried(harness):
     alice.hello()
     alice.publish(b"7", b"+bad", b"x")
     alice.publish(b"7", b"+bad", b"x")
-    assert [answer.split()[:3] for answer in alice.received()] == [
-        [b"ERR", b"7", b"BAD_TOPIC"]
-    ] * 2
+    assert [answer.split()[:3] for answer in alice.received()] == [[b"ERR", b"7", b"BAD_TOPIC"]] * 2
     assert harness.counter("duplicates") == 0
 
 
@@ -986,7 +980,7 @@ def test_clientKeepsAWindowOfRequestsUnanswered():
     broker = FakeBroker()
     broker.handshake()
     window = client.REQUEST_WINDOW
-    for number in range(window + 2):
+    for _number in range(window + 2):
         broker.client.publish("news", b"hi").addErrback(lambda failure: None)
     sent = broker.sent()
     assert [data.split()[1] for data in sent] == [b"%d" % (3 + n) for n in range(window)]
@@ -1006,7 +1000,7 @@ def test_clientKeepsAWindowOfRequestsUnanswered():
 def test_aWaitingRequestCancelledIsNeverSent():
     broker = FakeBroker()
     broker.handshake()
-    for number in range(client.REQUEST_WINDOW):
+    for _number in range(client.REQUEST_WINDOW):
         broker.client.publish("news", b"hi")
     waiting = broker.client.publish("news", b"last")
     waiting.addErrback(lambda failure: None)
@@ -1259,7 +1253,9 @@ def test_allModeThroughALossyNetworkDeliversEachMessageOnce():
     acked = []
     for number in range(30):
         payload = b"message %d" % number
-        publisher.publish("news", payload).addCallback(lambda _, payload=payload: acked.append(payload))
+        publisher.publish("news", payload).addCallback(
+            lambda _, payload=payload: acked.append(payload)
+        )
     network.run(30)
     assert sorted(acked) == sorted(b"message %d" % number for number in range(30))
     assert sorted(message.payload for message in received) == sorted(acked)

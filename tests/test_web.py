@@ -8,6 +8,7 @@ import base64
 import json
 
 import pytest
+from helpers import BrokerHarness, runInline
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred
@@ -22,7 +23,6 @@ from dallal.broker.delivery import DeliveryConfig
 from dallal.security.auth import FAILURE_DELAY, MAX_CONCURRENT_CHECKS
 from dallal.server import web
 from dallal.server.tap import Options
-from helpers import BrokerHarness, runInline
 
 USERS = {"alice": b"wonderland"}
 
@@ -59,7 +59,7 @@ class Response:
         The server-sent events received so far, decoded.
         """
         return [
-            json.loads(chunk[len(b"data: "):])
+            json.loads(chunk[len(b"data: ") :])
             for chunk in self.body.split(b"\n\n")
             if chunk.startswith(b"data: ")
         ]
@@ -159,8 +159,13 @@ def test_bridges_are_metrics():
     class Link:
         def status(self):
             return dict(
-                state="up", remote="tcp:hub:1373", direction="both",
-                connects=2, received=5, forwarded=7, unacked=1,
+                state="up",
+                remote="tcp:hub:1373",
+                direction="both",
+                connects=2,
+                received=5,
+                forwarded=7,
+                unacked=1,
             )
 
     harness = BrokerHarness()
@@ -393,9 +398,7 @@ def test_too_many_logins_waiting_are_answered_503():
     bound, a request is answered 503 at once, counted and logged as a
     refusal of the limit.
     """
-    harness, _, site = guardedSite(
-        config=BrokerConfig(maxPendingLoginsPerIp=1)
-    )
+    harness, _, site = guardedSite(config=BrokerConfig(maxPendingLoginsPerIp=1))
     harness.gatekeeper.checks.run("127.0.0.1", lambda: Deferred())
     response = Response(site, b"/metrics", [basic("alice", "wonderland")])
     assert response.status == 503

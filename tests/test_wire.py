@@ -5,10 +5,9 @@ L{dallal.protocol.wire}: the frame codec, checked against PROTOCOL.md.
 import pytest
 from hypothesis import given, settings, strategies
 
-from dallal.protocol import wire
 from dallal.broker.core import Message
 from dallal.errors import BAD_ARGUMENTS, BAD_COMMAND, BAD_ID, NO_ID, RequestError
-
+from dallal.protocol import wire
 
 # Client to broker.
 
@@ -237,8 +236,13 @@ def test_publishRoundTrip(requestId, topic, payload):
 @pytest.mark.parametrize("size", [0, 5, wire.COPIED_PAYLOAD_SIZE, wire.COPIED_PAYLOAD_SIZE + 1])
 @pytest.mark.parametrize(
     "deliveryId, redelivered, retained",
-    [(None, False, False), ("41", False, False), ("41", True, False), ("41", True, True),
-     (None, False, True)],
+    [
+        (None, False, False),
+        ("41", False, False),
+        ("41", True, False),
+        ("41", True, True),
+        (None, False, True),
+    ],
 )
 def test_encodeMessage(size, deliveryId, redelivered, retained):
     """

@@ -39,7 +39,9 @@ def attack():
             owner.login("alice", "alice-pw", "alice-phone")
             owner.request(b"PUB o devices/alice-phone/status 7", b"o", b"private")
             time.sleep(0.5)
-            readByMallory = mallory.waitFor(lambda line: line.startswith(b"MSG devices/alice-phone/status"), 1)
+            readByMallory = mallory.waitFor(
+                lambda line: line.startswith(b"MSG devices/alice-phone/status"), 1
+            )
             forged = device.waitFor(lambda line: line.startswith(b"MSG devices/alice-phone/cmd"), 1)
             for connection in (device, mallory, owner):
                 connection.close()

@@ -28,7 +28,7 @@ BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, BENCH)
 
 import compare  # noqa: E402
-from brokerproc import Broker, BenchError, twistdExecutable  # noqa: E402
+from brokerproc import BenchError, Broker, twistdExecutable  # noqa: E402
 
 MiB = 2**20
 KiB = 2**10
@@ -80,7 +80,9 @@ def arguments(description, peers=()):
     """
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
-        "--broker", choices=("dallal", *peers), default="dallal",
+        "--broker",
+        choices=("dallal", *peers),
+        default="dallal",
         help="which broker to attack (default dallal)",
     )
     return parser
@@ -226,8 +228,11 @@ def writePasswords(directory, users):
     command = os.path.join(os.path.dirname(twistdExecutable()), "dallal-passwd")
     for name, password in users.items():
         subprocess.run(
-            [command, path, name], env={**os.environ, "DALLAL_PASSWORD": password},
-            check=True, capture_output=True, timeout=60,
+            [command, path, name],
+            env={**os.environ, "DALLAL_PASSWORD": password},
+            check=True,
+            capture_output=True,
+            timeout=60,
         )
     return path
 
@@ -312,10 +317,10 @@ class Connection:
             start = end + 1
             if len(self.buffer) < start + size + 2:
                 return None
-            payload = self.buffer[start:start + size]
-            self.buffer = self.buffer[start + size + 2:]
+            payload = self.buffer[start : start + size]
+            self.buffer = self.buffer[start + size + 2 :]
             return line, payload
-        self.buffer = self.buffer[end + 1:]
+        self.buffer = self.buffer[end + 1 :]
         return line, None
 
     def readFrame(self, timeout):
@@ -341,7 +346,7 @@ class Connection:
             self.sock.settimeout(remaining)
             try:
                 data = self.sock.recv(1 << 20)
-            except socket.timeout:
+            except TimeoutError:
                 return None
             except ConnectionResetError:
                 data = b""
@@ -381,7 +386,8 @@ class Connection:
     def login(self, user, password, clientId="c", timeout=15.0):
         answer = self.request(
             b"HELLO h %s %s" % (clientId.encode(), credentialOptions(user, password).encode()),
-            b"h", timeout=timeout,
+            b"h",
+            timeout=timeout,
         )
         if answer is None or not answer[0].startswith(b"HELLO"):
             raise BenchError(f"login of {user} failed: {answer!r}")
@@ -445,7 +451,7 @@ class UdpClient:
             self.sock.settimeout(remaining)
             try:
                 data, _ = self.sock.recvfrom(70000)
-            except socket.timeout:
+            except TimeoutError:
                 break
             got.append(data)
             self.received.append(data)
@@ -464,7 +470,7 @@ class UdpClient:
             self.sock.settimeout(remaining)
             try:
                 data, _ = self.sock.recvfrom(70000)
-            except socket.timeout:
+            except TimeoutError:
                 return None
             self.received.append(data)
             if predicate(data):
@@ -492,7 +498,8 @@ class UdpClient:
             return None
         self.clientId, self.token = clientId, token
         self.sendRaw(
-            b"HELLO s %s token=%s %s\r\n" % (clientId.encode(), token.encode(), credentials.encode())
+            b"HELLO s %s token=%s %s\r\n"
+            % (clientId.encode(), token.encode(), credentials.encode())
         )
         return self.waitFor(lambda d: d.split()[1:2] == [b"s"], timeout)
 
@@ -598,7 +605,10 @@ class DallalProbe:
                 time.sleep(max(0.0, start + len(sent) * interval - time.monotonic()))
 
         giveUp = [float("inf")]
-        threads = [threading.Thread(target=receive, daemon=True), threading.Thread(target=publish, daemon=True)]
+        threads = [
+            threading.Thread(target=receive, daemon=True),
+            threading.Thread(target=publish, daemon=True),
+        ]
         for thread in threads:
             thread.start()
         try:
@@ -700,7 +710,7 @@ class PeerPublishProbe:
             if not data:
                 raise Closed()
             buffer += data
-        self.buffer = buffer[buffer.index(marker) + len(marker):]
+        self.buffer = buffer[buffer.index(marker) + len(marker) :]
         return True
 
     def during(self, attack, interval=0.05):

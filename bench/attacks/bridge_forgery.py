@@ -32,12 +32,19 @@ def attack():
                 leafDirectory, {"mallory": "mallory-pw", "reader": "reader-pw"}
             )
             acl = lib.writeFile(
-                leafDirectory, "acl",
+                leafDirectory,
+                "acl",
                 "user mallory\ntopic readwrite users/mallory/#\n\nuser reader\ntopic read #\n",
             )
             leafOptions = [
-                "--name", "leaf", "--passwords", passwords, "--acl", acl,
-                "--bridge", f"hub=tcp:127.0.0.1:{hub.port}",
+                "--name",
+                "leaf",
+                "--passwords",
+                passwords,
+                "--acl",
+                acl,
+                "--bridge",
+                f"hub=tcp:127.0.0.1:{hub.port}",
             ]
             with lib.dallal(leafDirectory, leafOptions) as leaf:
                 deadline = time.monotonic() + 15
@@ -117,7 +124,9 @@ def run(hub, leaf):
     got = set()
     deadline = time.monotonic() + 5
     while len(got) < REAL_MESSAGES and time.monotonic() < deadline:
-        frame = reader.waitFor(lambda line: line.startswith(b"MSG news"), deadline - time.monotonic())
+        frame = reader.waitFor(
+            lambda line: line.startswith(b"MSG news"), deadline - time.monotonic()
+        )
         if frame is None:
             break
         got.add(frame[1])

@@ -145,9 +145,11 @@ def subscribeFilters(broker):
     """
     filters = overlappingFilters()
     subscribers = []
-    for number in range(FILTER_CLIENTS):
+    for _number in range(FILTER_CLIENTS):
         connection = lib.Connection(broker.port, timeout=60)
-        connection.send(b"".join(b"SUB s%d %s mode=fire\r\n" % (k, f.encode()) for k, f in enumerate(filters)))
+        connection.send(
+            b"".join(b"SUB s%d %s mode=fire\r\n" % (k, f.encode()) for k, f in enumerate(filters))
+        )
         if connection.answer(b"s%d" % (len(filters) - 1), timeout=60) is None:
             raise lib.BenchError("the filters were not subscribed in 60 s")
         subscribers.append(connection)
@@ -179,7 +181,8 @@ def filtersAttack(broker, subscribers):
     counter.start()
     cpuBefore = broker.cpuSeconds()
     published = publishAtRate(
-        lambda n: publisher.send(b"PUB a%d %s/%d 1\r\nx\r\n" % (n, TOPIC.encode(), n)), lambda: acked[0]
+        lambda n: publisher.send(b"PUB a%d %s/%d 1\r\nx\r\n" % (n, TOPIC.encode(), n)),
+        lambda: acked[0],
     )
     cpu = broker.cpuSeconds() - cpuBefore
     stop.set()
@@ -198,7 +201,9 @@ def attackDallal():
         quiet = lib.probeDuring(probe, lambda: time.sleep(1))
         result = {}
         samplesA = lib.probeDuring(probe, lambda: result.update(a=toMatchingAttack(broker)))
-        samplesSub = lib.probeDuring(probe, lambda: result.update(subscribers=subscribeFilters(broker)))
+        samplesSub = lib.probeDuring(
+            probe, lambda: result.update(subscribers=subscribeFilters(broker))
+        )
         samplesB = lib.probeDuring(
             probe, lambda: result.update(b=filtersAttack(broker, result["subscribers"]))
         )
@@ -231,7 +236,9 @@ def attackMosquitto():
 
     def connect(clientId):
         sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
-        sock.sendall(mqttPacket(1, 0, mqttString(b"MQTT") + bytes([4, 2, 0, 60]) + mqttString(clientId)))
+        sock.sendall(
+            mqttPacket(1, 0, mqttString(b"MQTT") + bytes([4, 2, 0, 60]) + mqttString(clientId))
+        )
         return sock
 
     filters = overlappingFilters()
@@ -240,7 +247,9 @@ def attackMosquitto():
         for number in range(FILTER_CLIENTS):
             sock = connect(b"filters%d" % number)
             for start in range(0, len(filters), 100):
-                body = b"".join(mqttString(f.encode()) + b"\x00" for f in filters[start:start + 100])
+                body = b"".join(
+                    mqttString(f.encode()) + b"\x00" for f in filters[start : start + 100]
+                )
                 sock.sendall(mqttPacket(8, 2, (start // 100 + 1).to_bytes(2, "big") + body))
             subscribers.append(sock)
         time.sleep(1)
@@ -279,7 +288,8 @@ def attackMosquitto():
 
 if __name__ == "__main__":
     lib.runAttack(
-        NAME, __doc__,
+        NAME,
+        __doc__,
         lambda options: attackDallal() if options.broker == "dallal" else attackMosquitto(),
         peers=("mosquitto",),
     )

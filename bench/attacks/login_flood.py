@@ -30,7 +30,9 @@ REAL_TIMEOUT = 40.0
 
 def wrongHello(number):
     return b"HELLO w%d flood%d %s\r\n" % (
-        number, number, lib.credentialOptions("alice", "wrong-%d" % number).encode()
+        number,
+        number,
+        lib.credentialOptions("alice", "wrong-%d" % number).encode(),
     )
 
 
@@ -42,8 +44,12 @@ def realLogin(port, source, outcome):
     start = time.monotonic()
     try:
         connection = lib.Connection(port, source=source, timeout=REAL_TIMEOUT)
-        connection.send(b"HELLO h real %s\r\n" % lib.credentialOptions("alice", "alice-pw").encode())
-        answer = connection.waitFor(lambda line: line.split()[1:2] == [b"h"] or line.startswith(b"ERR"), REAL_TIMEOUT)
+        connection.send(
+            b"HELLO h real %s\r\n" % lib.credentialOptions("alice", "alice-pw").encode()
+        )
+        answer = connection.waitFor(
+            lambda line: line.split()[1:2] == [b"h"] or line.startswith(b"ERR"), REAL_TIMEOUT
+        )
     except lib.Closed:
         outcome[source] = f"dropped after {time.monotonic() - start:.1f} s"
         return
@@ -126,7 +132,12 @@ def attack():
         times = [value for value in outcome.values() if isinstance(value, float)]
         failures = [value for value in outcome.values() if not isinstance(value, float)]
         slowest = max(times) if times else float("nan")
-        ok = not failures and len(times) == len(REAL_USERS) and slowest < LOGIN_LIMIT and growth < GROWTH_LIMIT
+        ok = (
+            not failures
+            and len(times) == len(REAL_USERS)
+            and slowest < LOGIN_LIMIT
+            and growth < GROWTH_LIMIT
+        )
         passed = passed and ok
         described = f"real logins {', '.join(f'{t:.1f} s' for t in sorted(times)) or 'none'}"
         if failures:
@@ -134,7 +145,10 @@ def attack():
         parts.append(
             f"{size} wrong HELLOs in {burst * 1000:.0f} ms: {described}, RSS +{lib.mib(growth)}"
         )
-    figure = " | ".join(parts) + f" (limits: each real login < {LOGIN_LIMIT:g} s, none dropped, RSS growth < {lib.mib(GROWTH_LIMIT)})"
+    figure = (
+        " | ".join(parts)
+        + f" (limits: each real login < {LOGIN_LIMIT:g} s, none dropped, RSS growth < {lib.mib(GROWTH_LIMIT)})"
+    )
     return passed, figure
 
 

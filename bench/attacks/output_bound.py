@@ -42,7 +42,7 @@ def growthWhile(server, send):
     peak = baseline
     try:
         send()
-    except (socket.timeout, BlockingIOError):
+    except (TimeoutError, BlockingIOError):
         pass  # the broker stopped reading: it did not take all the requests
     except (BrokenPipeError, ConnectionResetError):
         pass  # it closed the connection
@@ -96,8 +96,16 @@ def attackDallal():
         lister.answer(b"s%d" % (FILTERS - 1))
         # The lister's filters are the topics TOPICS lists: it goes last.
         phases = [
-            ("TOPICS", lambda: lib.Connection(broker.port, receiveBuffer=4096), b"TOPICS t\r\n" * 1000),
-            ("STATS", lambda: lib.Connection(broker.port, receiveBuffer=4096), b"STATS s\r\n" * 20000),
+            (
+                "TOPICS",
+                lambda: lib.Connection(broker.port, receiveBuffer=4096),
+                b"TOPICS t\r\n" * 1000,
+            ),
+            (
+                "STATS",
+                lambda: lib.Connection(broker.port, receiveBuffer=4096),
+                b"STATS s\r\n" * 20000,
+            ),
             ("LIST", lambda: lister, b"LIST l\r\n" * 1000),
         ]
         results = []
@@ -122,8 +130,10 @@ def attackDallal():
     figure = "; ".join(
         f"{count} pipelined {verb} unread: RSS +{lib.mib(growth)}, "
         + (
-            f"closed ({reason})" if reason
-            else "the broker left its requests unread" if stoppedReading
+            f"closed ({reason})"
+            if reason
+            else "the broker left its requests unread"
+            if stoppedReading
             else "connection left open, requests all read"
         )
         for verb, count, growth, reason, stoppedReading in results
@@ -150,7 +160,7 @@ def closedByServer(sock, seconds=5.0):
     while time.monotonic() < end:
         try:
             data = sock.recv(1 << 20)
-        except socket.timeout:
+        except TimeoutError:
             continue
         except ConnectionResetError:
             return True
@@ -177,7 +187,9 @@ def attackPeer(kind):
             requests = (b"PUB x %d\r\n%s\r\n" % (BIG, value)) * 1000
             what = "1000 270 KB messages to its own subscription"
         else:
-            connect = mqttPacket(1, 0, mqttString(b"MQTT") + bytes([4, 2, 0, 60]) + mqttString(b"attacker"))
+            connect = mqttPacket(
+                1, 0, mqttString(b"MQTT") + bytes([4, 2, 0, 60]) + mqttString(b"attacker")
+            )
             subscribe = mqttPacket(8, 2, b"\x00\x01" + mqttString(b"x") + b"\x00")
             sock.sendall(connect + subscribe)
             time.sleep(0.3)
@@ -195,7 +207,10 @@ def attackPeer(kind):
 
 if __name__ == "__main__":
     lib.runAttack(
-        NAME, __doc__,
-        lambda options: attackDallal() if options.broker == "dallal" else attackPeer(options.broker),
+        NAME,
+        __doc__,
+        lambda options: (
+            attackDallal() if options.broker == "dallal" else attackPeer(options.broker)
+        ),
         peers=tuple(lib.PEERS),
     )

@@ -53,7 +53,11 @@ def run(script, broker):
         lines = [
             line for line in output.splitlines() if line.startswith(("PASS ", "FAIL ", "ERROR "))
         ]
-        verdict = lines[-1] if lines else f"ERROR {script}: no verdict (exit {completed.returncode}): {output.strip()[-300:]}"
+        verdict = (
+            lines[-1]
+            if lines
+            else f"ERROR {script}: no verdict (exit {completed.returncode}): {output.strip()[-300:]}"
+        )
     except subprocess.TimeoutExpired:
         verdict = f"ERROR {script}: no verdict within {TIMEOUT} s"
     return verdict, time.monotonic() - start
@@ -61,11 +65,14 @@ def run(script, broker):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
-    parser.add_argument("--peers", action="store_true", help="also attack Mosquitto, NATS and Redis")
+    parser.add_argument(
+        "--peers", action="store_true", help="also attack Mosquitto, NATS and Redis"
+    )
     parser.add_argument("--only", nargs="*", help="attack scripts to run (e.g. udp_hijack)")
     options = parser.parse_args()
     chosen = [
-        (script, peers) for script, peers in ATTACKS
+        (script, peers)
+        for script, peers in ATTACKS
         if not options.only or script.removesuffix(".py") in options.only or script in options.only
     ]
     results = []
@@ -78,9 +85,13 @@ def main():
     print(f"{'attack':<22} {'broker':<10} verdict")
     for script, broker, word in results:
         print(f"{script.removesuffix('.py'):<22} {broker:<10} {word}")
-    dallalFailed = [script for script, broker, word in results if broker == "dallal" and word != "PASS"]
-    print(f"\nDallal: {sum(1 for _, b, w in results if b == 'dallal' and w == 'PASS')} passed, "
-          f"{len(dallalFailed)} not passed")
+    dallalFailed = [
+        script for script, broker, word in results if broker == "dallal" and word != "PASS"
+    ]
+    print(
+        f"\nDallal: {sum(1 for _, b, w in results if b == 'dallal' and w == 'PASS')} passed, "
+        f"{len(dallalFailed)} not passed"
+    )
     sys.exit(1 if dallalFailed else 0)
 
 

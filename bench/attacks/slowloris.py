@@ -51,7 +51,9 @@ def headers(kind, number):
         return b"", b"*3\r\n$7\r\nPUBLISH\r\n$4\r\nslow\r\n$%d\r\n" % SIZE, b"PUBLISH slow "
     if kind == "nats":
         return b'CONNECT {"verbose":false}\r\n', b"PUB slow %d\r\n" % SIZE, b"PUB slow "
-    connect = mqttPacket(1, 0, mqttString(b"MQTT") + bytes([4, 2, 0, 60]) + mqttString(b"slow%d" % number))
+    connect = mqttPacket(
+        1, 0, mqttString(b"MQTT") + bytes([4, 2, 0, 60]) + mqttString(b"slow%d" % number)
+    )
     publish = bytes([0x30]) + mqttRemainingLength(SIZE + 6) + mqttString(b"slow")
     # The line attack for MQTT: a CONNECT announcing 1000 bytes, never finished.
     return connect, publish, bytes([0x10]) + mqttRemainingLength(1000) + mqttString(b"MQTT")
@@ -107,9 +109,7 @@ def heldBy(payloads):
 def attack(kind):
     extra, note = lib.optionsIfPresent(FRAME_SECONDS) if kind == "dallal" else ((), None)
     with lib.scratch() as directory, lib.anyBroker(kind, directory, extra) as server:
-        payloads = [
-            Slow(server.port, *headers(kind, number)[:2]) for number in range(PAYLOADS)
-        ]
+        payloads = [Slow(server.port, *headers(kind, number)[:2]) for number in range(PAYLOADS)]
         lines = [
             Slow(server.port, *headers(kind, PAYLOADS + number)[::2]) for number in range(LINES)
         ]

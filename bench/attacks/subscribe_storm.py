@@ -113,7 +113,9 @@ def attackMosquitto():
         if receiveBuffer:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receiveBuffer)
         sock.connect(("127.0.0.1", server.port))
-        sock.sendall(mqttPacket(1, 0, mqttString(b"MQTT") + bytes([4, 2, 0, 60]) + mqttString(clientId)))
+        sock.sendall(
+            mqttPacket(1, 0, mqttString(b"MQTT") + bytes([4, 2, 0, 60]) + mqttString(clientId))
+        )
         return sock
 
     with lib.scratch() as directory, lib.peer("mosquitto", directory) as server:
@@ -136,7 +138,7 @@ def attackMosquitto():
                 if not data:
                     break
                 received += data
-        except socket.timeout:
+        except TimeoutError:
             pass
         checker.close()
         if received.count(b"retained/") < RETAINED:
@@ -165,7 +167,8 @@ def attackMosquitto():
 
 if __name__ == "__main__":
     lib.runAttack(
-        NAME, __doc__,
+        NAME,
+        __doc__,
         lambda options: attack() if options.broker == "dallal" else attackMosquitto(),
         peers=("mosquitto",),
     )

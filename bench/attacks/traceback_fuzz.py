@@ -93,7 +93,9 @@ def randomField(rng):
             chars.append(chr(code))
         return "".join(chars).encode("utf-8")
     if kind < 0.8:
-        return bytes(b for b in rng.randbytes(length * 2) if b not in WHITESPACE)[:length] or b"\xff"
+        return (
+            bytes(b for b in rng.randbytes(length * 2) if b not in WHITESPACE)[:length] or b"\xff"
+        )
     return rng.choice(FANCY_DIGITS).encode("utf-8") * rng.randint(1, 3)
 
 
@@ -175,8 +177,9 @@ class UdpFuzzer:
         tokens = line.split()
         wanted = tokens[1] if len(tokens) > 1 else None
         answer = self.client.waitFor(
-            lambda data: data.startswith(b"ERR") or data.split()[1:2] == [wanted]
-            or data.startswith(b"PONG"),
+            lambda data: (
+                data.startswith(b"ERR") or data.split()[1:2] == [wanted] or data.startswith(b"PONG")
+            ),
             1.0,
         )
         if answer is None:
@@ -211,7 +214,9 @@ def attack(seed):
                 tcp.login(line)
                 udp.login(line)
             for number, template in enumerate(CRAFTED_TCP):
-                line, _, payload = template.replace("{id}", f"c{number}").encode("utf-8").partition(b"|")
+                line, _, payload = (
+                    template.replace("{id}", f"c{number}").encode("utf-8").partition(b"|")
+                )
                 tcp.send(line, payload or None)
                 udp.send(line, payload or None)
             for number in range(RANDOM_LINES):
@@ -224,7 +229,9 @@ def attack(seed):
     lines = 2 * (len(CRAFTED_LOGINS) + len(CRAFTED_TCP) + RANDOM_LINES)
     unanswered = tcp.unanswered + udp.unanswered
     passed = alive and not found and not unanswered and not tcp.dropped
-    examples = ", ".join(repr(line.decode("utf-8", "replace"))[:48] for line in (tcp.dropped + unanswered)[:4])
+    examples = ", ".join(
+        repr(line.decode("utf-8", "replace"))[:48] for line in (tcp.dropped + unanswered)[:4]
+    )
     figure = (
         f"{lines} crafted and random lines over TCP and UDP (seed {seed}): {found} tracebacks or "
         f"unhandled errors in the log, {len(tcp.dropped)} TCP connections dropped, "
@@ -239,6 +246,4 @@ def seedArgument(parser):
 
 
 if __name__ == "__main__":
-    lib.runAttack(
-        NAME, __doc__, lambda options: attack(options.seed), addArguments=seedArgument
-    )
+    lib.runAttack(NAME, __doc__, lambda options: attack(options.seed), addArguments=seedArgument)

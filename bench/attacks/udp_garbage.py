@@ -32,8 +32,7 @@ def attack():
         if attacker.hello("garbage") is None:
             raise lib.BenchError("the attacker's session did not start")
         frames = [
-            attacker.frame(template % number)
-            for number, template in enumerate(BAD_REQUESTS * 250)
+            attacker.frame(template % number) for number, template in enumerate(BAD_REQUESTS * 250)
         ]
         random.Random(24).shuffle(frames)
         probe = lib.PeerPublishProbe("dallal", broker.port)

@@ -32,7 +32,8 @@ def attack():
     with lib.scratch() as directory:
         passwords = lib.writePasswords(directory, {"alice": "alice-pw", "mallory": "mallory-pw"})
         acl = lib.writeFile(
-            directory, "acl",
+            directory,
+            "acl",
             "user alice\ntopic readwrite secret/#\n\nuser mallory\ntopic readwrite users/mallory/#\n",
         )
         with lib.dallal(directory, ["--passwords", passwords, "--acl", acl], udp=True) as broker:
@@ -115,9 +116,7 @@ def run(broker):
         if delivery:
             victim.sendRaw(victim.frame(b"ACK " + delivery.group(1)))
     victimMessages = {
-        data.split(b"\r\n")[1]
-        for data in victim.received
-        if data.startswith(b"MSG ")
+        data.split(b"\r\n")[1] for data in victim.received if data.startswith(b"MSG ")
     }
     # Last: BYE with the attacker's own token for the victim's id.
     tryAs(b"BYE", None, **own)

@@ -37,9 +37,12 @@ LOGIN_LIMIT = 3.0
 
 def exhaustion():
     perIp, _ = lib.optionsIfPresent(PER_IP_OPTIONS)
-    with lib.scratch() as directory, lib.dallal(
-        directory, ["--max-udp-clients", str(MAX_UDP_CLIENTS), *perIp], udp=True
-    ) as broker:
+    with (
+        lib.scratch() as directory,
+        lib.dallal(
+            directory, ["--max-udp-clients", str(MAX_UDP_CLIENTS), *perIp], udp=True
+        ) as broker,
+    ):
         attacker = lib.UdpClient(broker.udpPort, source="127.0.0.1")
         taken = 0
         deadline = time.monotonic() + 20

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger, LogLevel
 
-from dallal.security.acl import READ, WRITE
 from dallal.broker.delivery import (
     DeliveryConfig,
     FlowControl,
@@ -22,6 +21,11 @@ from dallal.broker.delivery import (
     Outbox,
     Subscription,
 )
+from dallal.broker.events import EventLog
+from dallal.broker.feed import RetainedFeed
+from dallal.broker.origin import MAX_HOPS, Origin, SeenMessages, generatedName, originFromOptions
+from dallal.broker.retained import StoreError
+from dallal.broker.sharing import ShareGroup
 from dallal.errors import (
     BAD_ARGUMENTS,
     BAD_TOPIC,
@@ -33,26 +37,24 @@ from dallal.errors import (
     STORE_FAILED,
     RequestError,
 )
-from dallal.broker.events import EventLog
-from dallal.modes import ALL, FIRE, LATEST, MODES
 from dallal.limits import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_CONNECTIONS_PER_IP,
-    DEFAULT_MAX_HELLOS_PER_SECOND,
-    DEFAULT_MAX_LINE,
     DEFAULT_MAX_CONSECUTIVE_ERRORS,
     DEFAULT_MAX_FRAME_SECONDS,
+    DEFAULT_MAX_HELLOS_PER_SECOND,
+    DEFAULT_MAX_LINE,
+    DEFAULT_MAX_LISTED,
+    DEFAULT_MAX_MATCHING_TOPICS,
     DEFAULT_MAX_OUTPUT_BYTES,
     DEFAULT_MAX_PENDING_LOGINS,
     DEFAULT_MAX_PENDING_LOGINS_PER_IP,
-    DEFAULT_MAX_LISTED,
-    DEFAULT_MAX_MATCHING_TOPICS,
     DEFAULT_MAX_RETAINED,
     DEFAULT_MAX_RETAINED_BYTES,
-    DEFAULT_MAX_UDP_ANSWER_BYTES,
-    DEFAULT_MAX_UDP_ANSWER_BYTES_TOTAL,
     DEFAULT_MAX_SUBSCRIPTIONS,
     DEFAULT_MAX_TOPIC_LEVELS,
+    DEFAULT_MAX_UDP_ANSWER_BYTES,
+    DEFAULT_MAX_UDP_ANSWER_BYTES_TOTAL,
     DEFAULT_MAX_UDP_CLIENTS,
     DEFAULT_MAX_UDP_CLIENTS_PER_IP,
     ERRORS_LOGGED,
@@ -68,10 +70,8 @@ from dallal.limits import (
     LogWindow,
     RateLimitedLog,
 )
-from dallal.broker.origin import MAX_HOPS, Origin, SeenMessages, generatedName, originFromOptions
-from dallal.broker.retained import StoreError
-from dallal.broker.feed import RetainedFeed
-from dallal.broker.sharing import ShareGroup
+from dallal.modes import ALL, FIRE, LATEST, MODES
+from dallal.security.acl import READ, WRITE
 from dallal.sortednames import SortedNames
 from dallal.topics import MAX_TOPIC_LENGTH, WILDCARDS, TopicError, checkTopic
 from dallal.topictree import RESERVED_PREFIX, SubscriptionTree, TopicMap, checkFilter
@@ -267,8 +267,8 @@ class Broker:
             config = BrokerConfig()
         self.clock = clock
         self.config = config
-        self.events = events if events is not None else EventLog(
-            clock, messageEvents=config.messageEvents
+        self.events = (
+            events if events is not None else EventLog(clock, messageEvents=config.messageEvents)
         )
         self.name = config.name or generatedName()
         # Message ids restart at each start: this tells them apart, for the
@@ -418,9 +418,7 @@ class Broker:
             self._restricted = True
         if user.name is not None:
             self.counters["logins"] += 1
-            self.events.emit(
-                "login", session=session.sid, client=subscriber.peer, user=user.name
-            )
+            self.events.emit("login", session=session.sid, client=subscriber.peer, user=user.name)
 
     def revisePermissions(self, permissionsFor):
         """
@@ -507,9 +505,7 @@ class Broker:
         """
         who = self._denied(session, action, topic)
         preposition = "on" if action == "publish" else "to"
-        raise RequestError(
-            FORBIDDEN, f"{who} may not {action} {preposition} {topic}", requestId
-        )
+        raise RequestError(FORBIDDEN, f"{who} may not {action} {preposition} {topic}", requestId)
 
     def checkBridging(self, subscriber, topic, requestId):
         """
@@ -660,8 +656,8 @@ class Broker:
             check(name, self.config.maxTopicLength, self.config.maxTopicLevels)
         except TopicError as e:
             if e.limit is not None:
-                raise self.refusedByLimit(subscriber, e.limit, e.maximum, str(e), requestId)
-            raise RequestError(BAD_TOPIC, str(e), requestId)
+                raise self.refusedByLimit(subscriber, e.limit, e.maximum, str(e), requestId) from e
+            raise RequestError(BAD_TOPIC, str(e), requestId) from e
 
     def checkTopic(self, subscriber, topic, requestId):
         if topic in self._validTopics:
@@ -692,9 +688,7 @@ class Broker:
                 requestId,
             )
 
-    def subscribe(
-        self, subscriber, topicFilter, requestId, mode=LATEST, bridge=False, group=None
-    ):
+    def subscribe(self, subscriber, topicFilter, requestId, mode=LATEST, bridge=False, group=None):
         """
         Subscribe a client to a topic filter (a topic, or a pattern with the
         wildcards C{+} and C{#}).  Subscribing again with the same filter
@@ -821,9 +815,7 @@ class Broker:
         key = topicFilter if group is None else (group, topicFilter)
         subscription = session.subscriptions.get(key)
         if subscription is None:
-            raise RequestError(
-                NOT_SUBSCRIBED, f"not subscribed to {topicFilter!r}", requestId
-            )
+            raise RequestError(NOT_SUBSCRIBED, f"not subscribed to {topicFilter!r}", requestId)
         self._endSubscription(session, key, subscription)
         self._subscriptionEvent(session, "unsubscribe", client=subscriber.peer, topic=topicFilter)
 
@@ -1013,9 +1005,7 @@ class Broker:
         """
         if self.retained is None:
             raise RequestError(STORE_FAILED, "this broker keeps no retained messages", requestId)
-        return self.retained.set(topic, payload).addErrback(
-            self._storeFailed, topic, requestId
-        )
+        return self.retained.set(topic, payload).addErrback(self._storeFailed, topic, requestId)
 
     def _storeFailed(self, failure, topic, requestId):
         failure.trap(StoreError)
@@ -1056,8 +1046,7 @@ class Broker:
                 subscriber,
                 MATCHING_TOPICS,
                 maximum,
-                f"{topicFilter} matches more than {maximum} topics: publish to a "
-                "narrower filter",
+                f"{topicFilter} matches more than {maximum} topics: publish to a narrower filter",
                 requestId,
             )
         if permissions is not None:
@@ -1180,9 +1169,7 @@ class Broker:
         receivers = self._routeOf(topic)
         if not receivers:
             return
-        message = Message(
-            self._nextMid, topic, payload, OWN_PUBLISHER, self.clock.seconds()
-        )
+        message = Message(self._nextMid, topic, payload, OWN_PUBLISHER, self.clock.seconds())
         self._nextMid += 1
         counters = self.counters
         counters["published"] += 1

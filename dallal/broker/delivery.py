@@ -261,8 +261,10 @@ class Outbox:
         mode = subscription.mode
         if mode == LATEST:
             self._offerLatest(subscription, message, seq)
-        elif not self.paused and not self._queue and (
-            mode == FIRE or self._windowUsed < self.config.maxInflight
+        elif (
+            not self.paused
+            and not self._queue
+            and (mode == FIRE or self._windowUsed < self.config.maxInflight)
         ):
             self._send(subscription, message, seq)
         else:
@@ -304,8 +306,7 @@ class Outbox:
                 self.ledger.dropped(self.sid, subscription, message, QUEUE_FULL)
             return
         while self._queue and (
-            len(self._queue) >= config.maxQueued
-            or self._queuedBytes + size > config.maxQueuedBytes
+            len(self._queue) >= config.maxQueued or self._queuedBytes + size > config.maxQueuedBytes
         ):
             if config.slowConsumer == DISCONNECT:
                 self._disconnectSlowConsumer(subscription, message)
@@ -498,9 +499,7 @@ class Outbox:
             self._ackTimer.cancel()
         self._ackTimer = None
         for delivery in self._inflight.values():
-            self.ledger.dropped(
-                self.sid, delivery.subscription, delivery.message, DISCONNECTED
-            )
+            self.ledger.dropped(self.sid, delivery.subscription, delivery.message, DISCONNECTED)
         self._inflight.clear()
         for subscription, message, _ in self._queue:
             self.ledger.dropped(self.sid, subscription, message, DISCONNECTED)
@@ -559,9 +558,7 @@ class Outbox:
         self._inflight.pop(delivery.deliveryId, None)
         self._inflight[delivery.deliveryId] = delivery
         if self._ackTimer is None:
-            self._ackTimer = self.clock.callLater(
-                self.config.ackTimeout, self._checkAckDeadlines
-            )
+            self._ackTimer = self.clock.callLater(self.config.ackTimeout, self._checkAckDeadlines)
 
     def _checkAckDeadlines(self):
         """
@@ -825,9 +822,7 @@ class Ledger:
         self.counters["inflight"] -= 1
         events = self.events
         if events.messageEvents:
-            events.emit(
-                "replace", mid=message.mid, topic=message.topic, session=sid, by=newer.mid
-            )
+            events.emit("replace", mid=message.mid, topic=message.topic, session=sid, by=newer.mid)
 
     def slowConsumer(self, outbox, idle, queued):
         """
@@ -852,9 +847,7 @@ class Ledger:
         A message met a session's full queue: C{limit} is the bound it hit.
         """
         subscriber = outbox.subscriber
-        self.limits.refused(
-            limit, maximum, subscriber.peer, subscriber.transportName, outbox.sid
-        )
+        self.limits.refused(limit, maximum, subscriber.peer, subscriber.transportName, outbox.sid)
 
     def dropped(self, sid, subscription, message, reason):
         counters = self.counters

@@ -48,6 +48,4 @@ class EventLog:
         logFormat = self._formats.get(key)
         if logFormat is None:
             logFormat = self._formats[key] = formatFor(name, fields)
-        self._log.emit(
-            level, logFormat, dallal_event=name, t=self._clock.seconds(), **fields
-        )
+        self._log.emit(level, logFormat, dallal_event=name, t=self._clock.seconds(), **fields)

@@ -86,14 +86,16 @@ def storedName(directory):
             with open(path, "x", encoding="ascii") as file:
                 file.write(name + "\n")
         except OSError as error:
-            raise BrokerNameError(f"cannot keep the broker's name in {path}: {error.strerror}")
+            raise BrokerNameError(
+                f"cannot keep the broker's name in {path}: {error.strerror}"
+            ) from error
         return name
     except (OSError, UnicodeDecodeError) as error:
-        raise BrokerNameError(f"cannot read the broker's name from {path}: {error}")
+        raise BrokerNameError(f"cannot read the broker's name from {path}: {error}") from error
     try:
         checkName(name)
     except ValueError as error:
-        raise BrokerNameError(f"{path}: {error} (remove the file for a new one)")
+        raise BrokerNameError(f"{path}: {error} (remove the file for a new one)") from error
     return name
 
 

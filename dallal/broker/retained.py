@@ -95,7 +95,6 @@ class _Unsettled:
         self.durable = durable
 
 
-
 class _DaemonThreadPool(ThreadPool):
     """
     A thread pool whose thread does not keep the process alive.
@@ -108,6 +107,7 @@ class _DaemonThreadPool(ThreadPool):
 
     def threadFactory(self, **kwargs):
         return Thread(daemon=True, **kwargs)
+
 
 class RetainedStore:
     """
@@ -360,8 +360,7 @@ class RetainedStore:
             else:
                 written.errback(
                     StoreError(
-                        f"retained message of {topic!r} not stored in "
-                        f"{self.path}: {reason}",
+                        f"retained message of {topic!r} not stored in {self.path}: {reason}",
                         _errorCode(reason),
                     )
                 )
@@ -384,9 +383,7 @@ class RetainedStore:
         # Every write is committed by now, so a failure to close loses
         # nothing: say so in the log and stop all the same.
         closing.addErrback(
-            lambda failure: self._log.failure(
-                "closing {path} failed", failure, path=self.path
-            )
+            lambda failure: self._log.failure("closing {path} failed", failure, path=self.path)
         )
         closing.addCallback(lambda _: self._pool.stop())
         closing.chainDeferred(self._closed)

@@ -43,5 +43,5 @@ def askPassword(prompt):
         except getpass.GetPassWarning:
             raise NoTerminal(
                 f"no terminal to type the password on: set {PASSWORD_VARIABLE}"
-            )
+            ) from None
     return os.fsencode(typed)

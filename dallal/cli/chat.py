@@ -16,8 +16,8 @@ from collections import Counter
 
 from twisted.internet.error import ConnectionDone, ConnectionLost
 
-from dallal.modes import ALL
 from dallal.cli.shell import ConsoleSession, describeError
+from dallal.modes import ALL
 
 
 def defaultName():

@@ -9,16 +9,16 @@ a failure go to standard error.
 """
 
 import argparse
+import json
 import os
 import re
 import stat
 import sys
-
-import json
 import textwrap
 
 from twisted.application.internet import backoffPolicy
-from twisted.internet import defer, error as netError
+from twisted.internet import defer
+from twisted.internet import error as netError
 from twisted.internet.endpoints import HostnameEndpoint
 from twisted.internet.interfaces import IReadDescriptor
 from twisted.internet.main import CONNECTION_LOST
@@ -29,6 +29,9 @@ from zope.interface import implementer
 from dallal import __version__
 from dallal.cli.askpass import PASSWORD_VARIABLE, NoTerminal, askPassword, passwordFromEnvironment
 from dallal.cli.chat import Chat, checkName, defaultName
+from dallal.cli.console import openConsole
+from dallal.cli.shell import Shell, describeReach, formatTopics
+from dallal.cli.shell import helpLines as shellHelpLines
 from dallal.client import (
     RECONNECT_FACTOR,
     RECONNECT_INITIAL_DELAY,
@@ -41,11 +44,9 @@ from dallal.client import (
     connectUDP,
     tlsEndpoint,
 )
-from dallal.cli.console import openConsole
-from dallal.modes import MODES
 from dallal.errors import BAD_CREDENTIALS, BAD_TOPIC, CLOSING, NOT_AUTHORIZED
+from dallal.modes import MODES
 from dallal.names import checkUserName
-from dallal.cli.shell import Shell, describeReach, formatTopics, helpLines as shellHelpLines
 from dallal.topics import WILDCARDS, checkTopic
 
 DEFAULT_TIMEOUT = 10.0
@@ -71,7 +72,7 @@ def _port(text):
     try:
         port = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"port must be a number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"port must be a number, got {text!r}") from None
     if not 1 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"port must be 1-65535, got {port}")
     return port
@@ -81,7 +82,7 @@ def _userName(text):
     try:
         checkUserName(text)
     except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error))
+        raise argparse.ArgumentTypeError(str(error)) from error
     return text
 
 
@@ -89,7 +90,7 @@ def _timeout(text):
     try:
         seconds = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"timeout must be a number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"timeout must be a number, got {text!r}") from None
     if not seconds > 0:
         raise argparse.ArgumentTypeError(f"timeout must be positive, got {text}")
     return seconds
@@ -122,8 +123,7 @@ def buildParser():
         "--cafile",
         metavar="CA",
         default=None,
-        help="with --tls: a PEM file of the CA certificate(s) to trust instead "
-        "of the system's",
+        help="with --tls: a PEM file of the CA certificate(s) to trust instead of the system's",
     )
     parser.add_argument(
         "--user",
@@ -149,8 +149,7 @@ def buildParser():
             type=_timeout,
             default=DEFAULT_TIMEOUT,
             metavar="SECONDS",
-            help="how long to wait for the broker's acknowledgement "
-            f"(default {DEFAULT_TIMEOUT:g})",
+            help=f"how long to wait for the broker's acknowledgement (default {DEFAULT_TIMEOUT:g})",
         )
 
     publish = commands.add_parser(
@@ -266,8 +265,7 @@ def buildParser():
         type=_positiveInt,
         default=None,
         metavar="N",
-        help="list at most N topics, in alphabetical order (the broker lists "
-        "at most 1000)",
+        help="list at most N topics, in alphabetical order (the broker lists at most 1000)",
     )
     topics.add_argument("--json", action="store_true", help="print them as JSON")
 
@@ -323,7 +321,7 @@ def _name(text):
     try:
         checkName(text)
     except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error))
+        raise argparse.ArgumentTypeError(str(error)) from error
     return text
 
 
@@ -331,7 +329,7 @@ def _plainTopic(text):
     try:
         checkTopic(text)
     except ValueError as error:
-        raise argparse.ArgumentTypeError(f"{text!r}: {error}")
+        raise argparse.ArgumentTypeError(f"{text!r}: {error}") from error
     return text
 
 
@@ -339,7 +337,7 @@ def _positiveInt(text):
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
@@ -349,7 +347,7 @@ def _nonNegative(text):
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
     return value
@@ -483,7 +481,7 @@ def _connect(reactor, args, deadline):
         try:
             endpoint = tlsEndpoint(reactor, args.host, args.port, args.cafile)
         except ImportError:
-            raise ValueError("--tls needs pyOpenSSL: pip install 'twisted[tls]'")
+            raise ValueError("--tls needs pyOpenSSL: pip install 'twisted[tls]'") from None
         connecting = connect(reactor, endpoint, args.credentials)
     else:
         connecting = connect(
@@ -1032,7 +1030,7 @@ def main(argv=None):
         except (EOFError, KeyboardInterrupt):
             # Ctrl-D or Ctrl-C at the prompt: the user gave up.
             print(file=sys.stderr)
-            raise SystemExit(1)
+            raise SystemExit(1) from None
         args.credentials = (args.user, password)
 
     def run(reactor):

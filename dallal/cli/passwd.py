@@ -37,9 +37,7 @@ def buildParser():
         "it is asked for twice on the terminal, without echo.  The broker reads "
         "the file when it starts.",
     )
-    parser.add_argument(
-        "-D", "--delete", action="store_true", help="delete the user instead"
-    )
+    parser.add_argument("-D", "--delete", action="store_true", help="delete the user instead")
     parser.add_argument("file", metavar="FILE", help="the password file")
     parser.add_argument("user", metavar="USER", help="the user name")
     return parser
@@ -58,7 +56,7 @@ def newPassword():
             password = askPassword("password: ")
             again = askPassword("password again: ")
         except NoTerminal as error:
-            raise PasswdError(str(error))
+            raise PasswdError(str(error)) from error
         if password != again:
             raise PasswdError("the two passwords differ; nothing changed")
     if not password:
@@ -75,12 +73,12 @@ def run(args):
         checkUserName(args.user)
         passwords = PasswordFile.load(args.file, missingIsEmpty=not args.delete)
     except (ValueError, PasswordFileError) as error:
-        raise PasswdError(str(error))
+        raise PasswdError(str(error)) from error
     if args.delete:
         try:
             passwords.delete(args.user)
         except KeyError:
-            raise PasswdError(f"{args.file} has no user {args.user}; nothing changed")
+            raise PasswdError(f"{args.file} has no user {args.user}; nothing changed") from None
         done = f"deleted {args.user} from {args.file}"
     else:
         isNew = passwords.set(args.user, PasswordHash.make(newPassword()))
@@ -91,7 +89,7 @@ def run(args):
     try:
         passwords.save()
     except OSError as error:
-        raise PasswdError(f"cannot write {args.file}: {error.strerror}; nothing changed")
+        raise PasswdError(f"cannot write {args.file}: {error.strerror}; nothing changed") from error
     return done
 
 
@@ -101,11 +99,11 @@ def main(argv=None):
         print(run(args), flush=True)
     except PasswdError as error:
         print(f"{PROGRAM}: {error}", file=sys.stderr, flush=True)
-        raise SystemExit(1)
+        raise SystemExit(1) from error
     except (EOFError, KeyboardInterrupt):
         # Ctrl-D or Ctrl-C at the prompt.
         print(file=sys.stderr)
-        raise SystemExit(1)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

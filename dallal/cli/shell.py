@@ -14,13 +14,13 @@ print.
 
 from dataclasses import dataclass
 
-from twisted.internet.defer import DeferredLock, Deferred, TimeoutError, ensureDeferred
+from twisted.internet.defer import Deferred, DeferredLock, TimeoutError, ensureDeferred
 from twisted.internet.error import ConnectionDone, ConnectionLost
 
 from dallal.client import ServerError, SessionLost
 from dallal.modes import MODES
-from dallal.topics import WILDCARDS
 from dallal.numbers import wholeNumber
+from dallal.topics import WILDCARDS
 
 
 def plural(count, word):

@@ -35,20 +35,18 @@ from dataclasses import dataclass
 
 from twisted.internet.abstract import isIPAddress, isIPv6Address
 from twisted.internet.defer import Deferred, fail, gatherResults, maybeDeferred, succeed
-from twisted.internet.error import ConnectionDone, ConnectionLost, MessageLengthError
 from twisted.internet.endpoints import clientFromString, connectProtocol
+from twisted.internet.error import ConnectionDone, ConnectionLost, MessageLengthError
 from twisted.internet.protocol import DatagramProtocol
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from dallal.protocol import datagram
-
-from dallal.protocol import wire
 from dallal.errors import BAD_TOKEN, BUSY, CLOSING, NO_SESSION, RequestError
-from dallal.protocol.framing import FrameReceiver
-from dallal.numbers import wholeNumber
 from dallal.names import checkUserName
+from dallal.numbers import wholeNumber
+from dallal.protocol import datagram, wire
+from dallal.protocol.framing import FrameReceiver
 from dallal.topics import MAX_TOPIC_LENGTH
 
 # Resending a request over UDP: after this many seconds, then twice as long
@@ -333,9 +331,7 @@ class _ClientSession:
         """
         checkToken(topicFilter, "topic filter")
         requestId = self._nextId()
-        frame = wire.encodePublishOptions(
-            requestId, topicFilter, payload, {"to-matching": "1"}
-        )
+        frame = wire.encodePublishOptions(requestId, topicFilter, payload, {"to-matching": "1"})
         return self._request(frame, requestId).addCallback(_topicsReached)
 
     def unsubscribe(self, topicFilter):
@@ -570,9 +566,7 @@ class _ClientSession:
             document = json.loads(payload)
         except (ValueError, RecursionError) as e:
             # RecursionError: nested deeper than the parser goes.
-            deferred.errback(
-                ClientProtocolError(f"unreadable {header.verb} payload: {e}")
-            )
+            deferred.errback(ClientProtocolError(f"unreadable {header.verb} payload: {e}"))
         else:
             deferred.callback(document)
 
@@ -693,9 +687,7 @@ class DallalClientProtocol(FrameReceiver, _ClientSession):
         @raise ValueError: the user name is not one a broker can have.
         """
         options = loginOptions(credentials)
-        return self.hello(clientId or secrets.token_hex(16), **options).addCallback(
-            self._loggedIn
-        )
+        return self.hello(clientId or secrets.token_hex(16), **options).addCallback(self._loggedIn)
 
     def _loggedIn(self, answer):
         self.user = answer.get("user")
@@ -761,9 +753,7 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
     @ivar maxPayload: the largest payload the broker accepts over UDP.
     """
 
-    def __init__(
-        self, clock, brokerAddress, clientId=None, onPongMissed=None, credentials=None
-    ):
+    def __init__(self, clock, brokerAddress, clientId=None, onPongMissed=None, credentials=None):
         """
         @param brokerAddress: the broker's C{(ip, port)}.
         @param onPongMissed: called as C{onPongMissed(missed)} when a ping
@@ -834,7 +824,7 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
                 self.pingInterval = float(answer["ping"])
                 self.maxPayload = int(answer["max-payload"])
             except (KeyError, ValueError):
-                raise ClientProtocolError(f"unexpected answer to HELLO: {answer}")
+                raise ClientProtocolError(f"unexpected answer to HELLO: {answer}") from None
             if answer.get("session") not in ("new", "resumed"):
                 raise ClientProtocolError(f"unexpected answer to HELLO: {answer}")
             self.token = token
@@ -1167,9 +1157,11 @@ def tlsEndpoint(reactor, host, port, cafile=None):
                 blocks = _PEM_CERTIFICATE.findall(file.read())
             certificates = [Certificate.loadPEM(block) for block in blocks]
         except OSError as error:
-            raise ValueError(f"cannot read the CA file {cafile}: {error.strerror}")
+            raise ValueError(f"cannot read the CA file {cafile}: {error.strerror}") from error
         except Exception as error:
-            raise ValueError(f"the CA file {cafile} holds an unreadable certificate: {error}")
+            raise ValueError(
+                f"the CA file {cafile} holds an unreadable certificate: {error}"
+            ) from error
         if not certificates:
             raise ValueError(f"the CA file {cafile} holds no PEM certificate")
         trustRoot = trustRootFromCertificates(certificates)

@@ -65,15 +65,13 @@ def payloadOf(rest, size, requestId=NO_ID):
     if size > MAX_PAYLOAD:
         raise RequestError(
             PAYLOAD_TOO_LARGE,
-            f"payload of {size} bytes is larger than the maximum of {MAX_PAYLOAD} "
-            "over UDP",
+            f"payload of {size} bytes is larger than the maximum of {MAX_PAYLOAD} over UDP",
             requestId,
         )
     if rest[size:] not in (b"\r\n", b"\n"):
         raise RequestError(
             BAD_FRAMING,
-            f"the datagram does not hold the {size}-byte payload announced and its "
-            "line end",
+            f"the datagram does not hold the {size}-byte payload announced and its line end",
             requestId,
         )
     return rest[:size]

@@ -336,9 +336,7 @@ PROPERTIES_ALLOWED = {
 # The spec makes a second occurrence of any property a Protocol Error except
 # User Property, and Subscription Identifier in a PUBLISH (3.3.2.3.8: one
 # for each matching subscription); those are always lists here.
-REPEATABLE_PROPERTIES = frozenset(
-    (Property.USER_PROPERTY, Property.SUBSCRIPTION_IDENTIFIER)
-)
+REPEATABLE_PROPERTIES = frozenset((Property.USER_PROPERTY, Property.SUBSCRIPTION_IDENTIFIER))
 # The properties that cannot be 0, and the reason code for a 0: "It is a
 # Protocol Error to include ... a value of 0" for Receive Maximum
 # (3.1.2.11.3, 3.2.2.3.3), Maximum Packet Size (3.1.2.11.4, 3.2.2.3.6) and
@@ -357,8 +355,7 @@ _NOT_ZERO = {
 _ZERO_OR_ONE = frozenset(
     identifier
     for identifier, propertyType in PROPERTY_TYPES.items()
-    if propertyType is PropertyType.BYTE
-    and identifier != Property.PAYLOAD_FORMAT_INDICATOR
+    if propertyType is PropertyType.BYTE and identifier != Property.PAYLOAD_FORMAT_INDICATOR
 )
 
 
@@ -434,9 +431,7 @@ class Connect:
             is encoded in its own C{protocolLevel}, which must match it.
         """
         if version is not None and version != self.protocolLevel:
-            raise ValueError(
-                f"CONNECT speaks protocol level {self.protocolLevel}, not {version}"
-            )
+            raise ValueError(f"CONNECT speaks protocol level {self.protocolLevel}, not {version}")
         version = _checkVersion(self.protocolLevel)
         will = self.will
         flags = (
@@ -446,11 +441,7 @@ class Connect:
         )
         if will is not None:
             flags |= 0x04 | _checkQos(will.qos) << 3 | bool(will.retain) << 5
-        if (
-            self.password is not None
-            and self.username is None
-            and version == MQTT_3_1_1
-        ):
+        if self.password is not None and self.username is None and version == MQTT_3_1_1:
             raise ValueError("MQTT 3.1.1 sends no password without a username")
         parts = [
             b"\x00\x04MQTT",
@@ -650,9 +641,7 @@ class SubAck:
 
     def encode(self, version=MQTT_5):
         allowed = _SUBACK_REASONS if version == MQTT_5 else _SUBACK_RETURN_CODES
-        return _encodeAcknowledgementList(
-            self, version, 0x90, PacketType.SUBACK, allowed
-        )
+        return _encodeAcknowledgementList(self, version, 0x90, PacketType.SUBACK, allowed)
 
 
 @dataclass(slots=True)
@@ -672,9 +661,7 @@ class Unsubscribe:
         parts = [_encodePacketId(self.packetId)]
         if version == MQTT_5:
             parts.append(encodeProperties(self.properties, PacketType.UNSUBSCRIBE))
-        parts.extend(
-            _encodeTopicFilter(topicFilter) for topicFilter in self.topicFilters
-        )
+        parts.extend(_encodeTopicFilter(topicFilter) for topicFilter in self.topicFilters)
         return _packet(0xA2, b"".join(parts))
 
 
@@ -852,15 +839,11 @@ def _encodeOptionalReason(packet, version):
     packetType = packet._TYPE
     if _checkVersion(version) == MQTT_3_1_1:
         if packet.reasonCode or packet.properties:
-            raise ValueError(
-                f"MQTT 3.1.1's {packetType.name} has no reason or properties"
-            )
+            raise ValueError(f"MQTT 3.1.1's {packetType.name} has no reason or properties")
         return b""
     _checkReason(packet.reasonCode, packet._REASONS, packetType)
     if packet.properties:
-        return bytes((packet.reasonCode,)) + encodeProperties(
-            packet.properties, packetType
-        )
+        return bytes((packet.reasonCode,)) + encodeProperties(packet.properties, packetType)
     if packet.reasonCode:
         return bytes((packet.reasonCode,))
     return b""
@@ -1077,9 +1060,7 @@ class _Reader:
             identifier = self.variableByteInteger()
             if identifier not in allowed:
                 # 2.2.2.2: an identifier not valid for its packet type.
-                raise _malformed(
-                    f"property 0x{identifier:02x} in a {_packetName(packetType)}"
-                )
+                raise _malformed(f"property 0x{identifier:02x} in a {_packetName(packetType)}")
             identifier = Property(identifier)
             value = self._propertyValue(PROPERTY_TYPES[identifier])
             if value == 0 and identifier in _NOT_ZERO:
@@ -1325,15 +1306,11 @@ class MQTTDecoder:
 
     def _checkFixedLength(self, packetType, remaining):
         fixedLengths = (
-            _FIXED_REMAINING_LENGTHS_5
-            if self.version == MQTT_5
-            else _FIXED_REMAINING_LENGTHS_3_1_1
+            _FIXED_REMAINING_LENGTHS_5 if self.version == MQTT_5 else _FIXED_REMAINING_LENGTHS_3_1_1
         )
         expected = fixedLengths.get(packetType)
         if expected is not None and remaining != expected:
-            raise _malformed(
-                f"packet type {packetType} with remaining length {remaining}"
-            )
+            raise _malformed(f"packet type {packetType} with remaining length {remaining}")
 
     def _publish(self, flags, data, start, end):
         """
@@ -1403,9 +1380,7 @@ class MQTTDecoder:
         if protocolName != "MQTT":
             if protocolName == "MQIsdp":
                 # MQTT 3.1, which this codec does not speak.
-                raise MalformedPacket(
-                    "MQTT 3.1 (MQIsdp)", ReasonCode.UNSUPPORTED_PROTOCOL_VERSION
-                )
+                raise MalformedPacket("MQTT 3.1 (MQIsdp)", ReasonCode.UNSUPPORTED_PROTOCOL_VERSION)
             # [MQTT-3.1.2-1]
             raise _protocolError(f"protocol name {protocolName!r}")
         if protocolLevel not in SUPPORTED_VERSIONS:
@@ -1532,9 +1507,7 @@ class MQTTDecoder:
                     # [MQTT-3.8.3-4]
                     raise _protocolError("no local on a shared subscription")
                 subscriptions.append(
-                    Subscription(
-                        topicFilter, qos, noLocal, bool(options & 0x08), retainHandling
-                    )
+                    Subscription(topicFilter, qos, noLocal, bool(options & 0x08), retainHandling)
                 )
             else:
                 if options & 0xFC:
@@ -1589,9 +1562,7 @@ class MQTTDecoder:
         """
         if self.version != MQTT_5:
             return UnsubAck(reader.packetId())
-        return UnsubAck(
-            *self._acknowledgementList(reader, PacketType.UNSUBACK, _UNSUBACK_REASONS)
-        )
+        return UnsubAck(*self._acknowledgementList(reader, PacketType.UNSUBACK, _UNSUBACK_REASONS))
 
     def _reasonAndProperties(self, packetClass, reader):
         """
@@ -1610,9 +1581,7 @@ class MQTTDecoder:
         if reader.left():
             reasonCode = reader.byte()
             if reasonCode not in packetClass._REASONS:
-                raise _protocolError(
-                    f"{packetClass._TYPE.name} reason code 0x{reasonCode:02x}"
-                )
+                raise _protocolError(f"{packetClass._TYPE.name} reason code 0x{reasonCode:02x}")
             if reader.left():
                 properties = reader.properties(packetClass._TYPE)
                 reader.expectEnd(packetClass._TYPE.name)
@@ -1622,18 +1591,10 @@ class MQTTDecoder:
 _DECODERS = {
     PacketType.CONNECT: MQTTDecoder._connect,
     PacketType.CONNACK: MQTTDecoder._connAck,
-    PacketType.PUBACK: lambda self, flags, reader: self._acknowledgement(
-        PubAck, reader
-    ),
-    PacketType.PUBREC: lambda self, flags, reader: self._acknowledgement(
-        PubRec, reader
-    ),
-    PacketType.PUBREL: lambda self, flags, reader: self._acknowledgement(
-        PubRel, reader
-    ),
-    PacketType.PUBCOMP: lambda self, flags, reader: self._acknowledgement(
-        PubComp, reader
-    ),
+    PacketType.PUBACK: lambda self, flags, reader: self._acknowledgement(PubAck, reader),
+    PacketType.PUBREC: lambda self, flags, reader: self._acknowledgement(PubRec, reader),
+    PacketType.PUBREL: lambda self, flags, reader: self._acknowledgement(PubRel, reader),
+    PacketType.PUBCOMP: lambda self, flags, reader: self._acknowledgement(PubComp, reader),
     PacketType.SUBSCRIBE: MQTTDecoder._subscribe,
     PacketType.SUBACK: MQTTDecoder._subAck,
     PacketType.UNSUBSCRIBE: MQTTDecoder._unsubscribe,
@@ -1643,19 +1604,13 @@ _DECODERS = {
     PacketType.DISCONNECT: lambda self, flags, reader: self._reasonAndProperties(
         Disconnect, reader
     ),
-    PacketType.AUTH: lambda self, flags, reader: self._reasonAndProperties(
-        Auth, reader
-    ),
+    PacketType.AUTH: lambda self, flags, reader: self._reasonAndProperties(Auth, reader),
 }
 
 # The fixed header flags each packet type but PUBLISH must have
 # [MQTT-2.2.2-1]; type 0 is reserved.
-_FLAGS = {
-    packetType: 0 for packetType in PacketType if packetType != PacketType.PUBLISH
-}
-_FLAGS.update(
-    {PacketType.PUBREL: 0x02, PacketType.SUBSCRIBE: 0x02, PacketType.UNSUBSCRIBE: 0x02}
-)
+_FLAGS = {packetType: 0 for packetType in PacketType if packetType != PacketType.PUBLISH}
+_FLAGS.update({PacketType.PUBREL: 0x02, PacketType.SUBSCRIBE: 0x02, PacketType.UNSUBSCRIBE: 0x02})
 
 # The packets whose remaining length is fixed, refused on their fixed header
 # alone when it is wrong (3.12.1, 3.13.1; in MQTT 3.1.1 also 3.2.1, 3.4.1 to

@@ -12,7 +12,6 @@ import base64
 import binascii
 from dataclasses import dataclass, field
 
-from dallal.numbers import wholeNumber
 from dallal.errors import (
     BAD_ARGUMENTS,
     BAD_COMMAND,
@@ -20,6 +19,7 @@ from dallal.errors import (
     NO_ID,
     RequestError,
 )
+from dallal.numbers import wholeNumber
 
 CRLF = b"\r\n"
 
@@ -93,7 +93,7 @@ def _text(token, what, requestId):
     try:
         return token.decode("utf-8")
     except UnicodeDecodeError:
-        raise RequestError(BAD_ARGUMENTS, f"{what} is not valid UTF-8", requestId)
+        raise RequestError(BAD_ARGUMENTS, f"{what} is not valid UTF-8", requestId) from None
 
 
 def _requestId(token):
@@ -102,7 +102,7 @@ def _requestId(token):
     try:
         requestId = token.decode("ascii")
     except UnicodeDecodeError:
-        raise RequestError(BAD_ID, "request id must be printable ASCII")
+        raise RequestError(BAD_ID, "request id must be printable ASCII") from None
     if not requestId.isprintable():
         raise RequestError(BAD_ID, "request id must be printable ASCII")
     return requestId
@@ -113,15 +113,9 @@ def _options(tokens, requestId):
     for token in tokens:
         key, equals, value = token.partition(b"=")
         if not equals or not key:
-            raise RequestError(
-                BAD_ARGUMENTS, f"expected key=value, got {token!r}", requestId
-            )
-        options[_text(key, "option name", requestId)] = _text(
-            value, "option value", requestId
-        )
+            raise RequestError(BAD_ARGUMENTS, f"expected key=value, got {token!r}", requestId)
+        options[_text(key, "option name", requestId)] = _text(value, "option value", requestId)
     return options
-
-
 
 
 def _size(token, requestId):
@@ -235,11 +229,7 @@ _BYE = Bye()
 
 
 def _clientId(token, requestId):
-    if (
-        len(token) > MAX_ID_LENGTH
-        or not token.isascii()
-        or not token.decode("ascii").isprintable()
-    ):
+    if len(token) > MAX_ID_LENGTH or not token.isascii() or not token.decode("ascii").isprintable():
         raise RequestError(
             BAD_ID,
             f"client id must be 1 to {MAX_ID_LENGTH} printable ASCII characters",
@@ -299,8 +289,7 @@ def credentialsOf(hello):
     except (UnicodeEncodeError, binascii.Error):
         raise RequestError(
             BAD_ARGUMENTS, "password= must be the password's bytes in base64", hello.id
-        )
-
+        ) from None
 
 
 _PARSERS = {
@@ -397,7 +386,11 @@ def encodeMessage(message, subscriptionId, seq, deliveryId, redelivered):
         line = b"%s%s seq=%d%s" % (start, subscriptionId.encode("ascii"), seq, end)
     else:
         line = b"%s%s seq=%d id=%s%s" % (
-            start, subscriptionId.encode("ascii"), seq, deliveryId.encode("ascii"), end
+            start,
+            subscriptionId.encode("ascii"),
+            seq,
+            deliveryId.encode("ascii"),
+            end,
         )
     if uncopiedPayload is None:
         return (line,)
@@ -540,9 +533,7 @@ def _parseDataReply(tokens):
     if len(tokens) != 3:
         verb = tokens[0].decode("ascii")
         raise RequestError(BAD_ARGUMENTS, f"usage: {verb} <id> <size>")
-    return DataHeader(
-        tokens[0].decode("ascii"), _requestId(tokens[1]), _size(tokens[2], NO_ID)
-    )
+    return DataHeader(tokens[0].decode("ascii"), _requestId(tokens[1]), _size(tokens[2], NO_ID))
 
 
 def _parseAck(kind):
@@ -565,9 +556,7 @@ def _parseErr(line):
     if len(tokens) < 3:
         raise RequestError(BAD_ARGUMENTS, "usage: ERR <id> <code> <reason>")
     reason = tokens[3].decode("utf-8", "replace") if len(tokens) == 4 else ""
-    return Error(
-        tokens[1].decode("ascii", "replace"), tokens[2].decode("ascii", "replace"), reason
-    )
+    return Error(tokens[1].decode("ascii", "replace"), tokens[2].decode("ascii", "replace"), reason)
 
 
 def encodePublish(requestId, topic, payload):
@@ -628,8 +617,7 @@ def encodeUnsubscribe(requestId, topicFilter):
 
 def _encodeOptions(options):
     return b"".join(
-        b" %s=%s" % (key.encode("ascii"), value.encode("ascii"))
-        for key, value in options.items()
+        b" %s=%s" % (key.encode("ascii"), value.encode("ascii")) for key, value in options.items()
     )
 
 

@@ -103,11 +103,9 @@ def parseAcl(text, path="<acl>"):
             elif keyword == "pattern":
                 patterns.append(_rule(rest, pattern=True))
             else:
-                raise ValueError(
-                    f"unknown keyword {keyword!r}: expected user, topic or pattern"
-                )
+                raise ValueError(f"unknown keyword {keyword!r}: expected user, topic or pattern")
         except ValueError as error:
-            raise AclError(f"{path}:{number}: {error}")
+            raise AclError(f"{path}:{number}: {error}") from error
     return Acl(anonymous, users, patterns)
 
 
@@ -121,9 +119,9 @@ def loadAcl(path):
         with open(path, encoding="utf-8") as file:
             text = file.read()
     except OSError as error:
-        raise AclError(f"cannot read the ACL file {path}: {error.strerror}")
+        raise AclError(f"cannot read the ACL file {path}: {error.strerror}") from error
     except UnicodeDecodeError:
-        raise AclError(f"the ACL file {path} is not UTF-8 text")
+        raise AclError(f"the ACL file {path} is not UTF-8 text") from None
     return parseAcl(text, path)
 
 
@@ -139,7 +137,7 @@ def _rule(text, pattern):
     try:
         checkFilter(topicFilter)
     except TopicError as error:
-        raise ValueError(f"bad filter {topicFilter!r}: {error}")
+        raise ValueError(f"bad filter {topicFilter!r}: {error}") from error
     for level in topicFilter.split(SEPARATOR):
         for substitute in (USER_SUBSTITUTE, CLIENT_SUBSTITUTE):
             if substitute in level and level != substitute:

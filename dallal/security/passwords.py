@@ -56,8 +56,6 @@ _HASH = re.compile(
 )
 
 
-
-
 def _b64encode(data):
     return base64.b64encode(data).decode("ascii").rstrip("=")
 
@@ -111,7 +109,7 @@ class PasswordHash:
         try:
             salt, digest = _b64decode(match["salt"]), _b64decode(match["digest"])
         except (binascii.Error, ValueError):
-            raise ValueError("the salt or digest is not base64")
+            raise ValueError("the salt or digest is not base64") from None
         if len(digest) < 16:
             raise ValueError("the digest is too short")
         return cls(n, r, p, salt, digest)
@@ -195,18 +193,18 @@ class PasswordFile:
         except FileNotFoundError:
             if missingIsEmpty:
                 return passwords
-            raise PasswordFileError(f"cannot read the password file {path}: no such file")
+            raise PasswordFileError(f"cannot read the password file {path}: no such file") from None
         except OSError as error:
             raise PasswordFileError(
                 f"cannot read the password file {path}: {error.strerror}"
-            )
+            ) from error
         except UnicodeDecodeError:
-            raise PasswordFileError(f"the password file {path} is not UTF-8 text")
+            raise PasswordFileError(f"the password file {path} is not UTF-8 text") from None
         for number, line in enumerate(text.splitlines(), 1):
             try:
                 passwords._read(line.strip())
             except ValueError as error:
-                raise PasswordFileError(f"{path}:{number}: {error}")
+                raise PasswordFileError(f"{path}:{number}: {error}") from error
         return passwords
 
     def _read(self, line):
@@ -244,8 +242,7 @@ class PasswordFile:
 
     def text(self):
         lines = [
-            f"{line}:{self.users[line]}" if line in self.users else line
-            for line in self._lines
+            f"{line}:{self.users[line]}" if line in self.users else line for line in self._lines
         ]
         return "".join(line + "\n" for line in lines)
 

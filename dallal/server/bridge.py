@@ -53,6 +53,9 @@ from twisted.internet.protocol import Factory
 from twisted.logger import Logger, LogLevel
 from zope.interface import implementer
 
+from dallal.broker.delivery import BRIDGE_REFUSED, DROP_OLDEST
+from dallal.broker.interfaces import ISubscriber
+from dallal.broker.origin import checkName
 from dallal.client import (
     RECONNECT_FACTOR,
     RECONNECT_INITIAL_DELAY,
@@ -60,14 +63,11 @@ from dallal.client import (
     DallalClientProtocol,
     ServerError,
 )
-from dallal.broker.delivery import BRIDGE_REFUSED, DROP_OLDEST
-from dallal.modes import ALL
 from dallal.errors import NO_ID, SHUTTING_DOWN, RequestError
-from dallal.broker.interfaces import ISubscriber
-from dallal.server.keepalive import IPingable
-from dallal.broker.origin import checkName
+from dallal.modes import ALL
 from dallal.names import checkUserName
 from dallal.server.addresses import formatAddress
+from dallal.server.keepalive import IPingable
 from dallal.topics import TopicError
 from dallal.topictree import MULTI_LEVEL, RESERVED_PREFIX, checkFilter
 
@@ -143,7 +143,7 @@ def parseBridge(text, reactor, environ=os.environ):
         raise ValueError(
             f"{name}: {endpoint!r} is not a client endpoint description "
             f"such as tcp:hub.example:1373 ({error})"
-        )
+        ) from error
     filters, direction = (MULTI_LEVEL,), BOTH
     user, password = None, None
     for option in options:
@@ -155,15 +155,14 @@ def parseBridge(text, reactor, environ=os.environ):
         elif key == "direction" and equals:
             if value not in DIRECTIONS:
                 raise ValueError(
-                    f"{name}: direction must be one of {', '.join(DIRECTIONS)}, "
-                    f"not {value!r}"
+                    f"{name}: direction must be one of {', '.join(DIRECTIONS)}, not {value!r}"
                 )
             direction = value
         elif key == "user" and equals:
             try:
                 checkUserName(value)
             except ValueError as error:
-                raise ValueError(f"{name}: {error}")
+                raise ValueError(f"{name}: {error}") from error
             user = value
         elif key in ("password-file", "password-env") and equals:
             if password is not None:
@@ -175,9 +174,7 @@ def parseBridge(text, reactor, environ=os.environ):
                 "(an endpoint cannot contain a comma)"
             )
     if (user is None) != (password is None):
-        raise ValueError(
-            f"{name}: user= and one of password-file= or password-env= go together"
-        )
+        raise ValueError(f"{name}: user= and one of password-file= or password-env= go together")
     credentials = None if user is None else (user, password)
     return BridgeSpec(name, endpoint, filters, direction, credentials)
 
@@ -197,7 +194,9 @@ def _readPassword(name, key, value, environ):
             with open(value, "rb") as file:
                 password = file.readline().rstrip(b"\r\n")
         except OSError as error:
-            raise ValueError(f"{name}: cannot read the password from {value}: {error.strerror}")
+            raise ValueError(
+                f"{name}: cannot read the password from {value}: {error.strerror}"
+            ) from error
     if not password:
         raise ValueError(f"{name}: the password in {value} is empty")
     return password
@@ -207,7 +206,7 @@ def _checkBridgedFilter(name, topicFilter):
     try:
         checkFilter(topicFilter)
     except TopicError as error:
-        raise ValueError(f"{name}: bad topic filter {topicFilter!r}: {error}")
+        raise ValueError(f"{name}: bad topic filter {topicFilter!r}: {error}") from error
     if topicFilter.startswith(RESERVED_PREFIX):
         raise ValueError(
             f"{name}: {topicFilter!r}: topics starting with '$' are each "
@@ -350,9 +349,7 @@ class BridgeLink(Service):
     def startService(self):
         Service.startService(self)
         self._stopping = False
-        self.broker.attach(
-            self, self.broker.config.delivery.replace(slowConsumer=DROP_OLDEST)
-        )
+        self.broker.attach(self, self.broker.config.delivery.replace(slowConsumer=DROP_OLDEST))
         self._attached = True
         # Nothing goes out before the link is up: it waits in the queue.
         self.broker.pauseDelivery(self)
@@ -400,9 +397,7 @@ class BridgeLink(Service):
         a connection it cannot use itself.
         """
         protocol.whenDisconnected().addCallback(lambda _: self._lost(protocol))
-        Deferred.fromCoroutine(self._setUp(protocol)).addErrback(
-            self._setUpFailed, protocol
-        )
+        Deferred.fromCoroutine(self._setUp(protocol)).addErrback(self._setUpFailed, protocol)
 
     async def _setUp(self, protocol):
         if self.spec.credentials is not None:
@@ -484,9 +479,7 @@ class BridgeLink(Service):
             return Deferred()
         self.received += 1
         try:
-            self.broker.publishBridged(
-                self, message.topic, message.payload, message.options, NO_ID
-            )
+            self.broker.publishBridged(self, message.topic, message.payload, message.options, NO_ID)
         except RequestError as error:
             if error.code == SHUTTING_DOWN:
                 # Never acked: the remote keeps it for the next connection,

@@ -85,9 +85,9 @@ def readConfig(path):
         with open(path, "rb") as file:
             return tomllib.load(file)
     except OSError as error:
-        raise ConfigError(f"{path}: cannot read it: {error.strerror}")
+        raise ConfigError(f"{path}: cannot read it: {error.strerror}") from error
     except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{path}: not valid TOML: {error}")
+        raise ConfigError(f"{path}: not valid TOML: {error}") from error
 
 
 def _text(value):
@@ -137,7 +137,7 @@ def applyConfig(options, path, table, skip=frozenset()):
                 except ValueError:
                     raise ConfigError(
                         f"{path}: {name} takes a string or a number, not {_describe(each)}"
-                    )
+                    ) from None
                 _dispatch(options, path, name, text)
         elif not isinstance(value, bool):
             raise ConfigError(f"{path}: {name} is a flag: true or false, not {_describe(value)}")
@@ -155,7 +155,7 @@ def _dispatch(options, path, name, text):
         else:
             handler(name, text)
     except (usage.UsageError, ValueError) as error:
-        raise ConfigError(inFile(path, name, str(error)))
+        raise ConfigError(inFile(path, name, str(error))) from error
 
 
 def aboutOption(message, name):
@@ -173,5 +173,5 @@ def inFile(path, name, message):
     C{dallal.toml: max-queued must be ...}.
     """
     if aboutOption(message, name):
-        return f"{path}: {name}{message[len(name) + 2:]}"
+        return f"{path}: {name}{message[len(name) + 2 :]}"
     return f"{path}: {name}: {message}"

@@ -56,7 +56,9 @@ def rotatingLogFile(environ=os.environ):
     try:
         return LogFile.fromFullPath(path, rotateLength=rotateLength, maxRotatedFiles=keep)
     except OSError as error:
-        raise SystemExit(f"dallal: cannot start: cannot open the log file {path}: {error.strerror}")
+        raise SystemExit(
+            f"dallal: cannot start: cannot open the log file {path}: {error.strerror}"
+        ) from error
 
 
 def rotatingLog():

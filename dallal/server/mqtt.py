@@ -170,7 +170,9 @@ class PublishAttributes:
 
 
 # The attributes of messages without properties, shared: (qos, retain).
-_PLAIN = {(qos, retain): PublishAttributes(qos, retain) for qos in (0, 1, 2) for retain in (False, True)}
+_PLAIN = {
+    (qos, retain): PublishAttributes(qos, retain) for qos in (0, 1, 2) for retain in (False, True)
+}
 
 
 def _sharing(topicFilter):
@@ -185,9 +187,7 @@ def _sharing(topicFilter):
     group, _, realFilter = topicFilter[len(SHARED_SUBSCRIPTION_PREFIX) :].partition("/")
     if not group or not realFilter or "+" in group or "#" in group:
         # [MQTT-4.8.2-1], [MQTT-4.8.2-2]
-        raise RequestError(
-            BAD_TOPIC, f"{topicFilter!r} is no $share/<group>/<filter>", topicFilter
-        )
+        raise RequestError(BAD_TOPIC, f"{topicFilter!r} is no $share/<group>/<filter>", topicFilter)
     return group, realFilter
 
 
@@ -257,8 +257,6 @@ class _OutputValve:
     def stopProducing(self):
         # The connection is closing; connectionLost detaches the session.
         pass
-
-
 
 
 class ProtocolViolation(Exception):
@@ -493,7 +491,11 @@ class MQTTProtocol(Protocol):
         if not self._accepted:
             if reasonCode == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
                 # [MQTT-3.1.2-2]: in the 3.1.1 form, which every client reads.
-                self._write(ConnAck(reasonCode=ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION).encode(MQTT_3_1_1))
+                self._write(
+                    ConnAck(reasonCode=ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION).encode(
+                        MQTT_3_1_1
+                    )
+                )
             elif self._decoder.version == MQTT_5:
                 self.version = MQTT_5
                 self._send(ConnAck(reasonCode=reasonCode, properties=self._reasonString(why)))
@@ -600,7 +602,9 @@ class MQTTProtocol(Protocol):
         """
         self._closeReason = "protocol_error"
         code = reasonCode if self.version == MQTT_5 else returnCode
-        self._send(ConnAck(reasonCode=code, properties=self._connAckProperties(self._reasonString(why))))
+        self._send(
+            ConnAck(reasonCode=code, properties=self._connAckProperties(self._reasonString(why)))
+        )
         self._close()
 
     def _connAckProperties(self, properties):
@@ -666,7 +670,9 @@ class MQTTProtocol(Protocol):
             self._lastHeard = self.clock.seconds()
         idle = self.clock.seconds() - self._lastHeard
         if idle < self._keepAlive:
-            self._keepAliveTimer = self.clock.callLater(self._keepAlive - idle, self._checkKeepAlive)
+            self._keepAliveTimer = self.clock.callLater(
+                self._keepAlive - idle, self._checkKeepAlive
+            )
             return
         self._keepAliveTimer = None
         # [MQTT-3.1.2-24]: as if the network failed, so the will goes out.
@@ -767,9 +773,7 @@ class MQTTProtocol(Protocol):
                 requestId,
                 self._attributes(qos, packet.retain, packet.properties),
             )
-            stored = (
-                self.broker.retain(topic, packet.payload, requestId) if packet.retain else None
-            )
+            stored = self.broker.retain(topic, packet.payload, requestId) if packet.retain else None
         except RequestError as error:
             self._publishRefused(packet, error)
             return
@@ -955,7 +959,10 @@ class MQTTProtocol(Protocol):
         header = encodePublishHeader(
             message.wireTopic, len(message.payload), qos, packetId, retain, False, properties
         )
-        if self._clientMaxPacket is not None and len(header) + len(message.payload) > self._clientMaxPacket:
+        if (
+            self._clientMaxPacket is not None
+            and len(header) + len(message.payload) > self._clientMaxPacket
+        ):
             # [MQTT-3.1.2-25]: never sent, as if it had been.
             self._settleLater(deliveryId, TOO_LARGE)
             return

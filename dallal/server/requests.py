@@ -10,11 +10,11 @@ back through the transport's L{RequestHandler.sendFrame}.
 
 import json
 
-from dallal.protocol import wire
-from dallal.modes import LATEST
-from dallal.numbers import wholeNumber
 from dallal.errors import BAD_ARGUMENTS, BROKER_STATE, FORBIDDEN, RequestError
 from dallal.limits import CONSECUTIVE_ERRORS, LISTED
+from dallal.modes import LATEST
+from dallal.numbers import wholeNumber
+from dallal.protocol import wire
 
 
 def helloLimits(config, maxPayload):
@@ -247,9 +247,7 @@ class RequestHandler:
         maxListed = self.broker.config.maxListed
         limit = wholeNumber(request.options.get("limit", str(maxListed)), 18)
         if limit is None:
-            self.refuse(
-                RequestError(BAD_ARGUMENTS, "limit must be a whole number", request.id)
-            )
+            self.refuse(RequestError(BAD_ARGUMENTS, "limit must be a whole number", request.id))
             return
         rows, total = self.broker.topics(min(limit, maxListed))
         if total > maxListed and ("limit" not in request.options or limit > maxListed):

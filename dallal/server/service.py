@@ -15,19 +15,20 @@ import sys
 from autobahn.twisted.resource import WebSocketResource
 from twisted.application.service import MultiService, Service
 from twisted.internet.defer import gatherResults, maybeDeferred
-from twisted.internet.error import CannotListenError
 from twisted.internet.endpoints import serverFromString
+from twisted.internet.error import CannotListenError
 from twisted.logger import Logger, LogLevel
 
-from dallal.security.auth import beyondLoopback
-from dallal.server.bridge import BridgeLink
 from dallal.broker.core import Broker, BrokerConfig
 from dallal.broker.origin import storedName
 from dallal.broker.retained import RetainedStore
+from dallal.broker.sysstats import DEFAULT_INTERVAL as DEFAULT_SYS_INTERVAL
+from dallal.broker.sysstats import SysPublisher
 from dallal.protocol.datagram import MAX_PACKET_SIZE
-from dallal.server.keepalive import DEFAULT_INTERVAL, PingSweep
-from dallal.broker.sysstats import DEFAULT_INTERVAL as DEFAULT_SYS_INTERVAL, SysPublisher
+from dallal.security.auth import beyondLoopback
 from dallal.server.addresses import formatAddress
+from dallal.server.bridge import BridgeLink
+from dallal.server.keepalive import DEFAULT_INTERVAL, PingSweep
 from dallal.server.mqtt import MQTTFactory
 from dallal.server.tcp import BrokerFactory
 from dallal.server.udp import DEFAULT_ACK_TIMEOUT, BrokerDatagramProtocol
@@ -199,9 +200,7 @@ class ListenerService(_Listener):
 
     def _listen(self):
         failures = []
-        self.endpoint.listen(self.factory).addCallbacks(
-            self._listening, failures.append
-        )
+        self.endpoint.listen(self.factory).addCallbacks(self._listening, failures.append)
         if failures:
             failures[0].raiseException()
 
@@ -315,9 +314,7 @@ class DallalService(MultiService):
             self.broker, gatekeeper, self.factory.batch, self.factory.connections
         )
         self.mqttWebSocketFactory = MQTTWebSocketFactory(self.mqttFactory, reactor)
-        self.sysPublisher = (
-            SysPublisher(self.broker, reactor, sysInterval) if sysInterval else None
-        )
+        self.sysPublisher = SysPublisher(self.broker, reactor, sysInterval) if sysInterval else None
         self.reloadOnHangup = reloadOnHangup and hasattr(signal, "SIGHUP")
         self._previousHangupHandler = None
         # Re-reads a configuration file on reload, given the service

@@ -13,7 +13,6 @@ OUTPUT_FULL = "output_full"
 TURN_OVER = "turn_over"
 
 
-
 class ReadPause:
     """
     The reasons a connection's reading is paused: it reads nothing while

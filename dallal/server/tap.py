@@ -17,8 +17,15 @@ from twisted.logger import (
 )
 from twisted.python import usage
 
+from dallal.broker.core import BrokerConfig
+from dallal.broker.delivery import SLOW_CONSUMER_POLICIES, DeliveryConfig
+from dallal.broker.origin import BrokerNameError, checkName
+from dallal.broker.retained import StoreError
+from dallal.broker.sysstats import DEFAULT_INTERVAL as DEFAULT_SYS_INTERVAL
+from dallal.limits import CONNECTIONS, MAX_CONTROL_LINE, MIN_CONTROL_LINE, fitToDescriptors
 from dallal.security.acl import AclError
 from dallal.security.auth import Gatekeeper
+from dallal.security.passwords import PasswordFileError
 from dallal.server.bridge import parseBridge
 from dallal.server.config import (
     ConfigError,
@@ -29,17 +36,10 @@ from dallal.server.config import (
     readConfig,
     settingNames,
 )
-from dallal.broker.core import BrokerConfig
-from dallal.broker.origin import BrokerNameError, checkName
-from dallal.security.passwords import PasswordFileError
-from dallal.broker.retained import StoreError
-from dallal.broker.delivery import SLOW_CONSUMER_POLICIES, DeliveryConfig
 from dallal.server.keepalive import DEFAULT_INTERVAL
-from dallal.limits import CONNECTIONS, MAX_CONTROL_LINE, MIN_CONTROL_LINE, fitToDescriptors
 from dallal.server.service import DEFAULT_INTERFACE, DEFAULT_SHUTDOWN_GRACE, DallalService
-from dallal.broker.sysstats import DEFAULT_INTERVAL as DEFAULT_SYS_INTERVAL
-from dallal.topics import MAX_TOPIC_LENGTH
 from dallal.server.udp import DEFAULT_ACK_TIMEOUT as DEFAULT_UDP_ACK_TIMEOUT
+from dallal.topics import MAX_TOPIC_LENGTH
 
 DEFAULT_TCP_PORT = 1373
 
@@ -200,8 +200,7 @@ class Options(usage.Options):
             "sys-interval",
             None,
             DEFAULT_SYS_INTERVAL,
-            "Seconds between updates of the broker's statistics on its "
-            "$SYS/broker/... topics.",
+            "Seconds between updates of the broker's statistics on its $SYS/broker/... topics.",
             _positive("sys-interval", float, zeroTurnsOff=True),
         ],
         [
@@ -231,16 +230,14 @@ class Options(usage.Options):
             "max-connections-per-ip",
             None,
             _config.maxConnectionsPerIp,
-            "TCP connections at once from one IP address (local clients all "
-            "come from 127.0.0.1).",
+            "TCP connections at once from one IP address (local clients all come from 127.0.0.1).",
             _whole("max-connections-per-ip"),
         ],
         [
             "max-udp-clients",
             None,
             _config.maxUdpClients,
-            "UDP client sessions at once; a HELLO for one more is answered "
-            "ERR TOO_MANY_CLIENTS.",
+            "UDP client sessions at once; a HELLO for one more is answered ERR TOO_MANY_CLIENTS.",
             _whole("max-udp-clients"),
         ],
         [
@@ -499,7 +496,7 @@ class Options(usage.Options):
         try:
             self.parseWithConfig(sys.argv[1:] if options is None else options)
         except ConfigError as error:
-            raise SystemExit(f"dallal: cannot start: {error}")
+            raise SystemExit(f"dallal: cannot start: {error}") from error
 
     def parseWithConfig(self, argv):
         """
@@ -519,7 +516,7 @@ class Options(usage.Options):
             # postOptions' checks of values that came from the file.
             for name in fromFile:
                 if aboutOption(str(error), name):
-                    raise ConfigError(inFile(path, name, str(error)))
+                    raise ConfigError(inFile(path, name, str(error))) from error
             raise
 
     def opt_tcp(self, value):
@@ -557,7 +554,7 @@ class Options(usage.Options):
             try:
                 checkName(self["name"])
             except ValueError as error:
-                raise usage.UsageError(f"--name: {error}")
+                raise usage.UsageError(f"--name: {error}") from error
         self["bridge"] = self._bridges(self["bridge"])
         self["bridge-users"] = self._bridgeUsers(self["bridge-users"])
 
@@ -598,7 +595,7 @@ class Options(usage.Options):
             try:
                 bridge = parseBridge(value, reactor)
             except ValueError as error:
-                raise usage.UsageError(f"--bridge {error}")
+                raise usage.UsageError(f"--bridge {error}") from error
             if bridge.name in {other.name for other in bridges}:
                 raise usage.UsageError(f"--bridge {bridge.name}: two bridges have this name")
             bridges.append(bridge)
@@ -765,7 +762,7 @@ def makeService(options, reactor=None, rlimit=resource):
         )
     except (StoreError, PasswordFileError, AclError, BrokerNameError) as error:
         # twistd would show a traceback; the operator needs the reason.
-        raise SystemExit(f"dallal: cannot start: {error}")
+        raise SystemExit(f"dallal: cannot start: {error}") from error
     if allowed < requested:
         service.broker.events.emit(
             "limit_lowered",

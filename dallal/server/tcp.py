@@ -18,8 +18,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from dallal import __version__
-from dallal.protocol import wire
-from dallal.security.auth import LoginFailed, TooManyChecks
+from dallal.broker.interfaces import ISubscriber
 from dallal.errors import (
     BAD_ARGUMENTS,
     BAD_CREDENTIALS,
@@ -29,16 +28,17 @@ from dallal.errors import (
     NOT_AUTHORIZED,
     RequestError,
 )
-from dallal.protocol.framing import FrameReceiver
-from dallal.broker.interfaces import ISubscriber
-from dallal.server.keepalive import IPingable
 from dallal.limits import (
     FRAME_SECONDS,
     LINE,
     OUTPUT_BYTES,
     ConnectionTable,
 )
+from dallal.protocol import wire
+from dallal.protocol.framing import FrameReceiver
+from dallal.security.auth import LoginFailed, TooManyChecks
 from dallal.server.addresses import formatAddress
+from dallal.server.keepalive import IPingable
 from dallal.server.requests import RequestHandler, helloLimits
 from dallal.server.streams import (
     CONGESTION,
@@ -63,6 +63,7 @@ OUTPUT_SOFT_MARK = 65536
 # connections' reads, so that a client pipelining costly requests delays
 # the others by this much rather than by a whole read's worth.
 TURN_SECONDS = 0.01
+
 
 @implementer(IPushProducer)
 class _DeliveryValve:
@@ -458,9 +459,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
             self.pauseReading(LOGIN_CHECK)
             self.sweep.remove(self)
             user, password = credentials
-            checking = self._checking = gatekeeper.login(
-                user, password, hello.clientId, self._host
-            )
+            checking = self._checking = gatekeeper.login(user, password, hello.clientId, self._host)
             checking.addCallbacks(
                 self._loginSucceeded,
                 self._loginFailed,

@@ -39,7 +39,7 @@ import hashlib
 import hmac
 import os
 import secrets
-from collections import Counter, OrderedDict, namedtuple
+from collections import Counter, OrderedDict
 from math import ceil
 
 from twisted.internet.defer import CancelledError
@@ -49,13 +49,12 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from dallal import __version__
-from dallal.protocol import datagram, wire
-from dallal.security.auth import LoginFailed, TooManyChecks
+from dallal.broker.interfaces import ISubscriber
 from dallal.errors import (
     ANSWER_FORGOTTEN,
     BAD_CREDENTIALS,
-    BUSY,
     BAD_TOKEN,
+    BUSY,
     NO_ID,
     NO_SESSION,
     NOT_AUTHORIZED,
@@ -63,8 +62,6 @@ from dallal.errors import (
     SHUTTING_DOWN,
     RequestError,
 )
-from dallal.broker.interfaces import ISubscriber
-from dallal.server.keepalive import IPingable
 from dallal.limits import (
     HELLO_RATE,
     LINE,
@@ -76,8 +73,11 @@ from dallal.limits import (
     RateTable,
 )
 from dallal.numbers import wholeNumber
-from dallal.server.requests import RequestHandler, helloLimits
+from dallal.protocol import datagram, wire
+from dallal.security.auth import LoginFailed, TooManyChecks
 from dallal.server.addresses import formatDatagramAddress
+from dallal.server.keepalive import IPingable
+from dallal.server.requests import RequestHandler, helloLimits
 
 DEFAULT_ACK_TIMEOUT = 1.0
 
@@ -110,10 +110,6 @@ SESSION_KEY_BYTES = 16
 LOGIN_RESEND_TIMEOUT = 3.0
 # Refusals of datagrams that named no session logged per second, at most.
 STRANGER_ERRORS_LOGGED_PER_SECOND = 10
-
-
-
-
 
 
 def datagramDelivery(delivery, ackTimeout):
@@ -221,9 +217,7 @@ class AnswerCache:
         """
         self._forget(session, requestId)
         size = (
-            ANSWER_BOOKKEEPING
-            + len(requestId)
-            + (0 if answer is AWAITING_STORE else len(answer))
+            ANSWER_BOOKKEEPING + len(requestId) + (0 if answer is AWAITING_STORE else len(answer))
         )
         answers = self._sessions.setdefault(session, OrderedDict())
         answers[requestId] = answer
@@ -506,9 +500,7 @@ class BrokerDatagramProtocol(DatagramProtocol):
     noisy = False
     _log = Logger()
 
-    def __init__(
-        self, broker, sweep, ackTimeout=DEFAULT_ACK_TIMEOUT, secret=None, gatekeeper=None
-    ):
+    def __init__(self, broker, sweep, ackTimeout=DEFAULT_ACK_TIMEOUT, secret=None, gatekeeper=None):
         """
         @param gatekeeper: the broker's L{dallal.security.auth.Gatekeeper}, or
             C{None} when it has neither passwords nor ACL.
@@ -616,9 +608,7 @@ class BrokerDatagramProtocol(DatagramProtocol):
 
         @param proven: see L{sendTo}.
         """
-        self.sendTo(
-            wire.encodeError(error.requestId, error.code, error.reason), address, proven
-        )
+        self.sendTo(wire.encodeError(error.requestId, error.code, error.reason), address, proven)
         self._strangerErrors.refused(address, error.code)
 
     # Sessions
@@ -722,8 +712,7 @@ class BrokerDatagramProtocol(DatagramProtocol):
             self._refuse(
                 RequestError(
                     NO_SESSION,
-                    "this client has no session: it expired, or never said HELLO with "
-                    "its token",
+                    "this client has no session: it expired, or never said HELLO with its token",
                     requestId,
                 ),
                 address,
@@ -882,7 +871,12 @@ class BrokerDatagramProtocol(DatagramProtocol):
         host = address[0]
         for limit, maximum, held, source in (
             (UDP_CLIENTS, config.maxUdpClients, len(self._sessions), ""),
-            (UDP_CLIENTS_PER_IP, config.maxUdpClientsPerIp, self._sessionHosts[host], f" from {host}"),
+            (
+                UDP_CLIENTS_PER_IP,
+                config.maxUdpClientsPerIp,
+                self._sessionHosts[host],
+                f" from {host}",
+            ),
         ):
             if held >= maximum:
                 self._refuse(

@@ -154,9 +154,9 @@ GAUGES = {
 # Counters one metric shows with a label: dropped_<reason> and
 # refused_<limit>.  The broker's plain "dropped" is their sum, which
 # Prometheus adds up itself; "connections" is shown by transport.
-LABELLED = {
-    "dropped_" + reason: ("reason", reason) for reason in DROP_REASONS
-} | {limit.counter: ("limit", limit.name) for limit in LIMITS}
+LABELLED = {"dropped_" + reason: ("reason", reason) for reason in DROP_REASONS} | {
+    limit.counter: ("limit", limit.name) for limit in LIMITS
+}
 SUMS = frozenset({"dropped", "connections"})
 
 # A bridge's status field -> (metric name, whether a counter, help).

@@ -208,4 +208,3 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
             # other MQTT client.
             allowNullOrigin=True,
         )
-

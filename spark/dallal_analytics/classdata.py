@@ -112,7 +112,7 @@ class ClassDataArchive:
         self.name = name
         self.path = None
         for candidate in self.folder.glob(f"{name}-*{SUFFIX}"):
-            size = candidate.name[len(name) + 1:-len(SUFFIX)]
+            size = candidate.name[len(name) + 1 : -len(SUFFIX)]
             try:
                 whole = size.isdigit() and candidate.stat().st_size == int(size)
                 if not whole:
@@ -149,11 +149,17 @@ class ClassDataArchive:
             return None
         import pyspark
 
-        fits = "\0".join([
-            str(home), release, str(Path(pyspark.__file__).resolve().parent),
-            pyspark.__version__, environ.get("SPARK_HOME", ""),
-            environ.get("SPARK_CONF_DIR", ""), *javaOptions,
-        ])
+        fits = "\0".join(
+            [
+                str(home),
+                release,
+                str(Path(pyspark.__file__).resolve().parent),
+                pyspark.__version__,
+                environ.get("SPARK_HOME", ""),
+                environ.get("SPARK_CONF_DIR", ""),
+                *javaOptions,
+            ]
+        )
         digest = hashlib.sha256(fits.encode("utf-8", "surrogateescape")).hexdigest()[:16]
         return cls(folder, f"{PREFIX}{digest}")
 
@@ -225,6 +231,7 @@ class ClassDataArchive:
         unfinished ones abandoned long ago: the report's own files only
         (C{driver-*}), whatever else the folder holds.
         """
+
         def modified(paths):
             found = []
             for path in paths:

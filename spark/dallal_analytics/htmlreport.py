@@ -7,7 +7,7 @@ Everything here runs on the driver over the few rows the report collected.
 
 import html
 import math
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from dallal_analytics.questions import BUCKETS_PER_DECADE
 
@@ -39,7 +39,7 @@ def utc(moment):
     A timestamp collected from Spark (naive, in this process's local time)
     as an aware UTC datetime.
     """
-    return moment.astimezone(timezone.utc)
+    return moment.astimezone(UTC)
 
 
 def isoformat(moment):
@@ -101,8 +101,10 @@ def niceStep(span, ticks=TICKS):
 
 
 def _timeLabel(epoch, span):
-    moment = datetime.fromtimestamp(epoch, timezone.utc)
-    return moment.strftime("%m-%d %H:%M" if span >= 86400 else "%H:%M:%S" if span < 600 else "%H:%M")
+    moment = datetime.fromtimestamp(epoch, UTC)
+    return moment.strftime(
+        "%m-%d %H:%M" if span >= 86400 else "%H:%M:%S" if span < 600 else "%H:%M"
+    )
 
 
 class Plot:
@@ -182,9 +184,7 @@ def timeChart(title, yLabel, series, step=False):
     points = [point for _, data in series for point in data]
     if not points:
         return _noData(title)
-    plot = Plot(
-        min(x for x, _ in points), max(x for x, _ in points), max(y for _, y in points)
-    )
+    plot = Plot(min(x for x, _ in points), max(x for x, _ in points), max(y for _, y in points))
     parts = [plot.yAxis(yLabel), plot.timeAxis()]
     for index, (name, data) in enumerate(series):
         color = COLORS[index % len(COLORS)]
@@ -242,8 +242,10 @@ def table(columns, rows):
     """
     if not rows:
         return "<p>None.</p>"
-    head = "".join(f'<th class="text">{escape(h)}</th>' if i == 0 else f"<th>{escape(h)}</th>"
-                   for i, (_, h) in enumerate(columns))
+    head = "".join(
+        f'<th class="text">{escape(h)}</th>' if i == 0 else f"<th>{escape(h)}</th>"
+        for i, (_, h) in enumerate(columns)
+    )
     body = []
     for row in rows:
         cells = []
@@ -296,16 +298,26 @@ def histogramBars(rows):
 
 def figures(summary):
     shown = (
-        ("publishes", "publishes"), ("deliveries", "deliveries"),
-        ("acked", "acked"), ("replaced", "replaced"), ("dropped", "dropped"),
-        ("inflight", "in flight at the end"), ("sessions", "sessions"),
-        ("peak_connections", "peak connections"), ("errors", "errors"),
-        ("clients_dropped", "clients dropped"), ("unparsed_lines", "unparsed lines"),
+        ("publishes", "publishes"),
+        ("deliveries", "deliveries"),
+        ("acked", "acked"),
+        ("replaced", "replaced"),
+        ("dropped", "dropped"),
+        ("inflight", "in flight at the end"),
+        ("sessions", "sessions"),
+        ("peak_connections", "peak connections"),
+        ("errors", "errors"),
+        ("clients_dropped", "clients dropped"),
+        ("unparsed_lines", "unparsed lines"),
     )
-    return '<div class="figures">' + "".join(
-        f'<div class="figure"><b>{escape(number(summary[key]))}</b>{escape(label)}</div>'
-        for key, label in shown
-    ) + "</div>"
+    return (
+        '<div class="figures">'
+        + "".join(
+            f'<div class="figure"><b>{escape(number(summary[key]))}</b>{escape(label)}</div>'
+            for key, label in shown
+        )
+        + "</div>"
+    )
 
 
 def accountCheck(summary):
@@ -314,8 +326,8 @@ def accountCheck(summary):
     css = "ok" if total == summary["matched"] else "bad"
     return (
         f'<p class="{css}">matched {summary["matched"]:,} = acked {summary["acked"]:,} '
-        f'+ fired {summary["fired"]:,} + replaced {summary["replaced"]:,} '
-        f'+ dropped {summary["dropped"]:,} + in flight {summary["inflight"]:,}</p>'
+        f"+ fired {summary['fired']:,} + replaced {summary['replaced']:,} "
+        f"+ dropped {summary['dropped']:,} + in flight {summary['inflight']:,}</p>"
     )
 
 
@@ -332,8 +344,20 @@ def counterCheck(summary, runs):
     return "<p>No stats event: the broker's counters were not logged.</p>"
 
 
-def render(summary, traffic, histogram, connections, connectionStep, topics, publishers,
-           latency, loss, errors, health, runs):
+def render(
+    summary,
+    traffic,
+    histogram,
+    connections,
+    connectionStep,
+    topics,
+    publishers,
+    latency,
+    loss,
+    errors,
+    health,
+    runs,
+):
     """
     The whole report as a string.
     """
@@ -354,14 +378,24 @@ def render(summary, traffic, histogram, connections, connectionStep, topics, pub
         step=True,
     )
     latencySummary = summary["latency"]
-    drops = [{"reason": reason, "dropped": count}
-             for reason, count in summary["dropped_by_reason"].items() if count]
-    ends = [{"reason": reason, "sessions": count}
-            for reason, count in sorted(summary["session_end_reasons"].items())]
-    codes = [{"code": code, "errors": count}
-             for code, count in sorted(summary["errors_by_code"].items())]
-    transports = [dict(values, transport=name) for name, values in sorted(summary["transports"].items())]
-    unparsed = "".join(f"<li><code>{escape(line)}</code></li>" for line in summary["unparsed_examples"])
+    drops = [
+        {"reason": reason, "dropped": count}
+        for reason, count in summary["dropped_by_reason"].items()
+        if count
+    ]
+    ends = [
+        {"reason": reason, "sessions": count}
+        for reason, count in sorted(summary["session_end_reasons"].items())
+    ]
+    codes = [
+        {"code": code, "errors": count} for code, count in sorted(summary["errors_by_code"].items())
+    ]
+    transports = [
+        dict(values, transport=name) for name, values in sorted(summary["transports"].items())
+    ]
+    unparsed = "".join(
+        f"<li><code>{escape(line)}</code></li>" for line in summary["unparsed_examples"]
+    )
     lines = summary["lines"]
     sections = [
         "<h1>Dallal broker log report</h1>",
@@ -369,35 +403,82 @@ def render(summary, traffic, histogram, connections, connectionStep, topics, pub
         f"{escape(summary['first_event_at'] or '–')} to {escape(summary['last_event_at'] or '–')}, "
         f"{summary['runs']} broker start(s); windows of {escape(number(window))} s.</p>",
         figures(summary),
-        "<h2>Traffic</h2>", trafficChart,
+        "<h2>Traffic</h2>",
+        trafficChart,
         "<h3>Top topics</h3>",
-        table([("topic", "topic"), ("publishes", "publishes"), ("deliveries", "deliveries"),
-               ("redeliveries", "redeliveries"), ("bytes_in", "bytes in"),
-               ("bytes_out", "bytes out"), ("publishers", "publishers"),
-               ("subscribers", "subscribers")], topics),
+        table(
+            [
+                ("topic", "topic"),
+                ("publishes", "publishes"),
+                ("deliveries", "deliveries"),
+                ("redeliveries", "redeliveries"),
+                ("bytes_in", "bytes in"),
+                ("bytes_out", "bytes out"),
+                ("publishers", "publishers"),
+                ("subscribers", "subscribers"),
+            ],
+            topics,
+        ),
         "<h3>Top publishers</h3>",
-        table([("client", "client"), ("run", "run"), ("session", "session"),
-               ("transport", "transport"), ("publishes", "publishes"), ("bytes", "bytes"),
-               ("topics", "topics")], publishers),
+        table(
+            [
+                ("client", "client"),
+                ("run", "run"),
+                ("session", "session"),
+                ("transport", "transport"),
+                ("publishes", "publishes"),
+                ("bytes", "bytes"),
+                ("topics", "topics"),
+            ],
+            publishers,
+        ),
         "<h3>By transport</h3>",
-        table([("transport", "transport"), ("sessions", "sessions"), ("publishes", "publishes"),
-               ("deliveries", "deliveries"), ("bytes_in", "bytes in"),
-               ("bytes_out", "bytes out")], transports),
+        table(
+            [
+                ("transport", "transport"),
+                ("sessions", "sessions"),
+                ("publishes", "publishes"),
+                ("deliveries", "deliveries"),
+                ("bytes_in", "bytes in"),
+                ("bytes_out", "bytes out"),
+            ],
+            transports,
+        ),
         "<h2>Delivery</h2>",
         f"<p>{number(latencySummary['acks'])} acks: p50 {seconds(latencySummary['p50'])}, "
         f"p95 {seconds(latencySummary['p95'])}, p99 {seconds(latencySummary['p99'])}, "
         f"max {seconds(latencySummary['max'])}; {number(summary['redeliveries'])} redeliveries.</p>",
         latencyChart,
-        table([("topic", "topic"), ("transport", "transport"), ("acks", "acks"),
-               ("p50", "p50 (s)"), ("p95", "p95 (s)"), ("p99", "p99 (s)"),
-               ("max", "max (s)")], latency),
+        table(
+            [
+                ("topic", "topic"),
+                ("transport", "transport"),
+                ("acks", "acks"),
+                ("p50", "p50 (s)"),
+                ("p95", "p95 (s)"),
+                ("p99", "p99 (s)"),
+                ("max", "max (s)"),
+            ],
+            latency,
+        ),
         "<h3>Loss account</h3>",
         accountCheck(summary),
         table([("reason", "drop reason"), ("dropped", "dropped")], drops),
-        table([("topic", "topic"), ("matched", "matched"), ("acked", "acked"),
-               ("fired", "fired"), ("replaced", "replaced"), ("dropped", "dropped"),
-               ("inflight", "in flight"), ("redeliveries", "redeliveries")], loss),
-        "<h2>Sessions</h2>", connectionChart,
+        table(
+            [
+                ("topic", "topic"),
+                ("matched", "matched"),
+                ("acked", "acked"),
+                ("fired", "fired"),
+                ("replaced", "replaced"),
+                ("dropped", "dropped"),
+                ("inflight", "in flight"),
+                ("redeliveries", "redeliveries"),
+            ],
+            loss,
+        ),
+        "<h2>Sessions</h2>",
+        connectionChart,
         f"<p>Peak: {number(summary['peak_connections'])} connections at "
         f"{escape(summary['peak_connections_at'] or '–')}.</p>",
         table([("reason", "how sessions ended"), ("sessions", "sessions")], ends),
@@ -405,17 +486,43 @@ def render(summary, traffic, histogram, connections, connectionStep, topics, pub
         f"<p>{number(summary['pings_missed'])} pings missed, "
         f"{number(summary['clients_dropped'])} clients dropped for missed pings.</p>",
         table([("code", "error code"), ("errors", "errors")], codes),
-        table([("client", "client"), ("run", "run"), ("session", "session"),
-               ("code", "code"), ("errors", "errors"), ("fatal", "fatal")], errors),
-        table([("window_start", "window (UTC)"), ("pings_missed", "pings missed"),
-               ("clients_dropped", "clients dropped"), ("errors", "errors")], health),
+        table(
+            [
+                ("client", "client"),
+                ("run", "run"),
+                ("session", "session"),
+                ("code", "code"),
+                ("errors", "errors"),
+                ("fatal", "fatal"),
+            ],
+            errors,
+        ),
+        table(
+            [
+                ("window_start", "window (UTC)"),
+                ("pings_missed", "pings missed"),
+                ("clients_dropped", "clients dropped"),
+                ("errors", "errors"),
+            ],
+            health,
+        ),
         "<h2>Broker starts</h2>",
-        table([("run", "run"), ("started", "started (UTC)"), ("last_event", "last event (UTC)"),
-               ("sessions", "sessions"), ("publishes", "publishes")], runs),
+        table(
+            [
+                ("run", "run"),
+                ("started", "started (UTC)"),
+                ("last_event", "last event (UTC)"),
+                ("sessions", "sessions"),
+                ("publishes", "publishes"),
+            ],
+            runs,
+        ),
         counterCheck(summary, runs),
         "<h2>Input</h2>",
-        table([("kind", "lines"), ("count", "count")],
-              [{"kind": kind, "count": lines[kind]} for kind in lines if kind != "lines"]),
+        table(
+            [("kind", "lines"), ("count", "count")],
+            [{"kind": kind, "count": lines[kind]} for kind in lines if kind != "lines"],
+        ),
         f"<ul>{unparsed}</ul>" if unparsed else "",
     ]
     return (

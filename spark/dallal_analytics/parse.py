@@ -34,8 +34,17 @@ EVENT_SYSTEM = f"{NAMESPACE}#"
 JSON_RECORD_SEPARATOR = "\x1e"
 
 INT_FIELDS = (
-    "mid", "bytes", "session", "subscribers", "seq", "attempt", "by",
-    "missed", "subscriptions", "count", "hops",
+    "mid",
+    "bytes",
+    "session",
+    "subscribers",
+    "seq",
+    "attempt",
+    "by",
+    "missed",
+    "subscriptions",
+    "count",
+    "hops",
 )
 FLOAT_FIELDS = ("latency",)
 BOOL_FIELDS = ("fatal", "bridge")
@@ -52,7 +61,7 @@ ENVELOPE_KEYS = ("event", "t")
 # The largest values believed: integers (a trillion messages or bytes, so
 # that a sum over millions of them still fits in 64 bits), seconds since the
 # epoch (the year 9999), durations (a year).
-MOST_INT = 2 ** 40
+MOST_INT = 2**40
 MOST_TIME = 253402300799.0
 MOST_SECONDS = 365 * 86400.0
 
@@ -61,7 +70,14 @@ MOST_SECONDS = 365 * 86400.0
 # these.
 MESSAGE_EVENT_FIELDS = {
     "publish": (
-        "mid", "topic", "bytes", "session", "client", "transport", "subscribers", "origin",
+        "mid",
+        "topic",
+        "bytes",
+        "session",
+        "client",
+        "transport",
+        "subscribers",
+        "origin",
         "hops",
     ),
     "retained": ("mid", "topic", "bytes", "session", "client"),
@@ -88,9 +104,11 @@ def readLines(spark, paths):
 TIME_PART, SYSTEM_PART, EVENT_PART = 0, 1, 2
 TWISTD_TIME = r"^(?:\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:[+-]\d{4})?|-)$"
 # The per-message events' fields, each once, in the order of the catalogue.
-MESSAGE_FIELDS = tuple(dict.fromkeys(
-    name for names in MESSAGE_EVENT_FIELDS.values() for name in names if name in FIELD_TYPES
-))
+MESSAGE_FIELDS = tuple(
+    dict.fromkeys(
+        name for names in MESSAGE_EVENT_FIELDS.values() for name in names if name in FIELD_TYPES
+    )
+)
 # The column of splitLines that holds every other line's text.
 OTHER_LINE = "line"
 
@@ -121,7 +139,8 @@ def _isEventText(parts):
     """
     system = F.get(parts, SYSTEM_PART)
     return (
-        system.startswith(f"[{EVENT_SYSTEM}") & system.endswith("]")
+        system.startswith(f"[{EVENT_SYSTEM}")
+        & system.endswith("]")
         & F.get(parts, EVENT_PART).startswith("event=")
     )
 
@@ -248,8 +267,11 @@ def _holders(field):
     """
     The L{EVENT_NUMBER}s of the per-message events that hold C{field}.
     """
-    return [position for position, names in enumerate(MESSAGE_EVENT_FIELDS.values(), 1)
-            if field in names]
+    return [
+        position
+        for position, names in enumerate(MESSAGE_EVENT_FIELDS.values(), 1)
+        if field in names
+    ]
 
 
 def splitLines(lines):
@@ -300,22 +322,35 @@ def splitLines(lines):
         F.when(laidOut, time).alias("stamp"),
         # A packed column holds whichever of its fields the line's event
         # holds: the others are null.
-        *(F.when(laidOut, F.coalesce(*(_positionalValue(parts, number, field)
-                                       for field in fields))).alias(column)
-          for column, fields in SPLIT_COLUMNS.items()),
+        *(
+            F.when(
+                laidOut, F.coalesce(*(_positionalValue(parts, number, field) for field in fields))
+            ).alias(column)
+            for column, fields in SPLIT_COLUMNS.items()
+        ),
     )
     # Cast once, then checked (see parseOtherLines).  The fields packed in
     # one column have one type and one range.
     typed = texts.select(
-        OTHER_LINE, EVENT_NUMBER, "level", "stamp",
+        OTHER_LINE,
+        EVENT_NUMBER,
+        "level",
+        "stamp",
         F.col("t").try_cast("DOUBLE").alias("t"),
-        *(F.col(column).try_cast(FIELD_TYPES[fields[0]]).alias(column)
-          for column, fields in SPLIT_COLUMNS.items()),
+        *(
+            F.col(column).try_cast(FIELD_TYPES[fields[0]]).alias(column)
+            for column, fields in SPLIT_COLUMNS.items()
+        ),
     )
     return typed.select(
-        OTHER_LINE, EVENT_NUMBER, "level", _eventTime().alias("t"),
-        *(_believedField(fields[0], column).alias(column)
-          for column, fields in SPLIT_COLUMNS.items()),
+        OTHER_LINE,
+        EVENT_NUMBER,
+        "level",
+        _eventTime().alias("t"),
+        *(
+            _believedField(fields[0], column).alias(column)
+            for column, fields in SPLIT_COLUMNS.items()
+        ),
     )
 
 
@@ -325,10 +360,22 @@ def _allColumns(columns):
     """
     types = {"t": "DOUBLE", EVENT_NUMBER: "INT", **FIELD_TYPES, "stats": "map<string,bigint>"}
     return [
-        (columns[name] if name in columns
-         else F.lit(None).cast(types.get(name, "STRING"))).alias(name)
-        for name in ("kind", "level", "event", EVENT_NUMBER, "t", *INT_FIELDS, *FLOAT_FIELDS,
-                     *BOOL_FIELDS, *TEXT_FIELDS, "stats", "raw")
+        (columns[name] if name in columns else F.lit(None).cast(types.get(name, "STRING"))).alias(
+            name
+        )
+        for name in (
+            "kind",
+            "level",
+            "event",
+            EVENT_NUMBER,
+            "t",
+            *INT_FIELDS,
+            *FLOAT_FIELDS,
+            *BOOL_FIELDS,
+            *TEXT_FIELDS,
+            "stats",
+            "raw",
+        )
     ]
 
 
@@ -348,15 +395,17 @@ def messageEvents(split):
         # Each field of a packed column, on the rows of the events that
         # hold it.
         for field in fields:
-            columns[field] = F.when(
-                F.col(EVENT_NUMBER).isin(*_holders(field)), F.col(column)
-            )
-    return split.where(F.col(OTHER_LINE).isNull()).select(*_allColumns({
-        "kind": F.lit(EVENT),
-        "event": codeName(F.col(EVENT_NUMBER), MESSAGE_EVENTS),
-        EVENT_NUMBER: F.col(EVENT_NUMBER),
-        **columns,
-    }))
+            columns[field] = F.when(F.col(EVENT_NUMBER).isin(*_holders(field)), F.col(column))
+    return split.where(F.col(OTHER_LINE).isNull()).select(
+        *_allColumns(
+            {
+                "kind": F.lit(EVENT),
+                "event": codeName(F.col(EVENT_NUMBER), MESSAGE_EVENTS),
+                EVENT_NUMBER: F.col(EVENT_NUMBER),
+                **columns,
+            }
+        )
+    )
 
 
 def parseOtherLines(split):
@@ -374,9 +423,9 @@ def parseOtherLines(split):
         "value",
         parts.alias("parts"),
         (_isEventText(parts) & F.get(parts, TIME_PART).rlike(TWISTD_TIME)).alias("text_event"),
-        F.when(
-            isJson, F.from_json(F.substring(value, 2, 1 << 30), "map<string,string>")
-        ).alias("record"),
+        F.when(isJson, F.from_json(F.substring(value, 2, 1 << 30), "map<string,string>")).alias(
+            "record"
+        ),
     )
 
     parts = F.col("parts")
@@ -396,7 +445,8 @@ def parseOtherLines(split):
         .when(isJsonEvent, F.get_json_object(record["log_level"], "$.name"))
         .alias("level"),
         F.when(isTextEvent, F.substring_index(F.get(parts, EVENT_PART), "=", -1))
-        .when(isJsonEvent, record["dallal_event"]).alias("event"),
+        .when(isJsonEvent, record["dallal_event"])
+        .alias("event"),
         F.when(isTextEvent, F.get(parts, TIME_PART)).alias("stamp"),
         F.when(isJsonEvent, record)
         .when(
@@ -404,7 +454,8 @@ def parseOtherLines(split):
             # The text from event= on.
             F.str_to_map(
                 F.array_join(F.slice(parts, EVENT_PART + 1, 1 << 30), " "),
-                F.lit(" "), F.lit("="),
+                F.lit(" "),
+                F.lit("="),
             ),
         )
         .alias("fields"),
@@ -429,25 +480,40 @@ def parseOtherLines(split):
     # inline a cast into each use), where F.when(x.between(...), x) written
     # in one go would find and cast x up to three times.
     texts = classified.select(
-        "kind", "level", "event", "stamp", "raw",
+        "kind",
+        "level",
+        "event",
+        "stamp",
+        "raw",
         F.when(event == "stats", counters).alias("stats"),
         *(fields[name].alias(name) for name in ("t", *FIELD_TYPES)),
     )
     typed = texts.select(
-        "kind", "level", "event", "stamp", "raw", "stats",
-        *(F.col(name).try_cast(sqlType).alias(name)
-          for name, sqlType in (("t", "DOUBLE"), *FIELD_TYPES.items())),
+        "kind",
+        "level",
+        "event",
+        "stamp",
+        "raw",
+        "stats",
+        *(
+            F.col(name).try_cast(sqlType).alias(name)
+            for name, sqlType in (("t", "DOUBLE"), *FIELD_TYPES.items())
+        ),
     )
-    return typed.select(*_allColumns({
-        "kind": F.col("kind"),
-        "level": F.col("level"),
-        "event": F.col("event"),
-        EVENT_NUMBER: nameCode(F.col("event"), MESSAGE_EVENTS),
-        "t": _eventTime(),
-        **{name: _believedField(name) for name in FIELD_TYPES},
-        "stats": F.col("stats"),
-        "raw": F.col("raw"),
-    }))
+    return typed.select(
+        *_allColumns(
+            {
+                "kind": F.col("kind"),
+                "level": F.col("level"),
+                "event": F.col("event"),
+                EVENT_NUMBER: nameCode(F.col("event"), MESSAGE_EVENTS),
+                "t": _eventTime(),
+                **{name: _believedField(name) for name in FIELD_TYPES},
+                "stats": F.col("stats"),
+                "raw": F.col("raw"),
+            }
+        )
+    )
 
 
 def combine(split, others):

@@ -30,7 +30,7 @@ def _localFiles(paths):
         if "://" in path:
             if not path.startswith("file://"):
                 continue
-            path = path[len("file://"):]
+            path = path[len("file://") :]
         for match in sorted(glob.glob(path)) or [path]:
             if os.path.isdir(match):
                 for name in sorted(os.listdir(match)):

@@ -23,15 +23,27 @@ table: text in a sum's buffer would make it sort every event.  Text
 
 import math
 
-from pyspark.sql import Window, functions as F
+from pyspark.sql import Window
+from pyspark.sql import functions as F
 
 from dallal_analytics.parse import (
-    EVENT, EVENT_NUMBER, MESSAGE_EVENTS, codeName, eventNumberOf, nameCode,
+    EVENT,
+    EVENT_NUMBER,
+    MESSAGE_EVENTS,
+    codeName,
+    eventNumberOf,
+    nameCode,
 )
 
 DROP_REASONS = (
-    "queue_full", "slow_consumer", "disconnected", "redelivery_limit", "superseded",
-    "too_large", "bridge_refused", "expired",
+    "queue_full",
+    "slow_consumer",
+    "disconnected",
+    "redelivery_limit",
+    "superseded",
+    "too_large",
+    "bridge_refused",
+    "expired",
 )
 MODES = ("fire", "latest", "all")
 LATENCY_QUANTILES = (0.5, 0.95, 0.99)
@@ -54,9 +66,28 @@ BRIDGE_TRANSPORT = "bridge"
 # The columns of the parsed lines the questions read: what the report
 # caches.
 EVENT_COLUMNS = (
-    "event", EVENT_NUMBER, "t", "mid", "bytes", "session", "subscribers", "attempt", "by",
-    "latency", "fatal", "count", "topic", "client", "transport", "mode", "reason", "code",
-    "address", "stats", "hops", "bridge",
+    "event",
+    EVENT_NUMBER,
+    "t",
+    "mid",
+    "bytes",
+    "session",
+    "subscribers",
+    "attempt",
+    "by",
+    "latency",
+    "fatal",
+    "count",
+    "topic",
+    "client",
+    "transport",
+    "mode",
+    "reason",
+    "code",
+    "address",
+    "stats",
+    "hops",
+    "bridge",
 )
 
 col = F.col
@@ -159,6 +190,7 @@ def _timesAtOrBefore(times, t):
     (a lambda over an array of them would be interpreted for every row).
     A null C{t} counts as before them all.
     """
+
     def search(low, high):
         # times[:low] are at or before t, times[high:] after it.
         if low == high:
@@ -188,8 +220,7 @@ def brokerStarts(lines, listening):
     }
     # Gap i holds the events after the i-th listening event.
     return [
-        t for position, t in enumerate(listening, 1)
-        if position == 1 or (position - 1) in occupied
+        t for position, t in enumerate(listening, 1) if position == 1 or (position - 1) in occupied
     ]
 
 
@@ -216,9 +247,9 @@ def lineSurvey(lines, kinds):
         F.count(F.lit(1)).alias("lines"),
         *(F.count_if(col("kind") == kind).alias(kind) for kind in kinds),
         F.count_if(isEventLine & isStory()).alias("messages"),
-        F.sort_array(
-            F.collect_list(F.when(isEventLine & isEvent("listening"), col("t")))
-        ).alias("listening"),
+        F.sort_array(F.collect_list(F.when(isEventLine & isEvent("listening"), col("t")))).alias(
+            "listening"
+        ),
     )
 
 
@@ -290,9 +321,9 @@ def eventSummary(events, sizes, windowSeconds):
     """
     traffic = isEvent("publish", "deliver")
     trouble = _isTrouble()
-    sends = events.select(
-        "*", F.when(isEvent("deliver"), _messageKey()).alias("message_key")
-    ).join(sizes, "message_key", "left")
+    sends = events.select("*", F.when(isEvent("deliver"), _messageKey()).alias("message_key")).join(
+        sizes, "message_key", "left"
+    )
     return sends.groupBy(
         "run",
         "session",
@@ -333,6 +364,7 @@ def eventSummary(events, sizes, windowSeconds):
 
 
 # Sessions and runs
+
 
 def _sum(value):
     return F.coalesce(F.sum(value), F.lit(0))
@@ -393,10 +425,14 @@ def sessionNames(summary):
     them (but its sends: see L{eventSummary}), and the C{end_reason} of its
     C{disconnect}, from the L{eventSummary}.
     """
-    return summary.where(col("session") > 0).groupBy("run", "session").agg(
-        F.any_value("client", ignoreNulls=True).alias("client"),
-        F.any_value("transport", ignoreNulls=True).alias("transport"),
-        F.max(F.when(isEvent("disconnect"), col("detail"))).alias("end_reason"),
+    return (
+        summary.where(col("session") > 0)
+        .groupBy("run", "session")
+        .agg(
+            F.any_value("client", ignoreNulls=True).alias("client"),
+            F.any_value("transport", ignoreNulls=True).alias("transport"),
+            F.max(F.when(isEvent("disconnect"), col("detail"))).alias("end_reason"),
+        )
     )
 
 
@@ -418,9 +454,7 @@ def sessions(activity, names, lastRun):
         F.coalesce(col("transport"), F.lit(UNKNOWN_TRANSPORT)).alias("transport"),
         # It carries messages to another broker (EVENTS.md, "Local and
         # bridged traffic").
-        ((col("transport") == BRIDGE_TRANSPORT) | (col("bridge_subscribes") > 0)).alias(
-            "bridge"
-        ),
+        ((col("transport") == BRIDGE_TRANSPORT) | (col("bridge_subscribes") > 0)).alias("bridge"),
         timestamp(col("first_t")).alias("first_seen"),
         timestamp(col("last_t")).alias("last_seen"),
         (col("last_t") - col("first_t")).alias("duration"),
@@ -434,9 +468,7 @@ def sessions(activity, names, lastRun):
         "dropped",
         "errors",
         "first_t",
-        F.coalesce(
-            col("disconnect_t"), F.when(col("run") < lastRun, runEnd)
-        ).alias("closed_t"),
+        F.coalesce(col("disconnect_t"), F.when(col("run") < lastRun, runEnd)).alias("closed_t"),
     )
 
 
@@ -472,21 +504,32 @@ def connectionsByWindow(connectionTable, windowSeconds):
     Per window with a change: the peak (counting the level it started
     with) and the level at its end.
     """
-    return (
-        connectionTable.groupBy(windowStart(col("t"), windowSeconds).alias("window_start"))
-        .agg(
-            F.max(F.greatest("connections", col("connections") - col("change"))).alias("peak"),
-            F.max_by("connections", F.struct("t", "change")).alias("at_end"),
-            F.count_if(col("change") > 0).alias("connects"),
-            F.count_if(col("change") < 0).alias("disconnects"),
-        )
+    return connectionTable.groupBy(windowStart(col("t"), windowSeconds).alias("window_start")).agg(
+        F.max(F.greatest("connections", col("connections") - col("change"))).alias("peak"),
+        F.max_by("connections", F.struct("t", "change")).alias("at_end"),
+        F.count_if(col("change") > 0).alias("connects"),
+        F.count_if(col("change") < 0).alias("disconnects"),
     )
 
 
 RUN_TOTALS = (
-    "events", "sessions", "publishes", "sys_published", "bridged_published", "retained",
-    "matched", "deliveries", "fired", "redeliveries", "acked", "replaced", "dropped",
-    *(f"dropped_{reason}" for reason in DROP_REASONS), "bytes_in", "errors", "pings_missed",
+    "events",
+    "sessions",
+    "publishes",
+    "sys_published",
+    "bridged_published",
+    "retained",
+    "matched",
+    "deliveries",
+    "fired",
+    "redeliveries",
+    "acked",
+    "replaced",
+    "dropped",
+    *(f"dropped_{reason}" for reason in DROP_REASONS),
+    "bytes_in",
+    "errors",
+    "pings_missed",
     "clients_dropped",
 )
 
@@ -505,22 +548,30 @@ def runs(summary, activity, sessionTable, messageTable, connectionTable):
         *(F.sum(name).alias(name) for name in RUN_TOTALS),
     )
     isStats = isEvent("stats")
-    marks = summary.where(isEvent("listening") | isStats).groupBy("run").agg(
-        F.sort_array(F.collect_set(F.when(isEvent("listening"), col("detail")))).alias(
-            "addresses"
-        ),
-        F.from_json(
-            F.max_by(F.when(isStats, col("detail")), F.when(isStats, col("last_t"))),
-            "map<string,bigint>",
-        ).alias("counters"),
+    marks = (
+        summary.where(isEvent("listening") | isStats)
+        .groupBy("run")
+        .agg(
+            F.sort_array(F.collect_set(F.when(isEvent("listening"), col("detail")))).alias(
+                "addresses"
+            ),
+            F.from_json(
+                F.max_by(F.when(isStats, col("detail")), F.when(isStats, col("last_t"))),
+                "map<string,bigint>",
+            ).alias("counters"),
+        )
     )
     perRunMessages = messageTable.groupBy("run").agg(
         _sum("bytes_out").alias("bytes_out"),
         F.count_if(~col("publish_logged")).alias("messages_without_publish"),
     )
-    perRunBridges = sessionTable.where(col("bridge")).groupBy("run").agg(
-        _sum("deliveries").alias("bridged_delivered"),
-        _sum("dropped").alias("bridged_dropped"),
+    perRunBridges = (
+        sessionTable.where(col("bridge"))
+        .groupBy("run")
+        .agg(
+            _sum("deliveries").alias("bridged_delivered"),
+            _sum("dropped").alias("bridged_dropped"),
+        )
     )
     perRunConnections = connectionTable.groupBy("run").agg(
         F.max("connections").alias("peak_connections"),
@@ -532,10 +583,16 @@ def runs(summary, activity, sessionTable, messageTable, connectionTable):
         .join(perRunMessages, "run", "left")
         .join(perRunBridges, "run", "left")
         .join(perRunConnections, "run", "left")
-        .fillna(0, subset=[
-            "bytes_out", "messages_without_publish", "bridged_delivered", "bridged_dropped",
-            "peak_connections",
-        ])
+        .fillna(
+            0,
+            subset=[
+                "bytes_out",
+                "messages_without_publish",
+                "bridged_delivered",
+                "bridged_dropped",
+                "peak_connections",
+            ],
+        )
     )
 
 
@@ -628,6 +685,7 @@ def publishers(actors):
 
 # Delivery
 
+
 def acks(events, sessionTransports):
     """
     The C{ack} events with a latency, with the subscriber's transport.
@@ -682,7 +740,8 @@ def latency(sketch):
     """
     group = ("topic", "transport")
     cumulative = F.sum("acks").over(
-        Window.partitionBy(*group).orderBy("fine")
+        Window.partitionBy(*group)
+        .orderBy("fine")
         .rowsBetween(Window.unboundedPreceding, Window.currentRow)
     )
     total = F.sum("acks").over(Window.partitionBy(*group))
@@ -765,9 +824,7 @@ def deliveries(events):
     """
     outcomes = ("ack", "replace", "drop")
     pairs = (
-        events.where(
-            isEvent("deliver", *outcomes) & col("session").isNotNull()
-        )
+        events.where(isEvent("deliver", *outcomes) & col("session").isNotNull())
         # One shuffle of the events by message: a message's events are
         # rarely in the same task, so summing them there first would only
         # cost a hash table (measured: 15% slower).
@@ -904,8 +961,14 @@ def lossAccount(messageTable):
     C{matched = acked + fired + replaced + dropped + inflight}.
     """
     summed = (
-        "subscribers", "delivered", "redeliveries", *OUTCOME_COUNTS,
-        *(f"dropped_{reason}" for reason in DROP_REASONS), "inflight", "bytes", "bytes_out",
+        "subscribers",
+        "delivered",
+        "redeliveries",
+        *OUTCOME_COUNTS,
+        *(f"dropped_{reason}" for reason in DROP_REASONS),
+        "inflight",
+        "bytes",
+        "bytes_out",
     )
     names = {"subscribers": "matched", "bytes": "bytes_in"}
     return (
@@ -919,6 +982,7 @@ def lossAccount(messageTable):
 
 
 # Health
+
 
 def _isTrouble():
     return isErrorReport() | isEvent("ping_missed", "client_dropped")
@@ -944,8 +1008,12 @@ def health(summary):
     """
     Per window with trouble: pings missed, clients dropped for them, errors.
     """
-    return summary.where(_isTrouble()).groupBy("window_start").agg(
-        _sumWhere(isEvent("ping_missed")).alias("pings_missed"),
-        _sumWhere(isEvent("client_dropped")).alias("clients_dropped"),
-        _sum(errorsReported(col("events"))).alias("errors"),
+    return (
+        summary.where(_isTrouble())
+        .groupBy("window_start")
+        .agg(
+            _sumWhere(isEvent("ping_missed")).alias("pings_missed"),
+            _sumWhere(isEvent("client_dropped")).alias("clients_dropped"),
+            _sum(errorsReported(col("events"))).alias("errors"),
+        )
     )

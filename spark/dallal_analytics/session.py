@@ -38,9 +38,7 @@ JVM_NOISE = re.compile(
 # title case is several characters, which it builds by asking ICU about
 # each of the 1,114,112 Unicode code points as the class is initialized (by
 # a task, the first time one runs code that needs it).
-CLASSES_TO_INITIALIZE_AHEAD = (
-    "org.apache.spark.sql.catalyst.util.CollationAwareUTF8String",
-)
+CLASSES_TO_INITIALIZE_AHEAD = ("org.apache.spark.sql.catalyst.util.CollationAwareUTF8String",)
 
 # Chosen when the report moved every event of every message once (now only
 # with --deliveries): with 4, that stage took 40 s instead of 28 at ten
@@ -222,8 +220,14 @@ def driverProcess():
     return getattr(SparkContext._gateway, "proc", None)
 
 
-def buildSession(master=None, appName="dallal-report", shufflePartitions=None,
-                 driverMemory=None, tmpDir=None, driverJavaOptions=()):
+def buildSession(
+    master=None,
+    appName="dallal-report",
+    shufflePartitions=None,
+    driverMemory=None,
+    tmpDir=None,
+    driverJavaOptions=(),
+):
     """
     Start (or join) the SparkSession the report runs on.
 
