@@ -44,6 +44,9 @@ DEFAULT_MAX_LINE = 4096
 MIN_CONTROL_LINE = 512
 MAX_CONTROL_LINE = 65536
 DEFAULT_MAX_UDP_CLIENTS = 10_000
+# As for TCP connections: one address may hold a tenth of the sessions,
+# so that it cannot take them all and lock every other address out.
+DEFAULT_MAX_UDP_CLIENTS_PER_IP = 1_000
 DEFAULT_MAX_HELLOS_PER_SECOND = 100
 # Bytes written to a TCP connection whose transport is already full: the
 # answers to the requests of one read (a LIST or TOPICS is at most a few
@@ -79,6 +82,13 @@ DEFAULT_MAX_FRAME_SECONDS = 60
 # are counted, and reported by code once a second.
 ERRORS_LOGGED_PER_CLIENT = 10
 ERRORS_LOGGED = 100
+# subscribe and unsubscribe events logged a second, per client and in all:
+# a SUB and UNSUB pair is some 40 bytes of request for two log lines, so a
+# client repeating them could otherwise grow the log many times faster
+# than it sends.  A client subscribing with its filters at start is under
+# these; the others are counted, and reported by kind once a second.
+SUBSCRIPTION_EVENTS_LOGGED_PER_CLIENT = 100
+SUBSCRIPTION_EVENTS_LOGGED = 1000
 
 # Seconds between two limit_reached events of one limit.
 LOG_INTERVAL = 1.0
@@ -118,6 +128,7 @@ TOPIC_LEVELS = Limit("topic_levels", BAD_TOPIC)
 PAYLOAD = Limit("payload", PAYLOAD_TOO_LARGE)
 LINE = Limit("line", LINE_TOO_LONG)
 UDP_CLIENTS = Limit("udp_clients", TOO_MANY_CLIENTS)
+UDP_CLIENTS_PER_IP = Limit("udp_clients_per_ip", TOO_MANY_CLIENTS)
 # Over the rate, a HELLO is dropped unanswered: an answer is what a forger
 # of source addresses would want.
 HELLO_RATE = Limit("hello_rate", None)
@@ -152,6 +163,7 @@ LIMITS = (
     PAYLOAD,
     LINE,
     UDP_CLIENTS,
+    UDP_CLIENTS_PER_IP,
     HELLO_RATE,
     QUEUED_MESSAGES,
     QUEUED_BYTES,
@@ -198,50 +210,58 @@ class LogWindow:
         return True
 
 
-class ErrorLog:
+class RateLimitedLog:
     """
-    Which refused requests (C{protocol_error} events) are logged: at most
-    C{perSecond} a second in all, and at most what each client's own
-    L{LogWindow} allows.  Errors can come at any rate, from garbage on many
-    connections or forged datagrams; the log must not.  The others are
-    counted by code and reported in one C{protocol_errors_suppressed} event
-    a second after the first of them.
+    Which events of one family (refused requests, subscription changes) are
+    logged: at most C{perSecond} a second in all, and at most what each
+    client's own L{LogWindow} allows.  They can come at any rate, from
+    garbage on many connections or forged datagrams; the log must not.  The
+    others are counted by kind and reported, one C{report} event per kind
+    with its C{count}, a second after the first of them.
     """
 
-    def __init__(self, clock, events, perSecond=ERRORS_LOGGED):
+    def __init__(self, clock, events, perSecond, report, kindField, level=LogLevel.warn):
+        """
+        @param report: the name of the event that reports those not logged.
+        @param kindField: the name of its field that says of which kind they
+            were.
+        """
         self.clock = clock
         self.events = events
+        self.report = report
+        self.kindField = kindField
+        self.level = level
         self._window = LogWindow(perSecond)
         self._suppressed = Counter()
         self._report = None
 
     def allow(self, clientWindow=None):
         """
-        Whether one more error may be logged now.
+        Whether one more event may be logged now.
 
         @param clientWindow: the client's L{LogWindow}, if it has one.
         """
         now = self.clock.seconds()
         return (clientWindow is None or clientWindow.allow(now)) and self._window.allow(now)
 
-    def suppressed(self, code):
+    def suppressed(self, kind):
         """
-        An error of C{code} was counted but not logged.
+        An event of C{kind} was counted but not logged.
         """
-        self._suppressed[code] += 1
+        self._suppressed[kind] += 1
         if self._report is None:
             self._report = self.clock.callLater(LOG_INTERVAL, self.reportSuppressed)
 
     def reportSuppressed(self):
         """
-        Log how many errors were counted but not logged since the last
-        report, by code.
+        Log how many events were counted but not logged since the last
+        report, by kind.
         """
         if self._report is not None and self._report.active():
             self._report.cancel()
         self._report = None
-        for code, count in sorted(self._suppressed.items()):
-            self.events.emit("protocol_errors_suppressed", LogLevel.warn, code=code, count=count)
+        for kind, count in sorted(self._suppressed.items()):
+            self.events.emit(self.report, self.level, **{self.kindField: kind}, count=count)
         self._suppressed.clear()
 
 

@@ -26,7 +26,8 @@ pattern write $SYS/broker/connection/%c/state
 
 def test_mosquittosExampleFile():
     """
-    The example of Mosquitto's documentation reads as it does there.
+    The example of Mosquitto's documentation reads as it does there, but
+    for a logged-in user's %c, which is only a client id of its own.
     """
     acl = parseAcl(MOSQUITTO_EXAMPLE)
     anonymous = acl.permissionsFor(None, "bridge1")
@@ -35,11 +36,12 @@ def test_mosquittosExampleFile():
     assert not anonymous.mayRead("foo/bar")
     assert anonymous.mayWrite("$SYS/broker/connection/bridge1/state")
     assert not anonymous.mayWrite("$SYS/broker/connection/bridge2/state")
-    roger = acl.permissionsFor("roger", "r1")
+    roger = acl.permissionsFor("roger", "roger-1")
     assert roger.mayRead("foo/bar") and roger.mayWrite("foo/bar")
     # The anonymous lines are not roger's.
     assert not roger.mayRead("$SYS/broker/load")
-    assert roger.mayWrite("$SYS/broker/connection/r1/state")
+    assert roger.mayWrite("$SYS/broker/connection/roger-1/state")
+    assert not acl.permissionsFor("roger", "r1").mayWrite("$SYS/broker/connection/r1/state")
     # A user with no block of its own has the patterns only.
     assert not acl.permissionsFor("stranger", "s").mayRead("foo/bar")
 
@@ -72,8 +74,17 @@ pattern read devices/%c/+/status
         ("alice", "c", "users/alice/notes", True, True),
         ("alice", "c", "users/bob/notes", False, False),
         ("alice", "c", "users/alice/locked", False, False),
-        ("alice", "c", "devices/c/7/status", True, False),
-        ("alice", "c", "devices/d/7/status", False, False),
+        ("alice", "alice-tv", "devices/alice-tv/7/status", True, False),
+        ("alice", "alice", "devices/alice/7/status", True, False),
+        ("alice", "alice-tv", "devices/d/7/status", False, False),
+        # A logged-in user gets %c only for a client id of its own: another
+        # user's device id, chosen by the client, grants nothing.
+        ("alice", "c", "devices/c/7/status", False, False),
+        ("alice", "bob-tv", "devices/bob-tv/7/status", False, False),
+        ("alice", "alicetv", "devices/alicetv/7/status", False, False),
+        ("alice", "c", "users/alice/notes", True, True),
+        # Without a login, the client id is all there is.
+        (None, "c", "devices/c/7/status", True, False),
         ("bob", "c", "anything/at/all", True, False),
         # A user's own grant comes before the patterns' deny (Mosquitto's
         # order): bob reads #, so his locked topic too.
@@ -118,7 +129,7 @@ def test_withoutClientIdPatternsAUserCanHaveAnyClientId():
         ("alice", "home/+", True),
         ("alice", "logs/alice", False),  # write only
         ("alice", "users/+/notes", True),  # users/alice/notes
-        ("alice", "devices/c/#", True),
+        ("alice", "devices/c/#", False),  # c is no client id of alice's
         ("bob", "$SYS/#", False),
     ],
 )

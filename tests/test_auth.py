@@ -521,7 +521,7 @@ def test_publishRefusedByTheAcl(secured):
         ("news/secret", False),  # denied
         ("users/bob/inbox", True),  # pattern %u
         ("users/alice/inbox", False),
-        ("devices/c1/#", True),  # pattern %c, bob's client id here is c1
+        ("devices/c1/#", False),  # pattern %c, but c1 is no client id of bob's
     ],
 )
 def test_subscribeRefusedWhenTheFilterCanReadNothing(secured, topicFilter, allowed):
@@ -534,6 +534,21 @@ def test_subscribeRefusedWhenTheFilterCanReadNothing(secured, topicFilter, allow
             b"ERR 1 FORBIDDEN user bob may not subscribe to %s\r\n" % topicFilter.encode()
         )
         assert secured.fields("denied")[0]["action"] == "subscribe"
+
+
+def test_clientIdPatternsOnlyForTheUsersOwnClientIds(secured):
+    """
+    A logged-in user gets the %c patterns for its own client ids (its name,
+    or its name and '-'), not for another user's that it chose to give.
+    """
+    bob = loggedIn(secured, "bob", "bob-phone")
+    bob.send(b"SUB 1 devices/bob-phone/#\r\n")
+    assert bob.received() == b"SUBACK 1\r\n"
+    borrowed = loggedIn(secured, "bob", "alice-phone")
+    borrowed.send(b"SUB 2 devices/alice-phone/#\r\n")
+    assert borrowed.received() == (
+        b"ERR 2 FORBIDDEN user bob may not subscribe to devices/alice-phone/#\r\n"
+    )
 
 
 def test_wildcardSubscriberOnlyReceivesWhatItMayRead(secured):

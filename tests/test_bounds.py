@@ -20,7 +20,7 @@ from twisted.internet.testing import StringTransport
 from dallal.broker.core import BrokerConfig
 from dallal.security.auth import FAILURE_DELAY, MAX_CONCURRENT_CHECKS, CheckQueue
 from dallal.server.tcp import OUTPUT_SOFT_MARK, TURN_SECONDS
-from dallal.server.udp import ANSWER_BOOKKEEPING, LOGIN_RESEND_TIMEOUT
+from dallal.server.udp import ANSWER_BOOKKEEPING, LOGIN_RESEND_TIMEOUT, AnswerCache
 
 
 def assertRefusedBy(harness, limit, maximum):
@@ -232,6 +232,32 @@ def test_errorsLoggedPerClientAndInAll():
     # A new second, a new allowance.
     clients[0].send(b"NOPE\r\n")
     assert len(harness.fields("protocol_error")) == 101
+
+
+def test_subscriptionEventsLoggedPerClientAndInAll():
+    """
+    At most 100 subscribe and unsubscribe events a second per client and
+    1000 in all; the subscriptions are made all the same, and the events not
+    logged are reported by kind a second later.
+    """
+    harness = BrokerHarness(BrokerConfig(messageEvents=True))
+    storm = harness.connect()
+    storm.send(b"SUB 1 a\r\nUNSUB 2 a\r\n" * 60 + b"SUB 3 kept\r\n")
+    assert storm.received().split(b"\r\n").count(b"SUBACK 1") == 60
+    assert len(harness.fields("subscribe")) + len(harness.fields("unsubscribe")) == 100
+    assert harness.broker.stats()["subscriptions"] == 1
+    others = [harness.connect() for _ in range(10)]
+    for client in others:
+        client.send(b"".join(b"SUB %d t/%d\r\n" % (n, n) for n in range(100)))
+    assert len(harness.fields("subscribe")) + len(harness.fields("unsubscribe")) == 1000
+    harness.clock.advance(1)
+    assert harness.fields("subscriptions_suppressed") == [
+        {"kind": "subscribe", "count": 11 + 100},
+        {"kind": "unsubscribe", "count": 10},
+    ]
+    # A new second, a new allowance.
+    storm.send(b"UNSUB 4 kept\r\n")
+    assert len(harness.fields("unsubscribe")) == 51
 
 
 # Password checks
@@ -574,7 +600,7 @@ def test_answersRememberedUpToTheBytesOfTheSession():
     (its decimal id is at or below the highest forgotten) but answered
     ANSWER_FORGOTTEN.
     """
-    answer = len(b"PUBACK 1\r\n") + ANSWER_BOOKKEEPING
+    answer = len(b"1") + len(b"PUBACK 1\r\n") + ANSWER_BOOKKEEPING
     harness, (peer, _) = udpHarness(maxUdpAnswerBytes=3 * answer)
     publishes(peer, [1, 2, 3])
     assert harness.broker.stats()["refused_udp_answer_bytes"] == 0
@@ -597,7 +623,7 @@ def test_aRetryOfAForgottenAnswerWithAnIdThatIsNotANumberIsCarriedOutAgain():
     Only decimal ids are known to increase: a retry of a request with
     another id, whose answer was forgotten, is carried out again.
     """
-    answer = len(b"PUBACK a\r\n") + ANSWER_BOOKKEEPING
+    answer = len(b"a") + len(b"PUBACK a\r\n") + ANSWER_BOOKKEEPING
     harness, (peer, _) = udpHarness(maxUdpAnswerBytes=answer)
     for requestId in [b"a", b"b", b"a"]:
         peer.request(b"PUB %s news 1" % requestId, b"x")
@@ -605,8 +631,28 @@ def test_aRetryOfAForgottenAnswerWithAnIdThatIsNotANumberIsCarriedOutAgain():
     assert harness.broker.stats()["published"] == 3
 
 
+def test_answersCountedAtLeastWhatTheyTakeInMemory():
+    """
+    The bytes counted against --max-udp-answer-bytes(-total) are at least
+    what the remembered answers take in memory, ids and bookkeeping
+    included: the bounds bound memory, not a fraction of it.
+    """
+    cache = AnswerCache(2**40, 2**40, lambda *forgotten: None)
+    sessions = [object() for _ in range(20)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for number in range(2000):
+            requestId = f"{number:064d}"
+            cache.remember(sessions[number % 20], requestId, b"PUBACK %s\r\n" % requestId.encode())
+        taken = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert cache.bytes >= taken
+
+
 def test_answersRememberedUpToTheBytesOfAllSessions():
-    answer = len(b"PUBACK 1\r\n") + ANSWER_BOOKKEEPING
+    answer = len(b"1") + len(b"PUBACK 1\r\n") + ANSWER_BOOKKEEPING
     harness, (first, second) = udpHarness(maxUdpAnswerBytesTotal=4 * answer)
     publishes(first, [1, 2])
     publishes(second, [1, 2])

@@ -87,6 +87,12 @@ class RetainedStub:
     stats = RetainedStats(1, len(b"retained payload"))
     writing = False
 
+    def topics(self):
+        return iter(["kept/one"])
+
+    def watch(self, changed):
+        pass
+
     def set(self, topic, payload):
         if topic == "full/disk":
             return fail(StoreError("simulated full disk", "SQLITE_FULL"))
@@ -136,6 +142,8 @@ def exerciseEveryEvent():
         publisher.send(b"PUB b%d news 5 origin=elsewhere oid=x.1 hops=0\r\nhello\r\n" % number)
     latest.send(b"ACK 1\r\n")
     every.send(b"UNSUB 9 news\r\n")
+    # Subscribing and unsubscribing over and over is logged in part.
+    every.send(b"SUB 7 burst\r\nUNSUB 8 burst\r\n" * 50)
     publisher.send(b"BOGUS\r\n")
     # A flood of datagrams that name no session is logged in part.
     datagrams = udp.BrokerDatagramProtocol(harness.broker, harness.sweep)

@@ -451,6 +451,31 @@ def test_udpClientsUpToTheLimit():
     assert b"session=new" in carol.hello("carol")
 
 
+def test_udpClientsPerIpUpToTheLimit():
+    """
+    One host may hold --max-udp-clients-per-ip sessions: the next HELLO
+    from it is refused, counted and logged, while another host still gets
+    its session; a session that moves to the full host counts there.
+    """
+    harness = UdpHarness(BrokerConfig(maxUdpClientsPerIp=2))
+    alice, bob, mallory = (harness.peer(port) for port in (40001, 40002, 40003))
+    alice.hello("alice")
+    bob.hello("bob")
+    assert mallory.hello("mallory") == (
+        b"ERR 2 TOO_MANY_CLIENTS the broker has its maximum of 2 UDP clients from "
+        b"127.0.0.1: try again later\r\n"
+    )
+    assert harness.counter("refused_udp_clients_per_ip") == 1
+    [event] = limitEvents(harness)
+    assert (event["limit"], event["max"]) == ("udp_clients_per_ip", 2)
+    carol = harness.peer(40001, host="127.0.0.2")
+    assert b"session=new" in carol.hello("carol")
+    bob.request(b"BYE")
+    assert b"session=new" in mallory.hello("mallory")
+    assert b"session=resumed" in harness.peer(40005, host="127.0.0.2").hello("alice", key=alice.key)
+    assert b"session=new" in harness.peer(40006).hello("dave")
+
+
 def test_udpClientPlaceFreedByExpiry():
     harness = UdpHarness(BrokerConfig(maxUdpClients=1))
     harness.peer(40001).hello("alice")
@@ -544,6 +569,7 @@ LIMIT_OPTIONS = {
     "max-connections": "maxConnections",
     "max-connections-per-ip": "maxConnectionsPerIp",
     "max-udp-clients": "maxUdpClients",
+    "max-udp-clients-per-ip": "maxUdpClientsPerIp",
     "max-hellos-per-second": "maxHellosPerSecond",
     "max-subscriptions": "maxSubscriptions",
     "max-topic-length": "maxTopicLength",

@@ -272,6 +272,7 @@ def test_everyReloadableOptionReachesTheBroker(tmp_path, configured):
         "max-topic-levels": 3,
         "max-subscriptions": 3,
         "max-udp-clients": 3,
+        "max-udp-clients-per-ip": 3,
         "max-inflight": 3,
         "max-queued": 3,
         "max-queued-bytes": 3,

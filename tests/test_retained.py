@@ -109,13 +109,19 @@ async def test_match(tmp_path, openStore):
 
 
 @pytest_twisted.ensureDeferred
-async def test_list(tmp_path, openStore):
+async def test_watch(tmp_path, openStore):
+    """
+    The watcher hears when a topic comes to hold a message and when it stops,
+    not when its message is only replaced.
+    """
     store = openStore(tmp_path)
-    for topic, payload in [("b", b"22"), ("a", b"1"), ("c/d", b"333")]:
+    await within(store.set("kept", b"1"))
+    changes = []
+    store.watch(lambda topic, held: changes.append((topic, held)))
+    for topic, payload in [("a", b"1"), ("a", b"22"), ("kept", b""), ("a", b""), ("never", b"")]:
         await within(store.set(topic, payload))
-    assert store.list(2) == [("a", 1), ("b", 2)]
-    assert store.list(10) == [("a", 1), ("b", 2), ("c/d", 3)]
-    assert store.list(0) == []
+    assert changes == [("a", True), ("kept", False), ("a", False)]
+    assert list(store.topics()) == []
 
 
 @pytest_twisted.ensureDeferred

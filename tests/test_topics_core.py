@@ -20,22 +20,29 @@ class MemoryRetained:
 
     def __init__(self):
         self.messages = TopicMap()
+        self.changed = None
 
     def set(self, topic, payload):
+        held = topic in self.messages
         if payload:
             self.messages[topic] = payload
         else:
             self.messages.pop(topic, None)
+        if self.changed is not None and held != bool(payload):
+            self.changed(topic, bool(payload))
         return succeed(None)
+
+    def topics(self):
+        return iter(self.messages)
+
+    def watch(self, changed):
+        self.changed = changed
 
     def get(self, topic):
         return self.messages.get(topic)
 
     def match(self, topicFilter, limit=None):
         return self.messages.match(topicFilter, limit)
-
-    def list(self, limit):
-        return [(topic, len(self.messages[topic])) for topic in sorted(self.messages)[:limit]]
 
     @property
     def stats(self):
@@ -220,6 +227,32 @@ def test_topicsListsRetainedTopicsAndFiltersBounded():
     }
     client.send(b"TOPICS 4 limit=1\r\n")
     assert document(client.received(), b"TOPICS")["truncated"] is True
+
+
+def test_topicsFollowRetainedAndSubscribedChanges():
+    """
+    A topic stays listed while it holds a retained message or some client
+    is subscribed with it, and goes once neither is true.
+    """
+    harness = harnessWithRetained()
+    client = harness.connect()
+    publish(client, b"t/1", b"abc", b" retain=1")
+    publish(client, b"t/0", b"x", b" retain=1")
+    client.send(b"SUB 1 t/1 mode=fire\r\nSUB 2 t/2 mode=fire\r\n")
+    publish(client, b"t/1", b"", b" retain=1")
+    client.send(b"UNSUB 3 t/2\r\n")
+    client.received()
+
+    def listed():
+        client.send(b"TOPICS 9 limit=10\r\n")
+        answer = document(client.received(), b"TOPICS")
+        return answer["total"], [(row["topic"], row["retained_bytes"]) for row in answer["topics"]]
+
+    assert listed() == (2, [("t/0", 1), ("t/1", None)])
+    client.send(b"UNSUB 4 t/1\r\n")
+    publish(client, b"t/0", b"", b" retain=1")
+    client.received()
+    assert listed() == (0, [])
 
 
 def test_publishToMatchingReachesExistingTopicsOnly():

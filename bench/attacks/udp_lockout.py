@@ -6,11 +6,12 @@ Two attacks from 127.0.0.1 alone, each followed by real users from other
 addresses:
 
  A. session exhaustion: on a broker with --udp --max-udp-clients 300 (the
-    default, 10,000, takes 200 s to fill at one address's HELLO rate), the
-    attacker starts sessions until refused. Then a real client from 127.0.0.2 starts one. TCP limits each
-    address to a tenth of the connections (--max-connections-per-ip);
-    nothing limits UDP sessions per address. (The attack is over before
-    its sessions would expire unpinged.)
+    default, 10,000, takes 200 s to fill at one address's HELLO rate), and
+    --max-udp-clients-per-ip 30 where the broker has it (a tenth, as the
+    defaults are and as TCP's --max-connections-per-ip is), the attacker
+    starts sessions until refused. Then a real client from 127.0.0.2
+    starts one. (The attack is over before its sessions would expire
+    unpinged.)
  B. login flood over UDP: on --passwords --udp, the attacker gets tokens
     for 100 client ids at its own address, then for 20 s sends HELLOs with
     those tokens and wrong passwords, as fast as the HELLO rate lets one
@@ -29,14 +30,18 @@ import attacklib as lib
 
 NAME = "udp-lockout"
 MAX_UDP_CLIENTS = 300
+PER_IP_OPTIONS = {"--max-udp-clients-per-ip": MAX_UDP_CLIENTS // 10}
 FLOOD_SECONDS = 20.0
 LOGIN_LIMIT = 3.0
 
 
 def exhaustion():
+    perIp, _ = lib.optionsIfPresent(PER_IP_OPTIONS)
     with (
         lib.scratch() as directory,
-        lib.dallal(directory, ["--max-udp-clients", str(MAX_UDP_CLIENTS)], udp=True) as broker,
+        lib.dallal(
+            directory, ["--max-udp-clients", str(MAX_UDP_CLIENTS), *perIp], udp=True
+        ) as broker,
     ):
         attacker = lib.UdpClient(broker.udpPort, source="127.0.0.1")
         taken = 0
@@ -155,5 +160,9 @@ def attack():
 
 if __name__ == "__main__":
     lib.runAttack(
-        NAME, __doc__, lambda options: attack(), note=f"--max-udp-clients {MAX_UDP_CLIENTS} in A"
+        NAME,
+        __doc__,
+        lambda options: attack(),
+        note=f"--max-udp-clients {MAX_UDP_CLIENTS} in A; "
+        + lib.optionsIfPresent(PER_IP_OPTIONS)[1],
     )

@@ -7,7 +7,6 @@ nothing of sockets, frames or ports.  Time comes from an injected
 C{IReactorTime}, so tests drive it with C{task.Clock}.
 """
 
-import heapq
 import secrets
 from collections import Counter
 from dataclasses import dataclass, field
@@ -58,18 +57,23 @@ from dallal.limits import (
     DEFAULT_MAX_UDP_ANSWER_BYTES,
     DEFAULT_MAX_UDP_ANSWER_BYTES_TOTAL,
     DEFAULT_MAX_UDP_CLIENTS,
+    DEFAULT_MAX_UDP_CLIENTS_PER_IP,
+    ERRORS_LOGGED,
     ERRORS_LOGGED_PER_CLIENT,
     MATCHING_TOPICS,
     PAYLOAD,
     RETAINED,
     RETAINED_BYTES,
+    SUBSCRIPTION_EVENTS_LOGGED,
+    SUBSCRIPTION_EVENTS_LOGGED_PER_CLIENT,
     SUBSCRIPTIONS,
-    ErrorLog,
     LimitLog,
     LogWindow,
+    RateLimitedLog,
 )
 from dallal.modes import ALL, FIRE, LATEST, MODES
 from dallal.security.acl import READ, WRITE
+from dallal.sortednames import SortedNames
 from dallal.topics import MAX_TOPIC_LENGTH, WILDCARDS, TopicError, checkTopic
 from dallal.topictree import RESERVED_PREFIX, SubscriptionTree, TopicMap, checkFilter
 
@@ -104,6 +108,7 @@ class BrokerConfig:
     maxConnections: int = DEFAULT_MAX_CONNECTIONS
     maxConnectionsPerIp: int = DEFAULT_MAX_CONNECTIONS_PER_IP
     maxUdpClients: int = DEFAULT_MAX_UDP_CLIENTS
+    maxUdpClientsPerIp: int = DEFAULT_MAX_UDP_CLIENTS_PER_IP
     maxHellosPerSecond: int = DEFAULT_MAX_HELLOS_PER_SECOND
     maxOutputBytes: int = DEFAULT_MAX_OUTPUT_BYTES
     maxConsecutiveErrors: int = DEFAULT_MAX_CONSECUTIVE_ERRORS
@@ -211,6 +216,8 @@ class _Session:
     @ivar mayBridge: whether it may send bridge frames: not when it logged
         in as a user that is no bridge (L{dallal.security.auth.BrokerRealm}).
     @ivar errorWindow: the L{LogWindow} of its C{protocol_error} events.
+    @ivar subscriptionWindow: the L{LogWindow} of its C{subscribe} and
+        C{unsubscribe} events.
     """
 
     __slots__ = (
@@ -223,6 +230,7 @@ class _Session:
         "permissions",
         "mayBridge",
         "errorWindow",
+        "subscriptionWindow",
     )
 
     def __init__(self, sid, subscriber, outbox):
@@ -235,6 +243,7 @@ class _Session:
         self.permissions = None
         self.mayBridge = True
         self.errorWindow = LogWindow(ERRORS_LOGGED_PER_CLIENT)
+        self.subscriptionWindow = LogWindow(SUBSCRIPTION_EVENTS_LOGGED_PER_CLIENT)
 
 
 class Broker:
@@ -262,7 +271,6 @@ class Broker:
         self.events = (
             events if events is not None else EventLog(clock, messageEvents=config.messageEvents)
         )
-        self.retained = retained
         self.name = config.name or generatedName()
         # Every event names the broker that logged it (docs/EVENTS.md).
         self.events.broker = self.name
@@ -279,6 +287,10 @@ class Broker:
         # the filters without wildcards, which are topics clients named.
         self._filterCounts = Counter()
         self._namedTopics = TopicMap()
+        # Sets _listedTopics: every topic TOPICS lists (retained or
+        # subscribed to), in order, so that listing the first few costs what
+        # they are.
+        self.retained = retained
         # The broker's own topics ($SYS/...): their last values, kept in
         # memory as retained messages (they mean nothing after a restart).
         self._ownTopics = TopicMap()
@@ -321,7 +333,17 @@ class Broker:
             bridged_refused=0,
         )
         self.limits = LimitLog(clock, self.counters, self.events)
-        self.errorLog = ErrorLog(clock, self.events)
+        self.errorLog = RateLimitedLog(
+            clock, self.events, ERRORS_LOGGED, "protocol_errors_suppressed", "code"
+        )
+        self.subscriptionLog = RateLimitedLog(
+            clock,
+            self.events,
+            SUBSCRIPTION_EVENTS_LOGGED,
+            "subscriptions_suppressed",
+            "kind",
+            LogLevel.info,
+        )
         self.topicTraffic = TopicTraffic(clock)
         self.ledger = Ledger(self.counters, self.events, self.limits, self.topicTraffic)
         self.flow = FlowControl(clock, self.counters)
@@ -576,6 +598,7 @@ class Broker:
             session.subscriber.disconnect("shutdown")
         self.errorLog.reportSuppressed()
         self.topicTraffic.log(self.events)
+        self.subscriptionLog.reportSuppressed()
         self.logStats()
 
     def stats(self):
@@ -719,6 +742,7 @@ class Broker:
             else:
                 self._joinGroup(key, subscription)
             self._filterCounts[topicFilter] += 1
+            self._listedTopics.add(topicFilter)
             if WILDCARDS.isdisjoint(topicFilter):
                 self._namedTopics[topicFilter] = self._filterCounts[topicFilter]
             self.counters["subscriptions"] += 1
@@ -733,9 +757,9 @@ class Broker:
         # A new filter, or a new mode, which may change which of a
         # session's filters carries a message.
         self._routes.clear()
-        self.events.emit(
+        self._subscriptionEvent(
+            session,
             "subscribe",
-            session=session.sid,
             client=subscriber.peer,
             topic=topicFilter,
             mode=mode,
@@ -794,12 +818,17 @@ class Broker:
         if subscription is None:
             raise RequestError(NOT_SUBSCRIBED, f"not subscribed to {topicFilter!r}", requestId)
         self._endSubscription(session, key, subscription)
-        self.events.emit(
-            "unsubscribe",
-            session=session.sid,
-            client=subscriber.peer,
-            topic=topicFilter,
-        )
+        self._subscriptionEvent(session, "unsubscribe", client=subscriber.peer, topic=topicFilter)
+
+    def _subscriptionEvent(self, session, name, **fields):
+        """
+        Log a C{subscribe} or C{unsubscribe} event of C{session}, unless too
+        many were logged this second (L{RateLimitedLog}).
+        """
+        if self.subscriptionLog.allow(session.subscriptionWindow):
+            self.events.emit(name, session=session.sid, **fields)
+        else:
+            self.subscriptionLog.suppressed(name)
 
     def _endSubscription(self, session, key, subscription):
         del session.subscriptions[key]
@@ -846,6 +875,8 @@ class Broker:
         remaining = self._filterCounts[topicFilter]
         if not remaining:
             del self._filterCounts[topicFilter]
+            if self.retained is None or self.retained.get(topicFilter) is None:
+                self._listedTopics.discard(topicFilter)
         if WILDCARDS.isdisjoint(topicFilter):
             if remaining:
                 self._namedTopics[topicFilter] = remaining
@@ -872,18 +903,43 @@ class Broker:
             C{(topic, retainedBytes or None, subscribers)}, and how many
             there are in all.
         """
-        filters = self._filterCounts
-        if self.retained is None:
-            retained, total = {}, len(filters)
-        else:
-            # The first `limit` names of the union are among the first
-            # `limit` of each part.
-            retained = dict(self.retained.list(limit))
-            alsoRetained = sum(1 for name in filters if self.retained.get(name) is not None)
-            total = self.retained.stats.count + len(filters) - alsoRetained
-        names = sorted(set(retained).union(heapq.nsmallest(limit, filters)))[:limit]
-        rows = [(name, retained.get(name), filters.get(name, 0)) for name in names]
-        return rows, total
+        names = self._listedTopics.first(limit)
+        rows = [(name, self._retainedSize(name), self._filterCounts.get(name, 0)) for name in names]
+        return rows, len(self._listedTopics)
+
+    @property
+    def retained(self):
+        """
+        The retained store (a L{dallal.broker.retained.RetainedStore}), or
+        C{None} without one.
+        """
+        return self._retained
+
+    @retained.setter
+    def retained(self, store):
+        self._retained = store
+        names = set(self._filterCounts)
+        if store is not None:
+            names.update(store.topics())
+            store.watch(self._retainedTopicChanged)
+        self._listedTopics = SortedNames(names)
+
+    def _retainedSize(self, topic):
+        """
+        @return: the size of C{topic}'s retained message, or C{None}.
+        """
+        payload = self.retained.get(topic) if self.retained is not None else None
+        return len(payload) if payload is not None else None
+
+    def _retainedTopicChanged(self, topic, held):
+        """
+        Keep the listed topics up to date as the store gains or loses a
+        topic.
+        """
+        if held:
+            self._listedTopics.add(topic)
+        elif topic not in self._filterCounts:
+            self._listedTopics.discard(topic)
 
     def publish(self, subscriber, topic, payload, requestId, properties=None):
         """
@@ -1215,7 +1271,7 @@ class Broker:
     def protocolError(self, subscriber, code, fatal, logged=True):
         """
         Record that a client sent something the broker refused, and log it
-        unless too many were logged this second (L{ErrorLog}).
+        unless too many were logged this second (L{RateLimitedLog}).
 
         @param logged: whether it may be logged (a datagram that named no
             session may not, beyond L{dallal.server.udp.StrangerErrorLog}'s rate).

@@ -15,7 +15,6 @@ the thread is busy are committed together in one transaction when it is
 free, so a burst of retained publishes costs a few disk syncs, not one each.
 """
 
-import heapq
 import os
 import sqlite3
 from threading import Thread
@@ -130,6 +129,7 @@ class RetainedStore:
         self._reactor = reactor
         self._messages = TopicMap()
         self._bytes = 0
+        self._changed = None
         for topic, payload in messages:
             self._remember(topic, payload)
         self._unsettled = {}
@@ -218,15 +218,19 @@ class RetainedStore:
         """
         return RetainedStats(len(self._messages), self._bytes)
 
-    def list(self, limit):
+    def topics(self):
         """
-        @return: up to C{limit} (topic, payload size) pairs, the first
-            topics in alphabetical order; L{stats} tells how many there are
-            in all.
+        @return: an iterator over the topics that hold a retained message.
         """
-        return [
-            (topic, len(self._messages[topic])) for topic in heapq.nsmallest(limit, self._messages)
-        ]
+        return iter(self._messages)
+
+    def watch(self, changed):
+        """
+        Call C{changed(topic, held)} whenever a topic comes to hold a
+        retained message (C{held} true) or stops holding one, including when
+        a write that failed takes it back to what is on disk.
+        """
+        self._changed = changed
 
     # Writing.
 
@@ -280,6 +284,9 @@ class RetainedStore:
             self._bytes += len(payload)
         elif previous is not None:
             del self._messages[topic]
+        held = bool(payload)
+        if self._changed is not None and held != (previous is not None):
+            self._changed(topic, held)
 
     def _writeQueue(self):
         """

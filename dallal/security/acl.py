@@ -26,7 +26,11 @@ grant that matches allows; then the patterns, likewise; then refusal.  A
 pattern with C{%u} does not apply to an anonymous client.  A client whose
 client id is missing or holds C{/}, C{+} or C{#} gets nothing from the
 patterns if any of them uses C{%c} (it could otherwise reach another's
-level).  Read permission is checked for each message delivered, on its
+level).  A client id is chosen by the client, so it grants nothing by
+itself: a logged-in user gets the C{%c} patterns only for a client id it
+owns, its user name or one that begins with its user name and C{-}
+(C{alice}, C{alice-phone}); for another client id, the patterns that use
+C{%c} are left out.  Read permission is checked for each message delivered, on its
 topic: a subscription with wildcards receives only the topics it may read.
 A subscription is refused outright when its filter can match no topic the
 client may read (or when a C{deny} covers all it matches).
@@ -154,6 +158,15 @@ def _usable(identity):
     return identity is not None and identity != "" and _UNSAFE_IN_LEVEL.isdisjoint(identity)
 
 
+def _owns(user, clientId):
+    """
+    Whether a client may be granted by C{%c} patterns with C{clientId}: an
+    anonymous client proved nothing, so its client id is all there is; a
+    logged-in user only for its own client ids.
+    """
+    return user is None or clientId == user or clientId.startswith(user + "-")
+
+
 class Acl:
     """
     The rules of an ACL file.
@@ -185,7 +198,8 @@ class Acl:
             Rule(rule.access, _substituted(rule.filter, user, clientId))
             for rule in self.patterns
             # A pattern about the user's name says nothing of anonymous ones.
-            if user is not None or USER_SUBSTITUTE not in rule.filter
+            if (user is not None or USER_SUBSTITUTE not in rule.filter)
+            and (CLIENT_SUBSTITUTE not in rule.filter or _owns(user, clientId))
         ]
         return Permissions(_Stage(own), _Stage(expanded))
 

@@ -56,6 +56,7 @@ RELOADABLE_FIELDS = (
     "maxTopicLevels",
     "maxSubscriptions",
     "maxUdpClients",
+    "maxUdpClientsPerIp",
     "delivery",
     "messageEvents",
 )

@@ -53,6 +53,7 @@ RELOADABLE_OPTIONS = frozenset(
         "max-topic-levels",
         "max-subscriptions",
         "max-udp-clients",
+        "max-udp-clients-per-ip",
         "max-inflight",
         "max-queued",
         "max-queued-bytes",
@@ -240,6 +241,14 @@ class Options(usage.Options):
             _config.maxUdpClients,
             "UDP client sessions at once; a HELLO for one more is answered ERR TOO_MANY_CLIENTS.",
             _whole("max-udp-clients"),
+        ],
+        [
+            "max-udp-clients-per-ip",
+            None,
+            _config.maxUdpClientsPerIp,
+            "UDP client sessions at once whose client is at one IP address; a "
+            "HELLO for one more from it is answered ERR TOO_MANY_CLIENTS.",
+            _whole("max-udp-clients-per-ip"),
         ],
         [
             "max-hellos-per-second",
@@ -659,6 +668,7 @@ def brokerConfig(options):
         maxConnections=options["max-connections"],
         maxConnectionsPerIp=options["max-connections-per-ip"],
         maxUdpClients=options["max-udp-clients"],
+        maxUdpClientsPerIp=options["max-udp-clients-per-ip"],
         maxHellosPerSecond=options["max-hellos-per-second"],
         maxSubscriptions=options["max-subscriptions"],
         maxTopicLength=options["max-topic-length"],

@@ -68,6 +68,7 @@ from dallal.limits import (
     UDP_ANSWER_BYTES,
     UDP_ANSWER_BYTES_TOTAL,
     UDP_CLIENTS,
+    UDP_CLIENTS_PER_IP,
     LogWindow,
     RateTable,
 )
@@ -90,9 +91,11 @@ MAX_UNPROVEN_ADDRESSES = 10_000
 # Answers remembered per client, so that a retried request is answered
 # again instead of being carried out twice.
 REMEMBERED_ANSWERS = 1024
-# What a remembered answer costs beyond its bytes: its id, the bytes
-# object and the two dictionaries' entries.
-ANSWER_BOOKKEEPING = 256
+# What a remembered answer costs beyond the characters of its id and the
+# bytes of its answer: those two objects' headers, the key tuple and the
+# two ordered dictionaries' entries (some 330 bytes measured with
+# tracemalloc on CPython 3, and room for the dictionaries' spare slots).
+ANSWER_BOOKKEEPING = 384
 # What is remembered for a retained PUB whose answer waits for the store.
 AWAITING_STORE = object()
 # What a retry gets whose answer was forgotten (AnswerCache.get).
@@ -147,7 +150,7 @@ class StrangerErrorLog:
     Counts and logs the refusals of datagrams that named no session.  Their
     source address may be forged, so they have a window of their own, of
     C{perSecond} events a second, within the broker's for all errors
-    (L{dallal.limits.ErrorLog}, which reports those it did not log).
+    (L{dallal.limits.RateLimitedLog}, which reports those it did not log).
     """
 
     def __init__(self, broker, perSecond=STRANGER_ERRORS_LOGGED_PER_SECOND):
@@ -163,8 +166,8 @@ class AnswerCache:
     """
     The answers UDP sessions remember by request id: the last
     L{REMEMBERED_ANSWERS} of each session, within C{maxBytesPerSession}
-    bytes per session and C{maxBytes} in all (each answer counted with
-    L{ANSWER_BOOKKEEPING}).  The oldest are forgotten first, a session's
+    bytes per session and C{maxBytes} in all (each answer counted with its
+    request id and L{ANSWER_BOOKKEEPING}).  The oldest are forgotten first, a session's
     own for its bound and anyone's for the total: a retry comes within
     seconds of its request.
 
@@ -213,7 +216,9 @@ class AnswerCache:
         Remember C{answer} (bytes, or L{AWAITING_STORE}) as the newest.
         """
         self._forget(session, requestId)
-        size = ANSWER_BOOKKEEPING + (0 if answer is AWAITING_STORE else len(answer))
+        size = (
+            ANSWER_BOOKKEEPING + len(requestId) + (0 if answer is AWAITING_STORE else len(answer))
+        )
         answers = self._sessions.setdefault(session, OrderedDict())
         answers[requestId] = answer
         self._order[session, requestId] = size
@@ -513,6 +518,8 @@ class BrokerDatagramProtocol(DatagramProtocol):
         # How many sessions are at each address: those addresses have
         # proved they receive.
         self._sessionAddresses = Counter()
+        # How many sessions are at each host, for --max-udp-clients-per-ip.
+        self._sessionHosts = Counter()
         # (host, port) -> [bytes received, bytes sent], for the others.
         self._unproven = OrderedDict()
         # Hellos each source host may still say (each costs an HMAC).
@@ -615,13 +622,18 @@ class BrokerDatagramProtocol(DatagramProtocol):
         if session.address != address:
             self._leave(session.address)
             session.moveTo(address)
-            self._sessionAddresses[address] += 1
+            self._arrive(address)
         self.sweep.pongReceived(session)
 
+    def _arrive(self, address):
+        self._sessionAddresses[address] += 1
+        self._sessionHosts[address[0]] += 1
+
     def _leave(self, address):
-        self._sessionAddresses[address] -= 1
-        if not self._sessionAddresses[address]:
-            del self._sessionAddresses[address]
+        for counts, key in ((self._sessionAddresses, address), (self._sessionHosts, address[0])):
+            counts[key] -= 1
+            if not counts[key]:
+                del counts[key]
 
     def serves(self, session):
         """
@@ -823,23 +835,11 @@ class BrokerDatagramProtocol(DatagramProtocol):
             )
             return
         if not resumed:
-            maxClients = self.broker.config.maxUdpClients
-            if len(self._sessions) >= maxClients:
-                self._refuse(
-                    self.broker.refusedByLimit(
-                        _Stranger(address),
-                        UDP_CLIENTS,
-                        maxClients,
-                        f"the broker has its maximum of {maxClients} UDP clients: try again later",
-                        hello.id,
-                    ),
-                    address,
-                    proven=True,
-                )
+            if self._refusedByClientLimits(hello, address):
                 return
             session = UdpSession(self, hello.clientId, address)
             self._sessions[hello.clientId] = session
-            self._sessionAddresses[address] += 1
+            self._arrive(address)
             self.broker.attach(session, self.delivery)
             if user is not None:
                 session.userName = user.name
@@ -859,6 +859,40 @@ class BrokerDatagramProtocol(DatagramProtocol):
         if session.userName is not None:
             options["user"] = session.userName
         session.sendFrame(wire.encodeHelloReply(hello.id, options))
+
+    def _refusedByClientLimits(self, hello, address):
+        """
+        Refuse a HELLO that would start a session over C{--max-udp-clients}
+        or, from its host, over C{--max-udp-clients-per-ip}.
+
+        @return: whether it was refused.
+        """
+        config = self.broker.config
+        host = address[0]
+        for limit, maximum, held, source in (
+            (UDP_CLIENTS, config.maxUdpClients, len(self._sessions), ""),
+            (
+                UDP_CLIENTS_PER_IP,
+                config.maxUdpClientsPerIp,
+                self._sessionHosts[host],
+                f" from {host}",
+            ),
+        ):
+            if held >= maximum:
+                self._refuse(
+                    self.broker.refusedByLimit(
+                        _Stranger(address),
+                        limit,
+                        maximum,
+                        f"the broker has its maximum of {maximum} UDP clients{source}: "
+                        "try again later",
+                        hello.id,
+                    ),
+                    address,
+                    proven=True,
+                )
+                return True
+        return False
 
     # Logins
 
