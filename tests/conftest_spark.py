@@ -297,6 +297,7 @@ HAND_WRITTEN_SUMMARY = {
         "redelivery_limit": 0,
         "slow_consumer": 0,
         "superseded": 0,
+        "expired": 0,
         "too_large": 0,
         "bridge_refused": 0,
     },
