@@ -134,15 +134,16 @@ def test_health_turns_503_while_draining(tmp_path):
 
 def test_behind_the_passwords(tmp_path):
     """
-    With --passwords, /metrics and the dashboard ask for them (HTTP Basic),
-    and /health does not.
+    With --passwords, /metrics, the dashboard and /health ask for them
+    (HTTP Basic).
     """
     passwords = PasswordFile(tmp_path / "passwords")
     passwords.set("prometheus", PasswordHash.make(b"scrape-me"))
     passwords.save()
     running = WebBroker(tmp_path, "--passwords", tmp_path / "passwords")
     try:
-        assert running.get("/health") == (200, b"ok\n")
+        assert running.get("/health")[0] == 401
+        assert running.get("/health", "prometheus", "scrape-me") == (200, b"ok\n")
         assert running.get("/metrics")[0] == 401
         assert running.get("/")[0] == 401
         assert running.get("/metrics", "prometheus", "wrong")[0] == 401

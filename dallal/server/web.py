@@ -9,11 +9,10 @@ a health check and a live dashboard, on C{twisted.web}.
  - C{/}: a dashboard for people (C{dashboard.html}), which C{/events}
    keeps live with a server-sent event a second.
 
-When the broker takes passwords, everything but C{/health} is behind HTTP
-Basic authentication against the same password file, checked as a
-client's login is (L{WebLogins}); a health check
-reveals nothing but whether the broker serves, and load balancers and
-orchestrators seldom log in.
+When the broker takes passwords, every page, C{/health} included, is
+behind HTTP Basic authentication against the same password file, checked
+as a client's login is (L{WebLogins}); a health check passes the
+credentials as a scraper does.
 """
 
 import base64
@@ -664,8 +663,8 @@ class Pages(Resource):
 
 class WebRoot(Pages):
     """
-    The web listener's root: C{/health} for anyone, and every other path
-    under L{guarded}, behind the broker's passwords if it takes any.
+    The web listener's root: every page under L{guarded}, behind the
+    broker's passwords if it takes any.
 
     @ivar guarded: the resource whose children are behind the passwords
         (C{/metrics}, C{/events}, the dashboard).  A child that logs its
@@ -695,7 +694,7 @@ def webSite(broker, clock, gatekeeper=None):
     The web listener's site for a broker.
 
     @param gatekeeper: the broker's L{dallal.security.auth.Gatekeeper}, or
-        C{None}: its passwords, if it takes any, guard all but C{/health}.
+        C{None}: its passwords, if it takes any, guard every page.
     @return: a C{Site}; its C{resource} is the L{WebRoot}, and its
         C{figures} the dashboard's L{LiveFigures}, to L{LiveFigures.stop}
         when the listener stops.
@@ -705,11 +704,11 @@ def webSite(broker, clock, gatekeeper=None):
     guarded.putChild(b"", DashboardResource())
     guarded.putChild(b"metrics", MetricsResource(broker))
     guarded.putChild(b"events", EventsResource(figures))
+    guarded.putChild(b"health", HealthResource(broker))
     logins = None
     if gatekeeper is not None and gatekeeper.loginRequired:
         logins = WebLogins(gatekeeper, broker)
     root = WebRoot(guarded, logins)
-    root.putChild(b"health", HealthResource(broker))
     site = _QuietSite(root, reactor=clock)
     site.figures = figures
     return site
