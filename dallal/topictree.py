@@ -355,7 +355,13 @@ class TopicMap(_LevelTree, MutableMapping):
                     if child is not None:
                         nextNodes.append(child)
             nodes = nextNodes
-        return [node.entry for node in nodes if node.entry is not None]
+        found = []
+        for node in nodes:
+            if node.entry is not None:
+                found.append(node.entry)
+                if limit is not None and len(found) > limit:
+                    break
+        return found
 
 
 def _entriesUnder(nodes, skipReserved, limit=None):

@@ -229,6 +229,20 @@ def test_removePrunesOnlyEmptyNodes():
 # TopicMap
 
 
+@pytest.mark.parametrize("topicFilter", ["#", "+", "a/+", "a/#"])
+def test_topicMapMatchStopsPastItsLimit(topicFilter):
+    """
+    A match with a limit stops once it has found one more than the limit,
+    whichever wildcard the filter ends with.
+    """
+    topics = TopicMap()
+    for number in range(100):
+        topics[f"t{number}"] = number
+        topics[f"a/t{number}"] = number
+    assert len(topics.match(topicFilter, limit=10)) == 11
+    assert len(topics.match(topicFilter)) in (100, 101, 200)
+
+
 def test_topicMapIsAMapping():
     topics = TopicMap()
     topics["a/b"] = 1
