@@ -31,7 +31,7 @@ class TopicError(ValueError):
         self.maximum = maximum
 
 
-def checkName(name, maxLength, what, maxLevels=None):
+def checkTopicName(name, maxLength, what, maxLevels=None):
     """
     What topics and subscription filters have in common: 1 to C{maxLength}
     bytes of UTF-8, at most C{maxLevels} levels (if not C{None}), no
@@ -66,7 +66,7 @@ def checkTopic(topic, maxLength=MAX_TOPIC_LENGTH, maxLevels=None):
 
     @raise TopicError: with a reason a person can act on.
     """
-    checkName(topic, maxLength, "topic", maxLevels)
+    checkTopicName(topic, maxLength, "topic", maxLevels)
     if WILDCARDS.intersection(topic):
         raise TopicError("'+' and '#' are reserved for subscription wildcards")
     if topic.startswith("$"):

@@ -24,7 +24,7 @@ matches cost, however many entries the tree holds.
 
 from collections.abc import MutableMapping
 
-from dallal.topics import MAX_TOPIC_LENGTH, SEPARATOR, WILDCARDS, TopicError, checkName
+from dallal.topics import MAX_TOPIC_LENGTH, SEPARATOR, WILDCARDS, TopicError, checkTopicName
 
 SINGLE_LEVEL = "+"
 MULTI_LEVEL = "#"
@@ -37,7 +37,7 @@ def checkFilter(topicFilter, maxLength=MAX_TOPIC_LENGTH, maxLevels=None):
 
     @raise TopicError: with a reason a person can act on.
     """
-    checkName(topicFilter, maxLength, "filter", maxLevels)
+    checkTopicName(topicFilter, maxLength, "filter", maxLevels)
     if not WILDCARDS.intersection(topicFilter):
         return
     levels = topicFilter.split(SEPARATOR)

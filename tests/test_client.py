@@ -312,7 +312,7 @@ def test_theBrokerEndingASubscriptionCallsItsOnEnded(connection):
     assert (topic, error.code) == ("a", "FORBIDDEN")
     assert error.reason == "user x may no longer read a: the subscription has ended"
     assert [state.topic for state in client._subscriptions.values()] == ["b"]
-    assert client.serverErrors == [error]
+    assert list(client.serverErrors) == [error]
 
 
 def test_unexpectedFrameClosesConnection(connection):
@@ -384,3 +384,17 @@ def test_loginRefusesABadUserNameBeforeSending(connection):
     with pytest.raises(ValueError, match="bad user name 'a b'"):
         client.login(("a b", "pw"))
     assert transport.value() == b""
+
+
+def test_serverErrorsKeptAreBounded(connection):
+    """
+    ERR frames tied to no request are kept for diagnostics, the latest
+    SERVER_ERRORS_KEPT of them: a long-lived client does not grow.
+    """
+    from dallal.client import SERVER_ERRORS_KEPT
+
+    client, _ = connection
+    for number in range(SERVER_ERRORS_KEPT + 5):
+        client.dataReceived(b"ERR x%d BAD_ARGUMENTS late\r\n" % number)
+    assert len(client.serverErrors) == SERVER_ERRORS_KEPT
+    assert client.serverErrors[-1].code == "BAD_ARGUMENTS"

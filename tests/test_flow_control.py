@@ -444,7 +444,7 @@ def test_udpClientResendsABusyPublishUntilItIsTaken():
     assert broker.sent() == [first]
     broker.answer(b"PUBACK 3\r\n")
     assert published == [None]
-    assert broker.client.serverErrors == []
+    assert list(broker.client.serverErrors) == []
 
 
 # The option.

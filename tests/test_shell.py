@@ -16,7 +16,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
-from dallal.cli.chat import Chat, checkName
+from dallal.cli.chat import Chat, checkNickname
 from dallal.cli.console import PipeConsole, TerminalConsole, displayable
 from dallal.cli.shell import (
     COMMANDS,
@@ -443,7 +443,7 @@ def test_chatThatCannotJoinFinishes(chat):
 @pytest.mark.parametrize("name", ["", "  ", "a\nb", "bell\a"])
 def test_checkNameRefuses(name):
     with pytest.raises(ValueError):
-        checkName(name)
+        checkNickname(name)
 
 
 # The consoles.

@@ -312,15 +312,18 @@ def test_floodOfBadDatagramsIsCountedButLoggedTenASecond(harness):
     assert len(harness.fields("protocol_error")) == 11
 
 
-def test_suppressedErrorsAreReportedWhenThePortCloses(harness):
+def test_suppressedErrorsAreReportedBeforeTheFinalCounters(harness):
     """
-    The count of refusals not yet reported is logged when the UDP port
-    stops, before the broker's final counters.
+    The count of refusals not yet reported is logged when the broker shuts
+    down, before its final counters, and only then.
     """
     for port in range(40001, 40013):
         harness.peer(port).send(b"BAD\n")
-    harness.udp.doStop()
+    harness.broker.shutdown()
     assert harness.fields("protocol_errors_suppressed") == [{"code": "BAD_COMMAND", "count": 2}]
+    names = [event.get("dallal_event") for event in harness.events]
+    assert names.index("protocol_errors_suppressed") < names.index("stats")
+    harness.udp.doStop()
     harness.clock.advance(1)
     assert len(harness.fields("protocol_errors_suppressed")) == 1
 

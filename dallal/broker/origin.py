@@ -42,7 +42,7 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 _MESSAGE_ID = re.compile(r"[!-~]{1,64}\Z")
 
 
-def checkName(name, what="broker name"):
+def checkBrokerName(name, what="broker name"):
     """
     @raise ValueError: C{name} is not 1 to 64 letters, digits, C{.}, C{_} or
         C{-}, starting with a letter or digit.
@@ -93,7 +93,7 @@ def storedName(directory):
     except (OSError, UnicodeDecodeError) as error:
         raise BrokerNameError(f"cannot read the broker's name from {path}: {error}") from error
     try:
-        checkName(name)
+        checkBrokerName(name)
     except ValueError as error:
         raise BrokerNameError(f"{path}: {error} (remove the file for a new one)") from error
     return name

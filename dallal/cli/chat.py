@@ -32,7 +32,7 @@ def defaultName():
     return f"{user}@{socket.gethostname()}"
 
 
-def checkName(name):
+def checkNickname(name):
     """
     @raise ValueError: C{name} cannot head a line of chat.
     """

@@ -28,7 +28,7 @@ from zope.interface import implementer
 
 from dallal import __version__
 from dallal.cli.askpass import PASSWORD_VARIABLE, NoTerminal, askPassword, passwordFromEnvironment
-from dallal.cli.chat import Chat, checkName, defaultName
+from dallal.cli.chat import Chat, checkNickname, defaultName
 from dallal.cli.console import openConsole
 from dallal.cli.shell import Shell, describeReach, formatTopics
 from dallal.cli.shell import helpLines as shellHelpLines
@@ -319,7 +319,7 @@ def _paragraph(text):
 
 def _name(text):
     try:
-        checkName(text)
+        checkNickname(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from error
     return text

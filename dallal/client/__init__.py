@@ -30,7 +30,7 @@ import itertools
 import json
 import re
 import secrets
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from twisted.internet.abstract import isIPAddress, isIPv6Address
@@ -66,6 +66,8 @@ REQUEST_WINDOW = 64
 RECONNECT_INITIAL_DELAY = 0.5
 RECONNECT_FACTOR = 2.0
 RECONNECT_MAX_DELAY = 15.0
+# ERR frames tied to no request kept for diagnostics, the latest ones.
+SERVER_ERRORS_KEPT = 100
 # A HELLO is padded to this size: the broker answers an address that has
 # not yet proved it receives with at most three times what it sent.
 HELLO_SIZE = 64
@@ -228,7 +230,8 @@ class _ClientSession:
     hands it to L{_replyReceived} and L{_payloadReceived}.
 
     @ivar serverErrors: C{ERR} frames not tied to a request, as
-        L{ServerError}s, most recent last (kept for diagnostics).
+        L{ServerError}s, most recent last: the last C{SERVER_ERRORS_KEPT},
+        for diagnostics.
     @ivar user: the user name the broker says this client is logged in as,
         or C{None} (not logged in, or the broker takes no passwords).
     """
@@ -249,7 +252,7 @@ class _ClientSession:
         # Deliveries whose handler failed: their redelivery goes to the
         # handler again instead of being acked as already seen.
         self._failed = set()
-        self.serverErrors = []
+        self.serverErrors = deque(maxlen=SERVER_ERRORS_KEPT)
         self.connected = False
         self.lostReason = None
         self.user = None

@@ -55,7 +55,7 @@ from zope.interface import implementer
 
 from dallal.broker.delivery import BRIDGE_REFUSED, DROP_OLDEST
 from dallal.broker.interfaces import ISubscriber
-from dallal.broker.origin import checkName
+from dallal.broker.origin import checkBrokerName
 from dallal.client import (
     RECONNECT_FACTOR,
     RECONNECT_INITIAL_DELAY,
@@ -133,7 +133,7 @@ def parseBridge(text, reactor, environ=os.environ):
     name, equals, rest = text.partition("=")
     if not equals or not rest:
         raise ValueError(f"{text!r} is not {USAGE}")
-    checkName(name, "name")
+    checkBrokerName(name, "name")
     endpoint, *options = rest.split(",")
     try:
         clientFromString(reactor, endpoint)

@@ -19,7 +19,7 @@ from twisted.python import usage
 
 from dallal.broker.core import BrokerConfig
 from dallal.broker.delivery import SLOW_CONSUMER_POLICIES, DeliveryConfig
-from dallal.broker.origin import BrokerNameError, checkName
+from dallal.broker.origin import BrokerNameError, checkBrokerName
 from dallal.broker.retained import StoreError
 from dallal.broker.sysstats import DEFAULT_INTERVAL as DEFAULT_SYS_INTERVAL
 from dallal.limits import CONNECTIONS, MAX_CONTROL_LINE, MIN_CONTROL_LINE, fitToDescriptors
@@ -555,7 +555,7 @@ class Options(usage.Options):
         self["mqtt"] = [self._endpoint(value, "--mqtt") for value in self["mqtt"]]
         if self["name"] is not None:
             try:
-                checkName(self["name"])
+                checkBrokerName(self["name"])
             except ValueError as error:
                 raise usage.UsageError(f"--name: {error}") from error
         self["bridge"] = self._bridges(self["bridge"])

@@ -531,10 +531,6 @@ class BrokerDatagramProtocol(DatagramProtocol):
         )
         self._strangerErrors = StrangerErrorLog(broker)
 
-    def stopProtocol(self):
-        # The broker's final counters follow: report what they include.
-        self.broker.errorLog.reportSuppressed()
-
     # Tokens
 
     def followConfig(self):

@@ -3,7 +3,9 @@ MQTT over WebSockets: C{/mqtt} on the web listener (C{twistd dallal
 --http}), as Mosquitto's C{protocol websockets} serves it and browsers'
 MQTT clients (MQTT.js, paho's JavaScript client) speak it.  The WebSocket
 subprotocol is C{mqtt}; binary messages carry the MQTT byte stream, where
-a packet may span messages and a message may hold several packets.
+a packet may span messages and a message may hold several packets, up to
+the largest packet the broker takes (C{--max-payload} and 64 KiB) in all:
+browsers' clients send a packet a message.
 
 Each WebSocket connection runs an L{MQTTProtocol} of the broker's
 L{MQTTFactory}: the same sessions, logins, ACL, connection limits and
