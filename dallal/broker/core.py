@@ -850,6 +850,9 @@ class Broker:
         group.members.append(subscription)
 
     def _memberMayRead(self, subscription, topic):
+        if not self._restricted:
+            # No session's topics are restricted: no ACL to ask.
+            return True
         permissions = self._sessions[subscription.outbox.subscriber].permissions
         return permissions is None or permissions.mayRead(topic)
 
