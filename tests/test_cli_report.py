@@ -21,3 +21,16 @@ def test_without_pyspark_says_how_to_install_it(monkeypatch):
     with pytest.raises(SystemExit) as exited:
         report.main()
     assert exited.value.code == report.MISSING
+
+
+def test_the_reports_exit_status_is_the_commands(monkeypatch):
+    """
+    With the analytics installed, the command's exit status is the
+    report's (console scripts exit with what main returns).
+    """
+    import types
+
+    monkeypatch.setitem(
+        sys.modules, "dallal_analytics.report", types.SimpleNamespace(main=lambda: 1)
+    )
+    assert report.main() == 1

@@ -20,4 +20,4 @@ def main():
         if (error.name or "").split(".")[0] not in ("pyspark", "py4j"):
             raise
         sys.exit(MISSING)
-    report()
+    return report()
