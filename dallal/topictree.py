@@ -90,7 +90,7 @@ class _LevelTree:
         The node where C{name} ends, created with its missing ancestors.
         """
         node = self._root
-        for level in name.split(SEPARATOR):
+        for depth, level in enumerate(name.split(SEPARATOR)):
             child = node.children.get(level)
             if child is None:
                 child = node.children[level] = _Node()
@@ -99,6 +99,8 @@ class _LevelTree:
                     node.single = child
                 elif level == MULTI_LEVEL:
                     node.multi = child
+                else:
+                    self._named(depth, level, 1)
             node = child
         return node
 
@@ -122,7 +124,8 @@ class _LevelTree:
         Remove the nodes of C{path} left with neither entry nor children,
         deepest first.
         """
-        for parent, level, node in reversed(path):
+        for depth in range(len(path) - 1, -1, -1):
+            parent, level, node = path[depth]
             if node.entry is not None or node.children:
                 return
             del parent.children[level]
@@ -131,6 +134,15 @@ class _LevelTree:
                 parent.single = None
             elif level == MULTI_LEVEL:
                 parent.multi = None
+            else:
+                self._named(depth, level, -1)
+
+    def _named(self, depth, level, change):
+        """
+        Note that C{change} nodes named C{level} (no wildcard) were added to
+        (1) or removed from (-1) the tree at C{depth}; a tree that keeps no
+        index of its names ignores it.
+        """
 
 
 class SubscriptionTree(_LevelTree):
@@ -150,12 +162,53 @@ class SubscriptionTree(_LevelTree):
     The tree does not list a subscriber's filters: the broker keeps them with
     the subscriber's session anyway, to remove them when it leaves, and an
     index here would cost memory on every subscription for no new answer.
+    It does count the names its filters use at each depth, for L{shape}.
     """
 
     def __init__(self, ranks=1):
         _LevelTree.__init__(self)
         self._count = 0
         self._ranks = ranks
+        # depth -> {level name -> how many nodes at that depth bear it}.
+        self._namesAtDepth = []
+
+    def _named(self, depth, level, change):
+        names = self._namesAtDepth
+        if change > 0:
+            while len(names) <= depth:
+                names.append({})
+            names[depth][level] = names[depth].get(level, 0) + 1
+            return
+        atDepth = names[depth]
+        if atDepth[level] == 1:
+            del atDepth[level]
+            while names and not names[-1]:
+                names.pop()
+        else:
+            atDepth[level] -= 1
+
+    def shape(self, topic):
+        """
+        A key that every topic the same filters match shares: the topic's
+        levels, each replaced by C{None} where no filter names it at that
+        depth.  A match only ever takes a level by its name when some filter
+        names it; any other name takes the same wildcard branches.  Topics
+        that differ only in such levels, as C{sensors/<id>/temperature}
+        does under C{sensors/+/temperature}, share one shape, so a broker
+        that remembers the subscribers of a shape matches a new topic of a
+        known shape without walking the tree.
+        """
+        names = self._namesAtDepth
+        levels = topic.split(SEPARATOR)
+        shape = [
+            level if depth < len(names) and level in names[depth] else None
+            for depth, level in enumerate(levels)
+        ]
+        if topic.startswith(RESERVED_PREFIX):
+            # Wildcards do not reach a '$' topic's first level, whatever its
+            # name: it must not share a shape with an ordinary topic.
+            shape[0] = levels[0]
+        return tuple(shape)
 
     def __len__(self):
         """

@@ -385,6 +385,56 @@ def test_subscriptionChurnLeavesNothing(data, pairs, published):
     assert tree.nodeCount == 0
 
 
+# Topics may use names no filter uses, which a shape leaves out.
+unnamedTopics = (
+    st.lists(st.sampled_from(LEVELS + ["c", "d", "$y"]), min_size=1, max_size=5)
+    .map("/".join)
+    .filter(bool)
+)
+
+
+@PROPERTY_SETTINGS
+@given(st.data(), subscriptions, st.lists(unnamedTopics, min_size=2, max_size=12))
+def test_topicsOfOneShapeHaveTheSameSubscribers(data, pairs, published):
+    """
+    Whatever filters come and go, two topics of the same shape are matched
+    by the same filters, so a broker may route a new topic by its shape.
+    """
+    tree = SubscriptionTree()
+    for topicFilter, subscriber in pairs:
+        tree.add(topicFilter, subscriber, topicFilter)
+    remaining = set(pairs)
+    removals = data.draw(st.permutations(sorted(remaining)))
+    for step in range(len(removals) + 1):
+        byShape = {}
+        for topic in published:
+            byShape.setdefault(tree.shape(topic), []).append(topic)
+        for sameShape in byShape.values():
+            first = actualMatches(tree, sameShape[0])
+            for topic in sameShape[1:]:
+                assert actualMatches(tree, topic) == first, (sameShape[0], topic)
+        if step < len(removals):
+            tree.remove(*removals[step])
+    assert tree.shape("a/b/c") == (None, None, None)
+
+
+def test_shapeKeepsOnlyTheNamesFiltersUse():
+    tree = SubscriptionTree()
+    tree.add("sensors/+/temperature", "s")
+    tree.add("+/kitchen/#", "t")
+    assert tree.shape("sensors/hall/temperature") == ("sensors", None, "temperature")
+    assert tree.shape("sensors/kitchen/temperature/raw") == (
+        "sensors",
+        "kitchen",
+        "temperature",
+        None,
+    )
+    # A '$' topic's first level is never a wildcard's: it keeps its name.
+    assert tree.shape("$SYS/hall") == ("$SYS", None)
+    tree.remove("+/kitchen/#", "t")
+    assert tree.shape("sensors/kitchen/temperature") == ("sensors", None, "temperature")
+
+
 @PROPERTY_SETTINGS
 @given(st.data(), st.sets(topics, max_size=30), st.lists(filters, min_size=1, max_size=5))
 def test_topicChurnLeavesNothing(data, names, queries):

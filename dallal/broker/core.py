@@ -204,6 +204,17 @@ _DISCARD_COUNTERS = {
 _MODE_STRENGTH = {FIRE: 0, LATEST: 1, ALL: 2}
 
 
+def _remember(cache, key, value):
+    """
+    Keep C{value} under C{key} in C{cache}, which holds at most
+    L{TOPICS_REMEMBERED} keys: a full cache starts again empty, so that a
+    publisher of endless new topics costs a bounded memory.
+    """
+    if len(cache) >= TOPICS_REMEMBERED:
+        cache.clear()
+    cache[key] = value
+
+
 class _Session:
     """
     What the broker knows about one attached client.
@@ -304,8 +315,11 @@ class Broker:
         self._validTopics = set()
         # topic -> the subscriptions a message on it goes to, one per
         # subscriber (the strongest of its filters that match), before the
-        # ACL's say.
+        # ACL's say; and the same by the topic's shape in the tree
+        # (SubscriptionTree.shape), so a new topic of a known shape, as a
+        # device's first message on devices/<id>/state, costs no walk.
         self._routes = {}
+        self._routesByShape = {}
         self.shuttingDown = False
         self.started = clock.seconds()
         # A plain dict: every counter is set here or by the ledger, and a
@@ -757,6 +771,7 @@ class Broker:
         # A new filter, or a new mode, which may change which of a
         # session's filters carries a message.
         self._routes.clear()
+        self._routesByShape.clear()
         self._subscriptionEvent(
             session,
             "subscribe",
@@ -874,6 +889,7 @@ class Broker:
             topicFilter = key
             self._tree.remove(topicFilter, subscriber)
         self._routes.clear()
+        self._routesByShape.clear()
         self._filterCounts[topicFilter] -= 1
         remaining = self._filterCounts[topicFilter]
         if not remaining:
@@ -1226,10 +1242,12 @@ class Broker:
         """
         receivers = self._routes.get(topic)
         if receivers is None:
-            receivers = list(self._tree.best(topic).values())
-            if len(self._routes) >= TOPICS_REMEMBERED:
-                self._routes.clear()
-            self._routes[topic] = receivers
+            shape = self._tree.shape(topic)
+            receivers = self._routesByShape.get(shape)
+            if receivers is None:
+                receivers = list(self._tree.best(topic).values())
+                _remember(self._routesByShape, shape, receivers)
+            _remember(self._routes, topic, receivers)
         return receivers
 
     def _readers(self, receivers, topic):
