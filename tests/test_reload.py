@@ -18,6 +18,7 @@ from dallal.broker.core import Broker
 from dallal.security.acl import parseAcl
 from dallal.security.auth import BrokerUser, Gatekeeper
 from dallal.security.passwords import PasswordHash
+from dallal.server.mqtt import PACKET_OVERHEAD
 from dallal.server.service import RELOADABLE_FIELDS, DallalService
 from dallal.server.tap import RELOADABLE_OPTIONS, Options, makeService
 
@@ -239,6 +240,19 @@ def test_theConfigFileIsReadAgain(tmp_path, capturedEvents, configured):
     # The command line's --tcp overrides the file: it has not changed.
     assert capturedEvents("restart_needed") == []
     assert capturedEvents("reloaded") == [{"file": "config"}]
+
+
+def test_theWebSocketPacketBoundFollowsAReloadedMaxPayload(tmp_path, configured):
+    """
+    MQTT over WebSockets (C{/mqtt}) refuses frames over the largest packet
+    the broker takes: a new C{max-payload} moves that bound for the
+    connections that open next, as it does for C{--mqtt}'s.
+    """
+    service, path = configured(tmp_path, "max-payload = 100\n")
+    path.write_text("max-payload = 5000\n")
+    service.reload()
+    options = service.mqttWebSocketFactory
+    assert options.maxFramePayloadSize == options.maxMessagePayloadSize == 5000 + PACKET_OVERHEAD
 
 
 def test_anOptionThatNeedsARestartIsLoggedAndKept(tmp_path, capturedEvents, configured):

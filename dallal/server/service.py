@@ -492,6 +492,7 @@ class DallalService(MultiService):
         for child in self:
             if isinstance(child, DatagramListenerService):
                 child.protocol.followConfig()
+        self.mqttWebSocketFactory.followConfig()
 
     def _warnIfOpenToAll(self):
         """

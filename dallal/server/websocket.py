@@ -197,10 +197,8 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
     def __init__(self, mqttFactory, reactor):
         WebSocketServerFactory.__init__(self, reactor=reactor)
         self.mqttFactory = mqttFactory
-        largest = mqttFactory.broker.config.maxPayload + PACKET_OVERHEAD
+        self.followConfig()
         self.setProtocolOptions(
-            maxFramePayloadSize=largest,
-            maxMessagePayloadSize=largest,
             # No autobahn status page (with its version) for a plain GET.
             webStatus=False,
             # Pages from any origin, a local file's ("null") too, as
@@ -210,3 +208,13 @@ class MQTTWebSocketFactory(WebSocketServerFactory):
             # other MQTT client.
             allowNullOrigin=True,
         )
+
+    def followConfig(self):
+        """
+        Bound the frames and messages of the connections that open from now
+        on by the broker's C{--max-payload} as it is now (a SIGHUP may have
+        changed it): autobahn gives each connection the factory's options
+        when it opens.
+        """
+        largest = self.mqttFactory.broker.config.maxPayload + PACKET_OVERHEAD
+        self.setProtocolOptions(maxFramePayloadSize=largest, maxMessagePayloadSize=largest)
