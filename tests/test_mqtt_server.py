@@ -120,19 +120,6 @@ def test_anEmptyClientIdCannotKeepASessionIn311(harness):
     assert client.closing
 
 
-def test_aPersistentSessionIsRefusedPolitely(harness):
-    """
-    Sessions end with their connection: an MQTT 5 client asking for one is
-    told its Session Expiry Interval is 0.
-    """
-    client = MQTTClient(harness, MQTT_5)
-    (answer,) = client.connect(
-        "p", cleanStart=False, properties={Property.SESSION_EXPIRY_INTERVAL: 60}
-    )
-    assert not answer.sessionPresent
-    assert answer.properties[Property.SESSION_EXPIRY_INTERVAL] == 0
-
-
 def test_aSecondConnectionWithTheClientIdTakesItOver(harness):
     first = connected(harness, "same", MQTT_5)
     connected(harness, "same", MQTT_5)

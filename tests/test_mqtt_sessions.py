@@ -1,0 +1,257 @@
+"""
+MQTT sessions that outlive their connections (L{dallal.server.mqttsession}):
+Clean Session 0, MQTT 5's Session Expiry Interval, will delay, and their
+bounds, on in-memory connections and a clock.
+"""
+
+import pytest
+from helpers import BrokerHarness, countersAddUp
+from test_mqtt_server import MQTTClient, connected
+from test_topics_core import harnessWithRetained
+
+from dallal.broker.core import BrokerConfig
+from dallal.broker.delivery import DeliveryConfig
+from dallal.protocol.mqtt import (
+    MQTT_5,
+    Disconnect,
+    Property,
+    PubAck,
+    Publish,
+    PubRec,
+    PubRel,
+    ReasonCode,
+    Will,
+)
+
+
+@pytest.fixture
+def harness():
+    return harnessWithRetained()
+
+
+def away(harness, clientId="s", version=MQTT_5, qos=1, **fields):
+    """
+    A client that subscribed to C{t} in a session that outlives its
+    connection, then lost its connection.
+    """
+    if version == MQTT_5:
+        fields.setdefault("properties", {Property.SESSION_EXPIRY_INTERVAL: 3600})
+    client = connected(harness, clientId, version, cleanStart=False, **fields)
+    client.subscribe(("t", qos))
+    client.lose()
+    return client
+
+
+def resumed(harness, clientId="s", version=MQTT_5, **fields):
+    """
+    A new connection of C{clientId} resuming its session: its CONNACK and
+    what follows it.
+    """
+    client = MQTTClient(harness, version)
+    answer, *packets = client.connect(clientId, cleanStart=False, **fields)
+    assert answer.reasonCode == 0
+    return client, answer, packets
+
+
+@pytest.mark.parametrize("version", [4, MQTT_5])
+def test_qos1MessagesWaitForAClientThatIsAway(harness, version):
+    away(harness, version=version)
+    publisher = connected(harness, "p")
+    publisher.send(
+        Publish("t", b"one", qos=1, packetId=1),
+        Publish("t", b"zero", qos=0),
+        Publish("t", b"two", qos=1, packetId=2),
+    )
+    client, answer, packets = resumed(harness, version=version)
+    assert answer.sessionPresent
+    # QoS 0 is not kept for a client that is away, as Mosquitto does.
+    assert [(p.payload, p.qos, p.dup) for p in packets] == [(b"one", 1, False), (b"two", 1, False)]
+    client.send(*(PubAck(p.packetId) for p in packets))
+    (event,) = harness.fields("session_resumed")
+    assert event["client_id"] == "s" and event["queued"] == 2
+    harness.clock.advance(0)
+    counters = harness.broker.stats()
+    assert counters["dropped_disconnected"] == 1 and counters["inflight"] == 0
+    assert countersAddUp(counters)
+    # The subscription is the session's: new messages come.
+    publisher.send(Publish("t", b"three", qos=1, packetId=3))
+    assert [p.payload for p in client.received()] == [b"three"]
+
+
+def test_whatWasSentAndNotAckedIsSentAgainWithDup(harness):
+    client = connected(harness, "s", cleanStart=False)
+    client.subscribe(("a", 1), ("b", 2))
+    publisher = connected(harness, "p")
+    publisher.send(Publish("a", b"one", qos=1, packetId=1), Publish("b", b"two", qos=2, packetId=2))
+    publisher.send(PubRel(2))
+    one, two = client.received()
+    client.send(PubRec(two.packetId))
+    assert client.received() == [PubRel(two.packetId)]
+    client.lose()
+    client, answer, packets = resumed(harness, version=4)
+    assert answer.sessionPresent
+    # [MQTT-4.4.0-1]: the PUBLISH with DUP, and the PUBREL.
+    assert packets == [
+        Publish("a", b"one", qos=1, dup=True, packetId=one.packetId),
+        PubRel(two.packetId),
+    ]
+
+
+def test_aConnectionTakesAConnectedSessionOver(harness):
+    first = connected(harness, "s", cleanStart=False)
+    first.subscribe(("t", 1))
+    publisher = connected(harness, "p")
+    publisher.send(Publish("t", b"x", qos=1, packetId=1))
+    (sent,) = first.received()
+    second, answer, packets = resumed(harness, version=4)
+    assert first.closing and answer.sessionPresent
+    assert packets == [Publish("t", b"x", qos=1, dup=True, packetId=sent.packetId)]
+    first.lose()
+    publisher.send(Publish("t", b"y", qos=1, packetId=2))
+    assert [p.payload for p in second.received()] == [b"y"]
+
+
+def test_aCleanStartEndsTheSession(harness):
+    away(harness)
+    connected(harness, "p").send(Publish("t", b"x", qos=1, packetId=1))
+    client = MQTTClient(harness, MQTT_5)
+    (answer,) = client.connect("s", cleanStart=True)
+    assert not answer.sessionPresent
+    connected(harness, "p2").send(Publish("t", b"y", qos=1, packetId=1))
+    assert client.received() == []
+    assert harness.broker.stats()["dropped_disconnected"] == 1
+
+
+def test_aSessionWithoutExpiryEndsWithItsConnection(harness):
+    client = connected(harness, "s", MQTT_5, cleanStart=False)
+    client.subscribe(("t", 1))
+    client.lose()
+    _, answer, _ = resumed(harness)
+    assert not answer.sessionPresent
+
+
+def test_theSessionExpiresAfterItsInterval(harness):
+    away(harness, properties={Property.SESSION_EXPIRY_INTERVAL: 10})
+    connected(harness, "p").send(Publish("t", b"x", qos=1, packetId=1))
+    harness.clock.advance(9)
+    assert harness.fields("session_expired") == []
+    harness.clock.advance(1)
+    (event,) = harness.fields("session_expired")
+    assert event["client_id"] == "s" and event["queued"] == 1
+    _, answer, packets = resumed(harness)
+    assert not answer.sessionPresent and packets == []
+    assert harness.broker.stats()["dropped_disconnected"] == 1
+
+
+def test_theDisconnectCanChangeTheExpiry(harness):
+    client = connected(
+        harness, "s", MQTT_5, cleanStart=False, properties={Property.SESSION_EXPIRY_INTERVAL: 10}
+    )
+    client.send(Disconnect(properties={Property.SESSION_EXPIRY_INTERVAL: 0}))
+    client.lose()
+    _, answer, _ = resumed(harness)
+    assert not answer.sessionPresent
+
+
+def test_aDisconnectCannotGiveAnExpiryToASessionWithout(harness):
+    client = connected(harness, "s", MQTT_5)
+    client.send(Disconnect(properties={Property.SESSION_EXPIRY_INTERVAL: 10}))
+    (answer,) = client.received()
+    assert answer.reasonCode == ReasonCode.PROTOCOL_ERROR and client.closing
+
+
+def test_anOfflineQueueHasTheBoundsOfAConnectedOne():
+    """
+    What waits for a client that is away meets the same queue limits: the
+    publisher is held for the stall timeout, then the oldest are dropped.
+    """
+    delivery = DeliveryConfig(maxQueued=2)
+    harness = BrokerHarness(BrokerConfig(delivery=delivery))
+    away(harness, properties={Property.SESSION_EXPIRY_INTERVAL: 60, Property.RECEIVE_MAXIMUM: 1})
+    publisher = connected(harness, "p")
+    for number in range(6):
+        publisher.send(Publish("t", b"%d" % number, qos=1, packetId=number + 1))
+    harness.clock.advance(delivery.stallTimeout)
+    for number in range(6, 8):
+        publisher.send(Publish("t", b"%d" % number, qos=1, packetId=number + 1))
+    counters = harness.broker.stats()
+    assert counters["dropped_queue_full"] > 0
+    client, _, packets = resumed(harness)
+    received = [p.payload for p in packets]
+    while packets:
+        client.send(*(PubAck(p.packetId) for p in packets))
+        packets = client.received()
+        received += [p.payload for p in packets]
+    # The first (in flight when the client went), then the newest two.
+    assert received == [b"0", b"6", b"7"]
+    assert countersAddUp(harness.broker.stats())
+
+
+def test_offlineSessionsAreBounded(harness):
+    harness.service.mqttFactory.maxOfflineSessions = 1
+    away(harness, "a")
+    away(harness, "b")
+    assert harness.broker.stats()["refused_offline_sessions"] == 1
+    (event,) = harness.fields("limit_reached")
+    assert event["limit"] == "offline_sessions" and event["max"] == 1
+    assert resumed(harness, "a")[1].sessionPresent
+    assert not resumed(harness, "b")[1].sessionPresent
+
+
+# Will delay
+
+
+def watcher(harness):
+    client = connected(harness, "w")
+    client.subscribe(("status", 0))
+    return client
+
+
+def dying(harness, delay, expiry):
+    client = connected(
+        harness,
+        "d",
+        MQTT_5,
+        cleanStart=False,
+        properties={Property.SESSION_EXPIRY_INTERVAL: expiry},
+        will=Will("status", b"gone", properties={Property.WILL_DELAY_INTERVAL: delay}),
+    )
+    client.lose()
+
+
+def test_theWillWaitsForItsDelay(harness):
+    watching = watcher(harness)
+    dying(harness, 5, 60)
+    harness.clock.advance(4.9)
+    assert watching.received() == []
+    harness.clock.advance(0.1)
+    assert [p.payload for p in watching.received()] == [b"gone"]
+
+
+def test_aReconnectionWithinTheDelayCancelsTheWill(harness):
+    watching = watcher(harness)
+    dying(harness, 5, 60)
+    harness.clock.advance(4)
+    resumed(harness, "d")
+    harness.clock.advance(10)
+    assert watching.received() == []
+
+
+def test_theWillGoesWhenTheSessionEndsIfSooner(harness):
+    watching = watcher(harness)
+    dying(harness, 30, 5)
+    harness.clock.advance(5)
+    assert [p.payload for p in watching.received()] == [b"gone"]
+
+
+def test_aCleanStartWithinTheDelayPublishesTheWill(harness):
+    watching = watcher(harness)
+    dying(harness, 30, 60)
+    MQTTClient(harness, MQTT_5).connect("d", cleanStart=True)
+    assert [p.payload for p in watching.received()] == [b"gone"]
+
+
+def test_aWillWithoutDelayGoesAtOnceEvenIfTheSessionStays(harness):
+    watching = watcher(harness)
+    dying(harness, 0, 60)
+    assert [p.payload for p in watching.received()] == [b"gone"]
