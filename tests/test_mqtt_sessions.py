@@ -4,13 +4,17 @@ Clean Session 0, MQTT 5's Session Expiry Interval, will delay, and their
 bounds, on in-memory connections and a clock.
 """
 
+import sqlite3
+
 import pytest
 from helpers import BrokerHarness, countersAddUp
 from test_mqtt_server import MQTTClient, connected
 from test_topics_core import harnessWithRetained
+from twisted.internet.defer import maybeDeferred
 
 from dallal.broker.core import BrokerConfig
 from dallal.broker.delivery import DeliveryConfig
+from dallal.broker.retained import StoreError
 from dallal.protocol.mqtt import (
     MQTT_5,
     Disconnect,
@@ -20,8 +24,10 @@ from dallal.protocol.mqtt import (
     PubRec,
     PubRel,
     ReasonCode,
+    Subscription,
     Will,
 )
+from dallal.server.mqttstore import FILE_NAME, SessionStore
 
 
 @pytest.fixture
@@ -255,3 +261,95 @@ def test_aWillWithoutDelayGoesAtOnceEvenIfTheSessionStays(harness):
     watching = watcher(harness)
     dying(harness, 0, 60)
     assert [p.payload for p in watching.received()] == [b"gone"]
+
+
+# Across restarts
+
+
+def inline(function, *arguments):
+    return maybeDeferred(function, *arguments)
+
+
+def storedIn(path, now=1000.0):
+    return SessionStore(str(path / FILE_NAME), runInThread=inline, clock=lambda: now)
+
+
+def stopped(harness):
+    result = []
+    harness.service.stopService().addBoth(result.append)
+    harness.clock.advance(harness.service.shutdownGrace)
+    assert result, "the service did not stop"
+
+
+def restarted(store):
+    harness = BrokerHarness()
+    factory = harness.service.mqttFactory
+    factory.store = store
+    factory.restoreSessions()
+    return harness
+
+
+def test_sessionsSurviveARestart(tmp_path):
+    harness = BrokerHarness()
+    harness.service.mqttFactory.store = storedIn(tmp_path)
+    client = connected(
+        harness,
+        "s",
+        MQTT_5,
+        cleanStart=False,
+        properties={Property.SESSION_EXPIRY_INTERVAL: 60, Property.RECEIVE_MAXIMUM: 1},
+    )
+    client.subscribe(Subscription("t", 2, retainAsPublished=True), ("u/+", 1))
+    publisher = connected(harness, "p", MQTT_5)
+    publisher.send(
+        Publish("t", b"one", qos=2, packetId=1, properties={Property.CONTENT_TYPE: "a/b"}),
+        Publish("u/1", b"two", qos=1, packetId=2),
+        Publish("u/2", b"three", qos=1, packetId=3),
+    )
+    (sent,) = [p for p in client.received() if isinstance(p, Publish)]
+    client.lose()
+    stopped(harness)
+    (event,) = harness.fields("sessions_saved")
+    assert event["count"] == 1
+
+    harness = restarted(storedIn(tmp_path, now=1030.0))
+    (event,) = harness.fields("sessions_restored")
+    assert event["count"] == 1
+    client, answer, packets = resumed(harness, properties={Property.RECEIVE_MAXIMUM: 10})
+    assert answer.sessionPresent
+    assert packets == [
+        Publish(
+            "t",
+            b"one",
+            2,
+            dup=True,
+            packetId=sent.packetId,
+            properties={Property.CONTENT_TYPE: "a/b"},
+        ),
+        Publish("u/1", b"two", 1, packetId=packets[1].packetId),
+        Publish("u/2", b"three", 1, packetId=packets[2].packetId),
+    ]
+    # The subscriptions came back too.
+    connected(harness, "p").send(Publish("u/3", b"four", qos=1, packetId=1))
+    assert [p.payload for p in client.received()] == [b"four"]
+
+
+def test_aSessionThatExpiredWhileTheBrokerWasStoppedIsGone(tmp_path):
+    harness = BrokerHarness()
+    harness.service.mqttFactory.store = storedIn(tmp_path)
+    away(harness, properties={Property.SESSION_EXPIRY_INTERVAL: 60})
+    harness.clock.advance(10)
+    stopped(harness)
+    # 50 seconds were left.
+    harness = restarted(storedIn(tmp_path, now=1000.0 + 49))
+    assert resumed(harness)[1].sessionPresent
+    harness = restarted(storedIn(tmp_path, now=1000.0 + 50))
+    assert not resumed(harness)[1].sessionPresent
+
+
+def test_aStoreOfAnotherVersionIsRefused(tmp_path):
+    path = tmp_path / FILE_NAME
+    sqlite3.connect(path).execute("PRAGMA user_version = 7")
+    with pytest.raises(StoreError) as error:
+        storedIn(tmp_path).load()
+    assert "schema version 7" in str(error.value)

@@ -35,9 +35,10 @@ Where the specifications let a server choose, this does what Mosquitto
 
 import uuid
 
+from twisted.internet.defer import succeed
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Protocol, ServerFactory
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from zope.interface import implementer
 
 from dallal.broker.delivery import EXPIRED, TOO_LARGE
@@ -51,7 +52,12 @@ from dallal.errors import (
     TOO_MANY_SUBSCRIPTIONS,
     RequestError,
 )
-from dallal.limits import DEFAULT_MAX_OFFLINE_SESSIONS, PAYLOAD, ConnectionTable
+from dallal.limits import (
+    DEFAULT_MAX_OFFLINE_SESSIONS,
+    OFFLINE_SESSIONS,
+    PAYLOAD,
+    ConnectionTable,
+)
 from dallal.modes import ALL, FIRE
 from dallal.protocol.mqtt import (
     MQTT_3_1_1,
@@ -84,7 +90,6 @@ from dallal.server.addresses import formatAddress
 from dallal.server.mqttsession import (
     NEVER_EXPIRES,
     PLAIN,
-    SHARED_SUBSCRIPTION_PREFIX,
     DelayedWill,
     Granted,
     MQTTSession,
@@ -93,6 +98,7 @@ from dallal.server.mqttsession import (
     ignoreStoreFailure,
     publishAttributes,
     sessionExpiry,
+    sharing,
 )
 from dallal.server.streams import CONGESTION, LOGIN_CHECK, OUTPUT_FULL, ReadPause, WriteBatch
 
@@ -119,22 +125,6 @@ _SUBSCRIBE_REASONS = {
     NOT_AUTHORIZED: ReasonCode.NOT_AUTHORIZED,
     TOO_MANY_SUBSCRIPTIONS: ReasonCode.QUOTA_EXCEEDED,
 }
-
-
-def _sharing(topicFilter):
-    """
-    The share group and filter of a shared subscription's
-    C{$share/<group>/<filter>} (4.8.2), or C{None} and the filter itself.
-
-    @raise RequestError: C{BAD_TOPIC}, for a malformed one.
-    """
-    if not topicFilter.startswith(SHARED_SUBSCRIPTION_PREFIX):
-        return None, topicFilter
-    group, _, realFilter = topicFilter[len(SHARED_SUBSCRIPTION_PREFIX) :].partition("/")
-    if not group or not realFilter or "+" in group or "#" in group:
-        # [MQTT-4.8.2-1], [MQTT-4.8.2-2]
-        raise RequestError(BAD_TOPIC, f"{topicFilter!r} is no $share/<group>/<filter>", topicFilter)
-    return group, realFilter
 
 
 @implementer(IPushProducer)
@@ -443,15 +433,11 @@ class MQTTProtocol(Protocol):
         )
         # Until the CONNECT is accepted, a session of its own: whether it
         # resumes one is known once it has logged in.
-        self.session = MQTTSession(self.factory, clientId, self.peer)
-        self.session.protocol = self
         # The session's window, for as long as it lasts, is the Receive
         # Maximum of this first connection; a later one with less takes
         # less at a time (L{hasRoom}).
-        self.broker.attach(
-            self.session,
-            config.delivery.replace(maxInflight=self._receiveMaximum, ackTimeout=None),
-        )
+        self.session = MQTTSession(self.factory, clientId, self.peer, self._receiveMaximum)
+        self.session.protocol = self
         gatekeeper = self.gatekeeper
         if gatekeeper is None:
             self._accept(connect, clientId, assigned, None)
@@ -786,7 +772,7 @@ class MQTTProtocol(Protocol):
             topicFilter = wanted.topicFilter
             existed = topicFilter in self.session.granted
             try:
-                group, realFilter = _sharing(topicFilter)
+                group, realFilter = sharing(topicFilter)
                 if group is not None and wanted.noLocal:
                     # [MQTT-3.8.3-4]
                     raise ProtocolViolation("a shared subscription with No Local")
@@ -827,7 +813,7 @@ class MQTTProtocol(Protocol):
         codes = []
         for topicFilter in packet.topicFilters:
             try:
-                group, realFilter = _sharing(topicFilter)
+                group, realFilter = sharing(topicFilter)
                 self.broker.unsubscribe(self.session, realFilter, topicFilter, group)
             except RequestError:
                 codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
@@ -968,6 +954,8 @@ class MQTTFactory(ServerFactory):
         them: the connection limits count every stream connection.
     @param maxOfflineSessions: the most sessions kept without a
         connection (C{--max-offline-sessions}).
+    @param store: the L{dallal.server.mqttstore.SessionStore} that keeps
+        sessions across restarts, or C{None}.
     @ivar sessions: client id -> its L{MQTTSession}, with a connection or
         not.
     @ivar offline: the sessions without a connection.
@@ -982,6 +970,7 @@ class MQTTFactory(ServerFactory):
         batch=None,
         connections=None,
         maxOfflineSessions=DEFAULT_MAX_OFFLINE_SESSIONS,
+        store=None,
     ):
         self.broker = broker
         self.gatekeeper = gatekeeper
@@ -991,8 +980,55 @@ class MQTTFactory(ServerFactory):
             connections = ConnectionTable(config.maxConnections, config.maxConnectionsPerIp)
         self.connections = connections
         self.maxOfflineSessions = maxOfflineSessions
+        self.store = store
         self.sessions = {}
         self.offline = set()
+
+    def restoreSessions(self):
+        """
+        Take up the sessions of the store, as the broker starts.
+
+        @raise dallal.broker.retained.StoreError: the store cannot be read.
+        """
+        if self.store is None:
+            return
+        restored = 0
+        for stored in self.store.load():
+            if len(self.offline) >= self.maxOfflineSessions:
+                self.broker.limits.refused(
+                    OFFLINE_SESSIONS, self.maxOfflineSessions, stored.peer, "mqtt"
+                )
+                continue
+            MQTTSession.restore(self, stored)
+            restored += 1
+        self.broker.events.emit("sessions_restored", count=restored, path=self.store.path)
+
+    def saveSessions(self):
+        """
+        Write the sessions that outlive their connections to the store, as
+        the broker stops, before it ends every session.
+
+        @return: a Deferred that fires once they are written (or could not
+            be: then it is logged).
+        """
+        if self.store is None:
+            return succeed(None)
+        stored = [
+            session.snapshot()
+            for session in self.sessions.values()
+            if session.persistent and not session.ended
+        ]
+        events = self.broker.events
+        return self.store.save(stored).addCallbacks(
+            lambda count: events.emit("sessions_saved", count=count, path=self.store.path),
+            lambda failure: events.emit(
+                "sessions_not_saved",
+                LogLevel.error,
+                count=len(stored),
+                path=self.store.path,
+                error=str(failure.value),
+            ),
+        )
 
     def forget(self, session):
         """

@@ -34,10 +34,12 @@ from collections import deque
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from dallal.broker.core import Message
 from dallal.broker.delivery import DISCONNECTED
 from dallal.broker.interfaces import ISubscriber
-from dallal.errors import NO_ID, RequestError
+from dallal.errors import BAD_TOPIC, NO_ID, RequestError
 from dallal.limits import OFFLINE_SESSIONS
+from dallal.modes import ALL, FIRE
 from dallal.protocol.mqtt import (
     MQTT_5,
     NO_PROPERTIES,
@@ -45,6 +47,8 @@ from dallal.protocol.mqtt import (
     Property,
     encodeProperties,
 )
+from dallal.security.auth import IBrokerUser
+from dallal.server.mqttstore import StoredMessage, StoredSession, storedPublish
 from dallal.topictree import SubscriptionTree
 
 SHARED_SUBSCRIPTION_PREFIX = "$share/"
@@ -132,6 +136,22 @@ def ignoreStoreFailure(failure, topic):
     (C{store_failed}).
     """
     failure.trap(RequestError)
+
+
+def sharing(topicFilter):
+    """
+    The share group and filter of a shared subscription's
+    C{$share/<group>/<filter>} (4.8.2), or C{None} and the filter itself.
+
+    @raise RequestError: C{BAD_TOPIC}, for a malformed one.
+    """
+    if not topicFilter.startswith(SHARED_SUBSCRIPTION_PREFIX):
+        return None, topicFilter
+    group, _, realFilter = topicFilter[len(SHARED_SUBSCRIPTION_PREFIX) :].partition("/")
+    if not group or not realFilter or "+" in group or "#" in group:
+        # [MQTT-4.8.2-1], [MQTT-4.8.2-2]
+        raise RequestError(BAD_TOPIC, f"{topicFilter!r} is no $share/<group>/<filter>", topicFilter)
+    return group, realFilter
 
 
 class Granted:
@@ -233,17 +253,22 @@ class MQTTSession:
     @ivar will: the L{DelayedWill} of its connection, or C{None}.
     @ivar user: the name its client logged in with, or C{None}.
     @ivar ended: whether it has ended (it is detached from the core).
+    @ivar window: its in-flight window in the core.
     """
 
     transportName = "mqtt"
     _log = Logger()
 
-    def __init__(self, factory, clientId, peer):
+    def __init__(self, factory, clientId, peer, window):
+        """
+        Attach a new session to the core.
+        """
         self.factory = factory
         self.broker = factory.broker
         self.clock = self.broker.clock
         self.clientId = clientId
         self.peer = peer
+        self.window = window
         self.protocol = None
         self.expiry = 0
         self.granted = {}
@@ -267,6 +292,9 @@ class MQTTSession:
         # id, None to ack it or the reason it is dropped).
         self._toSettle = []
         self._settleCall = None
+        self.broker.attach(
+            self, self.broker.config.delivery.replace(maxInflight=window, ackTimeout=None)
+        )
 
     @property
     def persistent(self):
@@ -481,11 +509,14 @@ class MQTTSession:
                 self.publishWill()
             elif self.expiry is None or will.delay < self.expiry:
                 self._willCall = self.clock.callLater(will.delay, self._willDelayPassed)
-        if self.expiry is not None:
-            self._expiryCall = self.clock.callLater(self.expiry, self.expire)
+        self._awaitClient()
         # A transport that was full paused the core's delivery: the session
         # takes what its window holds.
         self.broker.resumeDelivery(self)
+
+    def _awaitClient(self):
+        if self.expiry is not None:
+            self._expiryCall = self.clock.callLater(self.expiry, self.expire)
 
     def _willDelayPassed(self):
         self._willCall = None
@@ -538,3 +569,126 @@ class MQTTSession:
         except RequestError as error:
             # The core has counted and logged an ACL or limit refusal.
             self._log.debug("will of {peer} refused: {error}", peer=self.peer, error=error)
+
+    # The store
+
+    def snapshot(self):
+        """
+        The broker stops: take what the core holds for this session
+        (acked to the core, as the store takes it over), and return it all
+        as a L{StoredSession}.
+        """
+        self.saving = True
+        broker = self.broker
+        broker.resumeDelivery(self)
+        while True:
+            # Each ack lets the core send what it queued: it waits here.
+            held = [o.deliveryId for o in self.outgoing.values() if o.deliveryId is not None]
+            held += [deliveryId for _, _, deliveryId in self.pending if deliveryId is not None]
+            if not held:
+                break
+            for outgoing in self.outgoing.values():
+                outgoing.deliveryId = None
+            self.pending = deque((message, sid, None) for message, sid, _ in self.pending)
+            for deliveryId in held:
+                broker.acknowledge(self, deliveryId)
+        expiry = self.expiry
+        if self._expiryCall is not None:
+            expiry = self._expiryCall.getTime() - self.clock.seconds()
+        messages = [
+            _storedMessage(
+                packetId,
+                outgoing.qos,
+                outgoing.released,
+                outgoing.message,
+                outgoing.subscriptionId,
+            )
+            for packetId, outgoing in self.outgoing.items()
+        ]
+        messages += [
+            _storedMessage(None, None, False, message, sid) for message, sid, _ in self.pending
+        ]
+        return StoredSession(
+            self.clientId,
+            self.user,
+            self.peer,
+            expiry,
+            self.window,
+            self.nextPacketId,
+            self.unreleased,
+            [
+                (topicFilter, g.qos, g.noLocal, g.retainAsPublished, list(g.identifiers))
+                for topicFilter, g in self.granted.items()
+            ],
+            messages,
+        )
+
+    @classmethod
+    def restore(cls, factory, stored):
+        """
+        Take up a session from the store, without a connection.
+
+        @param stored: its L{StoredSession}.
+        """
+        session = cls(factory, stored.clientId, stored.peer, stored.window)
+        session.expiry = stored.expiry
+        broker = factory.broker
+        gatekeeper = factory.gatekeeper
+        if gatekeeper is not None:
+            if stored.user is None:
+                user = gatekeeper.anonymous(stored.clientId)
+            else:
+                user = gatekeeper.realm.requestAvatar(stored.user, stored.clientId, IBrokerUser)[1]
+            broker.login(session, user)
+            session.user = user.name
+        for topicFilter, qos, noLocal, retainAsPublished, identifiers in stored.subscriptions:
+            try:
+                group, realFilter = sharing(topicFilter)
+                broker.subscribe(
+                    session, realFilter, topicFilter, FIRE if qos == 0 else ALL, group=group
+                )
+            except RequestError as error:
+                # The ACL or the limits changed while the broker was stopped.
+                broker.protocolError(session, error.code, False)
+                continue
+            session.grant(topicFilter, Granted(qos, noLocal, retainAsPublished, identifiers))
+        for kept in stored.messages:
+            publish = kept.publish
+            message = Message(
+                0,
+                publish.topic,
+                publish.payload,
+                stored.peer,
+                kept.published,
+                kept.retained,
+                properties=publishAttributes(publish.qos, publish.retain, publish.properties),
+            )
+            if kept.packetId is None:
+                session.pending.append((message, kept.subscription, None))
+            else:
+                outgoing = Outgoing(None, kept.qos, message, kept.subscription)
+                outgoing.released = kept.released
+                session.outgoing[kept.packetId] = outgoing
+        session.unreleased = set(stored.unreleased)
+        session.nextPacketId = stored.nextPacketId
+        factory.sessions[session.clientId] = session
+        factory.offline.add(session)
+        session._awaitClient()
+        return session
+
+
+def _storedMessage(packetId, qos, released, message, subscriptionId):
+    attributes = message.properties
+    if not isinstance(attributes, PublishAttributes):
+        # Published over Dallal's protocol or UDP: it goes out at the
+        # subscription's QoS.
+        attributes = PLAIN[2, False]
+    return StoredMessage(
+        packetId,
+        qos,
+        released,
+        subscriptionId,
+        message.published,
+        message.retained,
+        storedPublish(message.topic, message.payload, attributes),
+    )
