@@ -1003,6 +1003,16 @@ class MQTTFactory(ServerFactory):
             restored += 1
         self.broker.events.emit("sessions_restored", count=restored, path=self.store.path)
 
+    def stopping(self):
+        """
+        The broker begins to stop: the sessions without a connection that
+        the store keeps take what the core holds for them, which would
+        never be acked before it stops.
+        """
+        if self.store is not None:
+            for session in self.offline:
+                session.takeFromCore()
+
     def saveSessions(self):
         """
         Write the sessions that outlive their connections to the store, as

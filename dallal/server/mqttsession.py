@@ -572,11 +572,11 @@ class MQTTSession:
 
     # The store
 
-    def snapshot(self):
+    def takeFromCore(self):
         """
-        The broker stops: take what the core holds for this session
-        (acked to the core, as the store takes it over), and return it all
-        as a L{StoredSession}.
+        The broker stops: take what the core holds for this session, acked
+        to the core as the store takes it over, so that the core's drain
+        does not wait for a client that is away.
         """
         self.saving = True
         broker = self.broker
@@ -592,6 +592,13 @@ class MQTTSession:
             self.pending = deque((message, sid, None) for message, sid, _ in self.pending)
             for deliveryId in held:
                 broker.acknowledge(self, deliveryId)
+
+    def snapshot(self):
+        """
+        The broker stops: take what the core holds for this session, and
+        return it all as a L{StoredSession}.
+        """
+        self.takeFromCore()
         expiry = self.expiry
         if self._expiryCall is not None:
             expiry = self._expiryCall.getTime() - self.clock.seconds()

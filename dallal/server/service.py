@@ -547,6 +547,7 @@ class DallalService(MultiService):
             child for child in self if isinstance(child, ListenerService) and child.closesFirst
         ]
         stopped = [maybeDeferred(child.stopService) for child in streams]
+        self.mqttFactory.stopping()
         drained = self.broker.drain(self.shutdownGrace)
         drained.addCallback(lambda _: self._closeSessions(streams))
         return gatherResults([*stopped, drained])

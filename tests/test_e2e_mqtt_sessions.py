@@ -1,0 +1,192 @@
+"""
+End to end: MQTT sessions that outlive their connections, and the broker,
+with mosquitto_sub/mosquitto_pub and paho-mqtt against C{twistd dallal
+--mqtt --data-dir}, and the same scenarios against Mosquitto (with
+C{persistence true}) where it is installed.
+"""
+
+import shutil
+import signal
+import time
+
+import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from test_e2e_mqtt import (
+    MOSQUITTO,
+    WAIT,
+    DallalMQTT,
+    Mosquitto,
+    mosquittoPub,
+    mosquittoSub,
+    needsClients,
+    pahoClient,
+    received,
+    subscribe,
+    waitForMessages,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+class Restartable:
+    """
+    A broker of the given kind in C{folder}, that keeps its sessions
+    there across restarts.
+    """
+
+    def __init__(self, kind, folder):
+        self.kind = kind
+        self.folder = folder
+        self.broker = None
+        self.start()
+
+    @property
+    def port(self):
+        return self.broker.port
+
+    def start(self):
+        if self.kind == "mosquitto":
+            # As root, Mosquitto would write as its own user, which may not.
+            settings = f"persistence true\npersistence_location {self.folder}/\nuser root\n"
+            port = None if self.broker is None else self.broker.port
+            self.broker = Mosquitto(self.folder, port, settings)
+        else:
+            self.broker = DallalMQTT(self.folder)
+
+    def restart(self):
+        self.broker.stop()
+        self.start()
+
+    def stop(self):
+        self.broker.stop()
+
+
+@pytest.fixture(params=["dallal", "mosquitto"])
+def restartable(request, tmp_path):
+    if request.param == "mosquitto" and not shutil.which(MOSQUITTO):
+        pytest.skip("Mosquitto is not installed")
+    broker = Restartable(request.param, tmp_path)
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def persistentSub(port, clientId):
+    """
+    C{mosquitto_sub -c}: a session that outlives its connection.
+    """
+    return mosquittoSub(port, "-c", "-i", clientId, "-q", "1", "-t", "kept/#")
+
+
+@needsClients
+def test_aPersistentSessionAcrossAReconnection(restartable):
+    away = persistentSub(restartable.port, "keeper")
+    away.process.send_signal(signal.SIGKILL)
+    away.kill()
+    for qos in "10":
+        result = mosquittoPub(restartable.port, "-q", qos, "-t", "kept/a", "-m", f"at qos {qos}")
+        assert result.returncode == 0, result.stderr
+    back = persistentSub(restartable.port, "keeper")
+    try:
+        received(back, b"kept/a at qos 1")
+        # QoS 0 is not kept for a client that is away.
+        assert b"at qos 0" not in back.output
+    finally:
+        back.kill()
+
+
+@needsClients
+def test_aPersistentSessionAcrossABrokerRestart(restartable):
+    away = persistentSub(restartable.port, "keeper")
+    away.process.send_signal(signal.SIGKILL)
+    away.kill()
+    restartable.restart()
+    result = mosquittoPub(restartable.port, "-q", "1", "-t", "kept/a", "-m", "while away")
+    assert result.returncode == 0, result.stderr
+    back = persistentSub(restartable.port, "keeper")
+    try:
+        received(back, b"kept/a while away")
+    finally:
+        back.kill()
+
+
+@needsClients
+def test_messagesQueuedBeforeABrokerRestartAreDelivered(restartable):
+    away = persistentSub(restartable.port, "keeper")
+    away.process.send_signal(signal.SIGKILL)
+    away.kill()
+    result = mosquittoPub(restartable.port, "-q", "1", "-t", "kept/a", "-m", "before restart")
+    assert result.returncode == 0, result.stderr
+    restartable.restart()
+    back = persistentSub(restartable.port, "keeper")
+    try:
+        received(back, b"kept/a before restart")
+    finally:
+        back.kill()
+
+
+def pahoSession(port, clientId, expiry, cleanStart=False):
+    """
+    A paho MQTT 5 client whose session outlives its connection by
+    C{expiry} seconds; C{client.sessionPresent} is its CONNACK's flag.
+    """
+    properties = Properties(PacketTypes.CONNECT)
+    properties.SessionExpiryInterval = expiry
+    return pahoClient(port, clientId, cleanStart=cleanStart, properties=properties)
+
+
+@pytest.fixture
+def restartableDallal(tmp_path):
+    broker = Restartable("dallal", tmp_path)
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def test_pahoSessionExpiryAcrossABrokerRestart(restartableDallal):
+    """
+    Dallal only: Mosquitto 2.0.11 (Debian's) starts an MQTT 5 session that
+    disconnected with its expiry interval left afresh after a restart.
+    """
+    restartable = restartableDallal
+    client = pahoSession(restartable.port, "paho-keeper", 300, cleanStart=True)
+    subscribe(client, "kept/#", 1)
+    client.disconnect()
+    client.loop_stop()
+    restartable.restart()
+    publisher = pahoClient(restartable.port, "publisher")
+    publisher.publish("kept/b", b"for paho", qos=1).wait_for_publish(WAIT)
+    publisher.disconnect()
+    publisher.loop_stop()
+    client = pahoSession(restartable.port, "paho-keeper", 300)
+    try:
+        assert client.sessionPresent
+        (message,) = waitForMessages(client, 1)
+        assert (message.topic, message.payload, message.qos) == ("kept/b", b"for paho", 1)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+def test_pahoSessionThatExpiredIsGone(restartable):
+    client = pahoSession(restartable.port, "paho-brief", 1, cleanStart=True)
+    subscribe(client, "kept/#", 1)
+    client.disconnect()
+    client.loop_stop()
+    client = pahoSession(restartable.port, "paho-brief", 1)
+    try:
+        assert client.sessionPresent
+    finally:
+        client.disconnect()
+        client.loop_stop()
+    # Past its expiry interval, the session is no more.
+    time.sleep(2.5)
+    client = pahoSession(restartable.port, "paho-brief", 1)
+    try:
+        assert not client.sessionPresent
+    finally:
+        client.disconnect()
+        client.loop_stop()
