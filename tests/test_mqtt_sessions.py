@@ -7,10 +7,13 @@ bounds, on in-memory connections and a clock.
 import sqlite3
 
 import pytest
-from helpers import BrokerHarness, countersAddUp
+import pytest_twisted
+from helpers import STOP_TIMEOUT, BrokerHarness, countersAddUp
+from test_events_catalogue import MQTT_SESSION_EVENTS, catalogue
 from test_mqtt_server import MQTTClient, connected
 from test_topics_core import harnessWithRetained
-from twisted.internet.defer import maybeDeferred
+from twisted.internet import reactor
+from twisted.internet.defer import fail, maybeDeferred
 
 from dallal.broker.core import BrokerConfig
 from dallal.broker.delivery import DeliveryConfig
@@ -28,6 +31,7 @@ from dallal.protocol.mqtt import (
     Will,
 )
 from dallal.server.mqttstore import FILE_NAME, SessionStore
+from dallal.server.tap import Options, makeService
 
 
 @pytest.fixture
@@ -353,3 +357,36 @@ def test_aStoreOfAnotherVersionIsRefused(tmp_path):
     with pytest.raises(StoreError) as error:
         storedIn(tmp_path).load()
     assert "schema version 7" in str(error.value)
+
+
+def test_theSessionEventsCarryTheCataloguedFields(tmp_path):
+    harness = BrokerHarness()
+    harness.service.mqttFactory.store = storedIn(tmp_path)
+    away(harness, "a")
+    resumed(harness, "a")[0].lose()
+    away(harness, "b", properties={Property.SESSION_EXPIRY_INTERVAL: 1})
+    harness.clock.advance(1)
+    stopped(harness)
+    failing = BrokerHarness()
+    failing.service.mqttFactory.store = SessionStore(
+        str(tmp_path / "x"), runInThread=lambda *_: fail(StoreError("the disk is full"))
+    )
+    away(failing, "c")
+    stopped(failing)
+    restored = restarted(storedIn(tmp_path))
+    events, _ = catalogue()
+    for name in MQTT_SESSION_EVENTS:
+        (emitted,) = [h.fields(name)[0] for h in (harness, failing, restored) if h.fields(name)]
+        assert list(emitted) == events[name][1], name
+    assert failing.fields("sessions_not_saved")[0]["error"] == "the disk is full"
+
+
+@pytest_twisted.ensureDeferred
+async def test_theOptionsReachTheFactory(tmp_path):
+    options = Options()
+    options.parseOptions(["--data-dir", str(tmp_path), "--max-offline-sessions", "7"])
+    service = makeService(options, reactor)
+    await service.broker.retained.close().addTimeout(STOP_TIMEOUT, reactor)
+    factory = service.mqttFactory
+    assert factory.maxOfflineSessions == 7
+    assert factory.store.path == str(tmp_path / FILE_NAME)

@@ -2,10 +2,12 @@
 The broker over MQTT 3.1.1 and 5.0: one L{MQTTProtocol} per connection.
 
 The codec (L{dallal.protocol.mqtt}) turns bytes into packets; this protocol
-keeps each connection's MQTT state (its version, packet identifiers, the
-QoS 2 exchanges, topic aliases, the keep alive, the will) and hands
-publishes and subscriptions to the L{Broker} core, as the Dallal TCP
-protocol does.  The core sees an L{ISubscriber} like any other, with
+keeps each connection's MQTT state (its version, topic aliases, the keep
+alive, the client's limits) and hands publishes and subscriptions to the
+L{Broker} core, as the Dallal TCP protocol does.  What outlives a
+connection -- subscriptions, packet identifiers, QoS 1 and 2 exchanges,
+the will -- is its session's (L{dallal.server.mqttsession.MQTTSession}),
+which the core sees as an L{ISubscriber} like any other, with
 C{transportName} C{mqtt}.
 
 How MQTT maps onto the core:
@@ -17,17 +19,24 @@ How MQTT maps onto the core:
    message is acked by its PUBACK, of a QoS 2 message by its PUBCOMP: the
    packet identifier, and the client's Receive Maximum, stay taken until
    then.  Nothing is resent within a connection (MQTT 5 forbids it,
-   [MQTT-4.4.0-2]); what is unacked when it closes is dropped.
+   [MQTT-4.4.0-2]); what is unacked when it closes is dropped, unless its
+   session outlives it: then it is sent again, with DUP, to the connection
+   that resumes the session.
  - The in-flight window is the client's Receive Maximum (MQTT 5), at most
    C{--max-inflight}; the queue behind it is the core's, under the same
-   limits and slow-consumer policy as every client.
+   limits and slow-consumer policy as every client.  (A session's window
+   in the core is its first connection's; a later connection with a lower
+   Receive Maximum is sent less at a time, the rest waiting in the
+   session.)
  - An incoming QoS 2 packet identifier is held from PUBLISH to PUBREL, so a
    PUBLISH sent again is answered but not published twice.
  - The publisher's QoS, retain flag and MQTT 5 properties travel with the
    message as its opaque C{properties} (L{PublishAttributes}).
- - Sessions end with their connection (no persistent sessions yet): a
-   CONNECT asking to keep one is answered with no session present, and in
-   MQTT 5 with a Session Expiry Interval of 0.
+ - A session ends with its connection unless its CONNECT asked to keep
+   it (Clean Session 0, a Session Expiry Interval): then it waits for its
+   client (L{dallal.server.mqttsession}).
+ - No topic aliases are sent to clients, as Mosquitto sends none by
+   default; those clients set are taken, up to L{TOPIC_ALIAS_MAXIMUM}.
 
 Where the specifications let a server choose, this does what Mosquitto
 2.0 does, and the comments say so.
