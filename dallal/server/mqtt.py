@@ -104,6 +104,7 @@ from dallal.server.mqttsession import (
     MQTTSession,
     Outgoing,
     PublishAttributes,
+    cancelDelayed,
     ignoreStoreFailure,
     publishAttributes,
     sessionExpiry,
@@ -231,8 +232,8 @@ class MQTTProtocol(Protocol):
         # Nothing more is written, not even to this client's own will.
         self._closing = True
         self._output = []
-        self._cancel("_connectDeadline")
-        self._cancel("_keepAliveTimer")
+        cancelDelayed(self, "_connectDeadline")
+        cancelDelayed(self, "_keepAliveTimer")
         self.factory.connections.closed(self._host)
         if self._carriesSession():
             self.session.connectionEnded(self._closeReason)
@@ -252,12 +253,6 @@ class MQTTProtocol(Protocol):
         or before its CONNECT the connection itself.
         """
         return self if self.session is None else self.session
-
-    def _cancel(self, name):
-        call = getattr(self, name)
-        if call is not None and call.active():
-            call.cancel()
-        setattr(self, name, None)
 
     def _close(self):
         """
@@ -411,7 +406,7 @@ class MQTTProtocol(Protocol):
     # CONNECT
 
     def _connectReceived(self, connect):
-        self._cancel("_connectDeadline")
+        cancelDelayed(self, "_connectDeadline")
         self.version = version = connect.protocolLevel
         properties = connect.properties
         self._problemInformation = properties.get(Property.REQUEST_PROBLEM_INFORMATION, 1) == 1

@@ -130,6 +130,17 @@ def publishAttributes(qos, retain, properties):
     return PublishAttributes(qos, bool(retain), passed or NO_PROPERTIES)
 
 
+def cancelDelayed(owner, name):
+    """
+    Cancel the delayed call C{owner} keeps as its attribute C{name}, if it
+    is still to come, and forget it.
+    """
+    call = getattr(owner, name)
+    if call is not None and call.active():
+        call.cancel()
+    setattr(owner, name, None)
+
+
 def ignoreStoreFailure(failure, topic):
     """
     A retained message was not stored: the core has logged it
@@ -456,8 +467,8 @@ class MQTTSession:
         """
         self.protocol = protocol
         self.peer = protocol.peer
-        self._cancel("_expiryCall")
-        self._cancel("_willCall")
+        cancelDelayed(self, "_expiryCall")
+        cancelDelayed(self, "_willCall")
         self.factory.offline.discard(self)
         for packetId, outgoing in list(self.outgoing.items()):
             protocol.resend(packetId, outgoing)
@@ -547,15 +558,9 @@ class MQTTSession:
 
     def _ended(self):
         self.ended = True
-        self._cancel("_expiryCall")
-        self._cancel("_willCall")
+        cancelDelayed(self, "_expiryCall")
+        cancelDelayed(self, "_willCall")
         self.factory.forget(self)
-
-    def _cancel(self, name):
-        call = getattr(self, name)
-        if call is not None and call.active():
-            call.cancel()
-        setattr(self, name, None)
 
     def publishWill(self):
         will, self.will = self.will, None
