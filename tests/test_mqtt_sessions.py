@@ -390,3 +390,29 @@ async def test_theOptionsReachTheFactory(tmp_path):
     factory = service.mqttFactory
     assert factory.maxOfflineSessions == 7
     assert factory.store.path == str(tmp_path / FILE_NAME)
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_aStoppingBrokerDoesNotWaitForClientsThatAreAway(tmp_path, kept):
+    harness = BrokerHarness()
+    if kept:
+        harness.service.mqttFactory.store = storedIn(tmp_path)
+    away(harness)
+    connected(harness, "p").send(Publish("t", b"x", qos=1, packetId=1))
+    result = []
+    harness.service.stopService().addBoth(result.append)
+    harness.clock.advance(0.1)
+    assert result, "the broker waited for a client that is away"
+    (stats,) = harness.fields("stats")
+    assert (stats["acked" if kept else "dropped_disconnected"], stats["inflight"]) == (1, 0)
+
+
+def test_aResumingConnectionGetsWhatAFullOneHeldBack(harness):
+    first = connected(harness, "s", cleanStart=False)
+    first.subscribe(("t", 1))
+    first.connection.protocol.outputFull()
+    publisher = connected(harness, "p")
+    publisher.send(Publish("t", b"x", qos=1, packetId=1))
+    assert first.received() == []
+    second, answer, packets = resumed(harness, version=4)
+    assert [p.payload for p in packets] == [b"x"]

@@ -1009,13 +1009,17 @@ class MQTTFactory(ServerFactory):
 
     def stopping(self):
         """
-        The broker begins to stop: the sessions without a connection that
-        the store keeps take what the core holds for them, which would
-        never be acked before it stops.
+        The broker begins to stop: the sessions without a connection take
+        what the core holds for them, for the store, or end (with no will)
+        if there is none: their messages would never be acked before it
+        stops, and its drain would wait for them.
         """
-        if self.store is not None:
-            for session in self.offline:
+        for session in list(self.offline):
+            if self.store is not None:
                 session.takeFromCore()
+            else:
+                session.will = None
+                session.end("shutdown")
 
     def saveSessions(self):
         """

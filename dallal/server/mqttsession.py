@@ -473,6 +473,8 @@ class MQTTSession:
         for packetId, outgoing in list(self.outgoing.items()):
             protocol.resend(packetId, outgoing)
         self.sendPending()
+        # The connection taken over may have paused the core's delivery.
+        self.broker.resumeDelivery(self)
 
     def takenOver(self, cleanStart):
         """
