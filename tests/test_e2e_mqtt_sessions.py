@@ -12,11 +12,12 @@ import time
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
-from test_e2e_mqtt import (
+from test_e2e_mqtt import (  # noqa: F401 (anyBroker is a fixture)
     MOSQUITTO,
     WAIT,
     DallalMQTT,
     Mosquitto,
+    anyBroker,
     mosquittoPub,
     mosquittoSub,
     needsClients,
@@ -197,3 +198,46 @@ def test_pahoSessionThatExpiredIsGone(restartable):
     finally:
         client.disconnect()
         client.loop_stop()
+
+
+def dyingWithDelayedWill(port, clientId, delay):
+    """
+    An MQTT 5 mosquitto_sub whose session outlives it (C{-c}: for ever),
+    with a will delayed by C{delay} seconds, killed.
+    """
+    doomed = mosquittoSub(
+        port, "-V", "mqttv5", "-c", "-i", clientId, "-t", "anything",
+        "--will-topic", f"status/{clientId}", "--will-payload", "gone",
+        "-D", "will", "will-delay-interval", str(delay),
+    )  # fmt: skip
+    doomed.process.send_signal(signal.SIGKILL)
+    doomed.kill()
+    return time.monotonic()
+
+
+@needsClients
+def test_theWillWaitsForItsDelay(restartable):
+    watcher = mosquittoSub(restartable.port, "-t", "status/#")
+    try:
+        killed = dyingWithDelayedWill(restartable.port, "slow", 2)
+        received(watcher, b"status/slow gone")
+        assert time.monotonic() - killed >= 1.5
+    finally:
+        watcher.kill()
+
+
+@needsClients
+def test_aClientBackWithinTheDelayHasNoWill(restartable):
+    watcher = mosquittoSub(restartable.port, "-t", "status/#")
+    try:
+        dyingWithDelayedWill(restartable.port, "back", 3)
+        back = mosquittoSub(restartable.port, "-V", "mqttv5", "-c", "-i", "back", "-t", "anything")
+        try:
+            time.sleep(4)
+            mosquittoPub(restartable.port, "-t", "status/marker", "-m", "end")
+            received(watcher, b"status/marker end")
+            assert b"status/back" not in watcher.output
+        finally:
+            back.kill()
+    finally:
+        watcher.kill()
