@@ -416,3 +416,28 @@ def test_aResumingConnectionGetsWhatAFullOneHeldBack(harness):
     assert first.received() == []
     second, answer, packets = resumed(harness, version=4)
     assert [p.payload for p in packets] == [b"x"]
+
+
+def test_whatIsSentAgainKeepsWithinTheNewReceiveMaximum(harness):
+    client = connected(
+        harness,
+        "s",
+        MQTT_5,
+        cleanStart=False,
+        properties={Property.SESSION_EXPIRY_INTERVAL: 60, Property.RECEIVE_MAXIMUM: 3},
+    )
+    client.subscribe(("t", 1))
+    publisher = connected(harness, "p")
+    for number in range(3):
+        publisher.send(Publish("t", b"%d" % number, qos=1, packetId=number + 1))
+    assert len(client.received()) == 3
+    client.lose()
+    client, _, packets = resumed(harness, properties={Property.RECEIVE_MAXIMUM: 1})
+    received = []
+    while packets:
+        (packet,) = packets
+        assert packet.dup
+        received.append(packet.payload)
+        client.send(PubAck(packet.packetId))
+        packets = client.received()
+    assert received == [b"0", b"1", b"2"]

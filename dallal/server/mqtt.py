@@ -764,6 +764,9 @@ class MQTTProtocol(Protocol):
         """
         session = self.session
         del session.outgoing[packetId]
+        if session.unresent and packetId in session.unresent:
+            # Acked before it was sent again: it held no place in the window.
+            session.unresent.remove(packetId)
         session.acknowledge(outgoing.deliveryId)
         session.sendPending()
 
@@ -844,9 +847,10 @@ class MQTTProtocol(Protocol):
         Whether the client's Receive Maximum lets one more QoS 1 or 2
         message go out now.
         """
+        session = self.session
         return (
             not (self._closing or self.transport.disconnecting)
-            and len(self.session.outgoing) < self._receiveMaximum
+            and len(session.outgoing) - len(session.unresent) < self._receiveMaximum
         )
 
     def deliver(self, message, subscriptionId, deliveryId):

@@ -261,6 +261,9 @@ class MQTTSession:
         sent yet, oldest first: C{(message, subscriptionId, deliveryId)}.
     @ivar unreleased: incoming QoS 2 packet identifiers, from PUBLISH to
         PUBREL.
+    @ivar unresent: the packet identifiers of the L{outgoing} messages to
+        send again to the connection that resumed the session, as its
+        window allows.
     @ivar will: the L{DelayedWill} of its connection, or C{None}.
     @ivar user: the name its client logged in with, or C{None}.
     @ivar ended: whether it has ended (it is detached from the core).
@@ -290,6 +293,7 @@ class MQTTSession:
         self.outgoing = {}
         self.nextPacketId = 1
         self.pending = deque()
+        self.unresent = deque()
         self.unreleased = set()
         self.will = None
         self.user = None
@@ -384,17 +388,24 @@ class MQTTSession:
         if protocol is None and self.qosFor(message, subscriptionId) == 0:
             self.settleLater(deliveryId, DISCONNECTED)
             return
-        if protocol is not None and not self.pending and protocol.hasRoom():
+        if protocol is not None and not (self.pending or self.unresent) and protocol.hasRoom():
             protocol.deliver(message, subscriptionId, deliveryId)
         else:
             self.pending.append((message, subscriptionId, deliveryId))
 
     def sendPending(self):
         """
-        Send what waits, as far as the connection's window allows.
+        Send what waits, as far as the connection's window allows: first
+        what an earlier connection was sent and did not ack, then what the
+        core delivered meanwhile.
         """
         protocol = self.protocol
-        pending = self.pending
+        unresent, pending = self.unresent, self.pending
+        while unresent and protocol is not None and protocol.hasRoom():
+            packetId = unresent.popleft()
+            outgoing = self.outgoing.get(packetId)
+            if outgoing is not None:
+                protocol.resend(packetId, outgoing)
         while pending and protocol is not None and protocol.hasRoom():
             message, subscriptionId, deliveryId = pending.popleft()
             protocol.deliver(message, subscriptionId, deliveryId)
@@ -470,8 +481,9 @@ class MQTTSession:
         cancelDelayed(self, "_expiryCall")
         cancelDelayed(self, "_willCall")
         self.factory.offline.discard(self)
-        for packetId, outgoing in list(self.outgoing.items()):
-            protocol.resend(packetId, outgoing)
+        # Within the Receive Maximum of this connection, which may be less
+        # than the one they were sent under.
+        self.unresent = deque(self.outgoing)
         self.sendPending()
         # The connection taken over may have paused the core's delivery.
         self.broker.resumeDelivery(self)
