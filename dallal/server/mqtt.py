@@ -107,6 +107,7 @@ from dallal.server.mqttsession import (
     cancelDelayed,
     ignoreStoreFailure,
     publishAttributes,
+    qosOf,
     sessionExpiry,
     sharing,
 )
@@ -872,7 +873,7 @@ class MQTTProtocol(Protocol):
         ):
             session.settleLater(deliveryId, EXPIRED)
             return
-        qos = session.qosFor(message, subscriptionId)
+        qos = qosOf(message, granted)
         packetId = session.allocatePacketId() if qos else None
         if not self._writePublish(message, granted, qos, packetId, False):
             # [MQTT-3.1.2-25]: never sent, as if it had been.

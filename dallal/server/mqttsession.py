@@ -130,6 +130,22 @@ def publishAttributes(qos, retain, properties):
     return PublishAttributes(qos, bool(retain), passed or NO_PROPERTIES)
 
 
+def qosOf(message, granted):
+    """
+    The QoS a message goes out at: the lower of its publish QoS and the
+    subscription's (a message published over Dallal's own protocol or UDP
+    goes out at the subscription's).
+
+    @param granted: the L{Granted} of the subscriptions it matched, or
+        C{None}.
+    """
+    grantedQos = 0 if granted is None else granted.qos
+    attributes = message.properties
+    if isinstance(attributes, PublishAttributes):
+        return min(attributes.qos, grantedQos)
+    return grantedQos
+
+
 def cancelDelayed(owner, name):
     """
     Cancel the delayed call C{owner} keeps as its attribute C{name}, if it
@@ -352,19 +368,6 @@ class MQTTSession:
             self.combined[topic] = combined
         return combined
 
-    def qosFor(self, message, subscriptionId):
-        """
-        The QoS a message goes out at: the lower of its publish QoS and the
-        subscription's (a message published over Dallal's own protocol or
-        UDP goes out at the subscription's).
-        """
-        granted = self.grantedFor(message.topic, subscriptionId)
-        grantedQos = 0 if granted is None else granted.qos
-        attributes = message.properties
-        if isinstance(attributes, PublishAttributes):
-            return min(attributes.qos, grantedQos)
-        return grantedQos
-
     def allocatePacketId(self):
         """
         A packet identifier no outgoing message holds.  The window is far
@@ -385,7 +388,7 @@ class MQTTSession:
             if protocol is not None:
                 protocol.deliver(message, subscriptionId, None)
             return
-        if protocol is None and self.qosFor(message, subscriptionId) == 0:
+        if protocol is None and qosOf(message, self.grantedFor(message.topic, subscriptionId)) == 0:
             self.settleLater(deliveryId, DISCONNECTED)
             return
         if protocol is not None and not (self.pending or self.unresent) and protocol.hasRoom():
