@@ -351,6 +351,11 @@ def test_aSessionThatExpiredWhileTheBrokerWasStoppedIsGone(tmp_path):
     assert not resumed(harness)[1].sessionPresent
 
 
+def test_aStoreNeverWrittenToHoldsNoSession(tmp_path):
+    sqlite3.connect(tmp_path / FILE_NAME).execute("CREATE TABLE unfinished (x)")
+    assert storedIn(tmp_path).load() == []
+
+
 def test_aStoreOfAnotherVersionIsRefused(tmp_path):
     path = tmp_path / FILE_NAME
     sqlite3.connect(path).execute("PRAGMA user_version = 7")

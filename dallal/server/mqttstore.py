@@ -38,7 +38,7 @@ CREATE TABLE sessions (
     client_id TEXT PRIMARY KEY NOT NULL,
     user TEXT,
     peer TEXT NOT NULL,
-    -- Seconds it had left when written; NULL: it never expires.
+    -- Seconds it had left when written, NULL for never.
     expiry REAL,
     saved REAL NOT NULL,
     window INTEGER NOT NULL,
@@ -190,6 +190,9 @@ class SessionStore:
 
     def _read(self, connection):
         (version,) = connection.execute("PRAGMA user_version").fetchone()
+        if version == 0:
+            # Never written to.
+            return []
         if version != SCHEMA_VERSION:
             raise StoreError(
                 f"{self.path} has schema version {version}, not {SCHEMA_VERSION}: "
@@ -262,11 +265,14 @@ class SessionStore:
         except sqlite3.Error as error:
             raise StoreError(f"cannot open {self.path}: {error}") from error
         try:
+            connection.execute("BEGIN IMMEDIATE")
             (version,) = connection.execute("PRAGMA user_version").fetchone()
             if version == 0:
-                connection.executescript(SCHEMA)
+                # In the same transaction: a file is a store, or empty.
+                for statement in SCHEMA.split(";"):
+                    if statement.strip():
+                        connection.execute(statement)
                 connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            connection.execute("BEGIN IMMEDIATE")
             for table in ("sessions", "subscriptions", "messages"):
                 connection.execute(f"DELETE FROM {table}")
             for session in sessions:
