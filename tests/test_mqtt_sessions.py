@@ -9,8 +9,10 @@ import sqlite3
 import pytest
 import pytest_twisted
 from helpers import STOP_TIMEOUT, BrokerHarness, countersAddUp
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_events_catalogue import MQTT_SESSION_EVENTS, catalogue
-from test_mqtt_server import MQTTClient, connected
+from test_mqtt_server import MQTTClient, _packets, connected
 from test_topics_core import harnessWithRetained
 from twisted.internet import reactor
 from twisted.internet.defer import fail, maybeDeferred
@@ -446,3 +448,44 @@ def test_whatIsSentAgainKeepsWithinTheNewReceiveMaximum(harness):
         client.send(PubAck(packet.packetId))
         packets = client.received()
     assert received == [b"0", b"1", b"2"]
+
+
+_RECONNECT, _TICK = "reconnect", "tick"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    steps=st.lists(st.one_of(_packets, st.sampled_from([_RECONNECT, _TICK])), max_size=25),
+    receiveMaximum=st.integers(1, 3),
+)
+def test_anySequenceWithReconnectionsKeepsTheCountersTrue(steps, receiveMaximum):
+    """
+    A client whose session outlives its connections, lost and back again
+    (with a Receive Maximum of its own each time) among any packets: no
+    exception escapes, and once its session expired the broker's
+    accounting adds up with nothing left in flight.
+    """
+    harness = BrokerHarness(BrokerConfig(messageEvents=False))
+    properties = {Property.SESSION_EXPIRY_INTERVAL: 5, Property.RECEIVE_MAXIMUM: receiveMaximum}
+    keeper = connected(harness, "keeper", MQTT_5, cleanStart=False, properties=properties)
+    keeper.subscribe(("#", 2))
+    other = connected(harness, "other", MQTT_5)
+    for number, step in enumerate(steps):
+        if step == _RECONNECT:
+            keeper.lose()
+            properties[Property.RECEIVE_MAXIMUM] = number % 3 + 1
+            keeper = MQTTClient(harness, MQTT_5)
+            keeper.connect("keeper", cleanStart=False, properties=properties)
+        elif step == _TICK:
+            harness.clock.advance(1)
+        else:
+            client = (keeper, other)[number % 2]
+            if not client.closing:
+                client.send(step)
+    keeper.lose()
+    other.lose()
+    harness.clock.advance(5)
+    harness.clock.advance(0)
+    counters = harness.broker.counters
+    assert countersAddUp(counters)
+    assert counters["inflight"] == 0 and counters["connections"] == 0
