@@ -65,6 +65,14 @@ def resumed(harness, clientId="s", version=MQTT_5, **fields):
     return client, answer, packets
 
 
+def keeping(harness, receiveMaximum):
+    """
+    An MQTT 5 client whose session outlives its connection by a minute.
+    """
+    properties = {Property.SESSION_EXPIRY_INTERVAL: 60, Property.RECEIVE_MAXIMUM: receiveMaximum}
+    return connected(harness, "s", MQTT_5, cleanStart=False, properties=properties)
+
+
 @pytest.mark.parametrize("version", [4, MQTT_5])
 def test_qos1MessagesWaitForAClientThatIsAway(harness, version):
     away(harness, version=version)
@@ -298,13 +306,7 @@ def restarted(store):
 def test_sessionsSurviveARestart(tmp_path):
     harness = BrokerHarness()
     harness.service.mqttFactory.store = storedIn(tmp_path)
-    client = connected(
-        harness,
-        "s",
-        MQTT_5,
-        cleanStart=False,
-        properties={Property.SESSION_EXPIRY_INTERVAL: 60, Property.RECEIVE_MAXIMUM: 1},
-    )
+    client = keeping(harness, 1)
     client.subscribe(Subscription("t", 2, retainAsPublished=True), ("u/+", 1))
     publisher = connected(harness, "p", MQTT_5)
     publisher.send(
@@ -426,13 +428,7 @@ def test_aResumingConnectionGetsWhatAFullOneHeldBack(harness):
 
 
 def test_whatIsSentAgainKeepsWithinTheNewReceiveMaximum(harness):
-    client = connected(
-        harness,
-        "s",
-        MQTT_5,
-        cleanStart=False,
-        properties={Property.SESSION_EXPIRY_INTERVAL: 60, Property.RECEIVE_MAXIMUM: 3},
-    )
+    client = keeping(harness, 3)
     client.subscribe(("t", 1))
     publisher = connected(harness, "p")
     for number in range(3):
