@@ -41,15 +41,15 @@ def harness():
     return harnessWithRetained()
 
 
-def away(harness, clientId="s", version=MQTT_5, qos=1, **fields):
+def away(harness, clientId="s", version=MQTT_5, qos=1, topicFilter="t", **fields):
     """
-    A client that subscribed to C{t} in a session that outlives its
-    connection, then lost its connection.
+    A client that subscribed to C{topicFilter} in a session that outlives
+    its connection, then lost its connection.
     """
     if version == MQTT_5:
         fields.setdefault("properties", {Property.SESSION_EXPIRY_INTERVAL: 3600})
     client = connected(harness, clientId, version, cleanStart=False, **fields)
-    client.subscribe(("t", qos))
+    client.subscribe((topicFilter, qos))
     client.lose()
     return client
 
@@ -485,3 +485,31 @@ def test_anySequenceWithReconnectionsKeepsTheCountersTrue(steps, receiveMaximum)
     counters = harness.broker.counters
     assert countersAddUp(counters)
     assert counters["inflight"] == 0 and counters["connections"] == 0
+
+
+def test_aRestoredSessionReadsWhatItsUserMay(tmp_path):
+    """
+    A session taken up from the store is its user's again: the ACL
+    applies to what it is sent while its client is away.
+    """
+    acl = "user alice\ntopic readwrite news/#\nuser bob\ntopic read news/public\n"
+
+    def broker():
+        return BrokerHarness(users={"alice": b"pw", "bob": b"pw"}, acl=acl)
+
+    harness = broker()
+    harness.service.mqttFactory.store = storedIn(tmp_path)
+    away(harness, version=4, topicFilter="news/#", username="bob", password=b"pw")
+    stopped(harness)
+    harness = broker()
+    factory = harness.service.mqttFactory
+    factory.store = storedIn(tmp_path)
+    factory.restoreSessions()
+    publisher = connected(harness, "p", username="alice", password=b"pw")
+    publisher.send(
+        Publish("news/secret", b"no", qos=1, packetId=1),
+        Publish("news/public", b"yes", qos=1, packetId=2),
+    )
+    client, answer, packets = resumed(harness, version=4, username="bob", password=b"pw")
+    assert answer.sessionPresent
+    assert [p.payload for p in packets] == [b"yes"]
