@@ -68,6 +68,10 @@ DEFAULT_MAX_MATCHING_TOPICS = 1000
 # Topics one TOPICS answer lists: each is a row of JSON built and written
 # while the broker serves nobody else.
 DEFAULT_MAX_LISTED = 1000
+# MQTT sessions kept while their clients are away (Clean Session 0, a
+# Session Expiry Interval): each may hold as much as a connected client's
+# queue, --max-queued and --max-queued-bytes.
+DEFAULT_MAX_OFFLINE_SESSIONS = 1_000
 DEFAULT_MAX_RETAINED = 100_000
 DEFAULT_MAX_RETAINED_BYTES = 256 * 1024 * 1024
 # Requests refused in a row on one TCP connection: a client that means well
@@ -153,6 +157,8 @@ MATCHING_TOPICS = Limit("matching_topics", TOO_MANY_TOPICS)
 LISTED = Limit("listed", None)
 RETAINED = Limit("retained", STORE_FAILED)
 RETAINED_BYTES = Limit("retained_bytes", STORE_FAILED)
+# An MQTT session that would outlive its connection ends with it instead.
+OFFLINE_SESSIONS = Limit("offline_sessions", None)
 
 LIMITS = (
     CONNECTIONS,
@@ -178,6 +184,7 @@ LIMITS = (
     LISTED,
     RETAINED,
     RETAINED_BYTES,
+    OFFLINE_SESSIONS,
 )
 
 

@@ -73,10 +73,14 @@ class Mosquitto:
 
     name = "mosquitto"
 
-    def __init__(self, folder):
-        self.port = freePort()
+    def __init__(self, folder, port=None, settings=""):
+        """
+        @param port: its port, if not a free one.
+        @param settings: more lines of its configuration file.
+        """
+        self.port = freePort() if port is None else port
         config = folder / "mosquitto.conf"
-        config.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n")
+        config.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n{settings}")
         self.process = OutputCollector([MOSQUITTO, "-c", str(config)], folder)
         deadline = time.monotonic() + WAIT
         while True:
@@ -311,13 +315,24 @@ def test_usernamePasswordAndAcl(tmp_path):
     assert b"transport=mqtt" in broker.process.output
 
 
-def pahoClient(port, clientId, version=paho.MQTTv5, transport="tcp", ca=None):
+def pahoClient(
+    port,
+    clientId,
+    version=paho.MQTTv5,
+    transport="tcp",
+    ca=None,
+    cleanStart=paho.MQTT_CLEAN_START_FIRST_ONLY,
+    properties=None,
+):
     """
     A connected paho-mqtt client with its network loop running, and the
-    messages it receives collected.
+    messages it receives collected; C{client.sessionPresent} is its
+    CONNACK's flag.
 
     @param transport: C{websockets} for MQTT over WebSockets, to C{/mqtt}.
     @param ca: the file of the CA to trust, for TLS.
+    @param cleanStart: MQTT 5's Clean Start.
+    @param properties: the CONNECT's MQTT 5 properties.
     """
     client = paho.Client(
         paho.CallbackAPIVersion.VERSION2, client_id=clientId, protocol=version, transport=transport
@@ -343,8 +358,16 @@ def pahoClient(port, clientId, version=paho.MQTTv5, transport="tcp", ca=None):
 
     client.on_subscribe = onSubscribe
     connected = threading.Event()
-    client.on_connect = lambda *arguments: connected.set()
-    client.connect("127.0.0.1", port)
+
+    def onConnect(client, userdata, flags, reasonCode, properties):
+        client.sessionPresent = flags.session_present
+        connected.set()
+
+    client.on_connect = onConnect
+    if version == paho.MQTTv5:
+        client.connect("127.0.0.1", port, clean_start=cleanStart, properties=properties)
+    else:
+        client.connect("127.0.0.1", port)
     client.loop_start()
     assert connected.wait(WAIT)
     return client

@@ -42,6 +42,15 @@ SERVICE_EVENTS = {
 # The traffic of the topics past the busiest, which takes more topics than
 # the scenario has (tests/test_sysstats.py checks its fields).
 TRAFFIC_OVERFLOW_EVENTS = {"topic_traffic_other"}
+# The MQTT sessions that outlive their connections (tests/test_mqtt_sessions.py
+# checks their fields).
+MQTT_SESSION_EVENTS = {
+    "session_resumed",
+    "session_expired",
+    "sessions_restored",
+    "sessions_saved",
+    "sessions_not_saved",
+}
 
 
 def catalogue():
@@ -205,7 +214,7 @@ def test_eventsCarryTheCataloguedFieldsInOrder():
     # The scenario must reach every per-session event, or the check above
     # proves less than it claims; the service's own are tested with it, and
     # the bridges' own with their links (tests/test_bridge.py).
-    notHere = SERVICE_EVENTS | set(LINK_EVENTS) | TRAFFIC_OVERFLOW_EVENTS
+    notHere = SERVICE_EVENTS | set(LINK_EVENTS) | TRAFFIC_OVERFLOW_EVENTS | MQTT_SESSION_EVENTS
     assert seen == set(events) - notHere, set(events) - notHere - seen
 
 

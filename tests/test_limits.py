@@ -592,6 +592,8 @@ LIMIT_OPTIONS = {
 
 # The queues' limits, of dallal.broker.delivery, are in the same table.
 QUEUE_OPTIONS = ["max-queued", "max-queued-bytes"]
+# And the MQTT sessions' (dallal.server.mqttsession).
+SESSION_OPTIONS = ["max-offline-sessions"]
 
 
 class FakeRlimit:
@@ -663,7 +665,8 @@ def test_readmeListsEveryLimitWithItsDefault():
     section = section[: section.index("\n### ", 1)]
     listed = dict(re.findall(r"^\| `--(max-[a-z-]+)` \| `(\d+)` \|", section, re.MULTILINE))
     defaults = {name: str(value) for name, value in Options().defaults.items()}
-    assert listed == {option: defaults[option] for option in [*LIMIT_OPTIONS, *QUEUE_OPTIONS]}
+    options = [*LIMIT_OPTIONS, *QUEUE_OPTIONS, *SESSION_OPTIONS]
+    assert listed == {option: defaults[option] for option in options}
 
 
 @pytest.mark.parametrize(

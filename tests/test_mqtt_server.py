@@ -17,6 +17,7 @@ from dallal.broker.delivery import DeliveryConfig
 from dallal.protocol.mqtt import (
     MQTT_3_1_1,
     MQTT_5,
+    Auth,
     ConnAck,
     Connect,
     Disconnect,
@@ -118,19 +119,6 @@ def test_anEmptyClientIdCannotKeepASessionIn311(harness):
     client = MQTTClient(harness)
     assert client.connect("", cleanStart=False) == [ConnAck(reasonCode=2)]
     assert client.closing
-
-
-def test_aPersistentSessionIsRefusedPolitely(harness):
-    """
-    Sessions end with their connection: an MQTT 5 client asking for one is
-    told its Session Expiry Interval is 0.
-    """
-    client = MQTTClient(harness, MQTT_5)
-    (answer,) = client.connect(
-        "p", cleanStart=False, properties={Property.SESSION_EXPIRY_INTERVAL: 60}
-    )
-    assert not answer.sessionPresent
-    assert answer.properties[Property.SESSION_EXPIRY_INTERVAL] == 0
 
 
 def test_aSecondConnectionWithTheClientIdTakesItOver(harness):
@@ -606,6 +594,26 @@ def test_aServerPacketFromTheClientIsAProtocolError(harness):
     client.send(SubAck(1, [0]))
     (answer,) = client.received()
     assert answer.reasonCode == ReasonCode.PROTOCOL_ERROR
+    assert client.closing
+
+
+def test_anUnknownAuthenticationMethodIsRefused(harness):
+    """
+    No enhanced authentication, as Mosquitto without plugins: CONNACK 0x8C.
+    """
+    client = MQTTClient(harness, MQTT_5)
+    (answer,) = client.connect("c", properties={Property.AUTHENTICATION_METHOD: "SCRAM-SHA-1"})
+    assert answer.reasonCode == ReasonCode.BAD_AUTHENTICATION_METHOD
+    assert client.closing
+
+
+def test_anAuthWithoutAnAuthenticationMethodIsAProtocolError(harness):
+    client = connected(harness, "c", MQTT_5)
+    client.send(Auth(ReasonCode.RE_AUTHENTICATE, {Property.AUTHENTICATION_METHOD: "m"}))
+    (answer,) = client.received()
+    assert answer == Disconnect(
+        ReasonCode.PROTOCOL_ERROR, {Property.REASON_STRING: "a client does not send AUTH"}
+    )
     assert client.closing
 
 

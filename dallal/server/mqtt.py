@@ -2,10 +2,12 @@
 The broker over MQTT 3.1.1 and 5.0: one L{MQTTProtocol} per connection.
 
 The codec (L{dallal.protocol.mqtt}) turns bytes into packets; this protocol
-keeps each connection's MQTT state (its version, packet identifiers, the
-QoS 2 exchanges, topic aliases, the keep alive, the will) and hands
-publishes and subscriptions to the L{Broker} core, as the Dallal TCP
-protocol does.  The core sees an L{ISubscriber} like any other, with
+keeps each connection's MQTT state (its version, topic aliases, the keep
+alive, the client's limits) and hands publishes and subscriptions to the
+L{Broker} core, as the Dallal TCP protocol does.  What outlives a
+connection -- subscriptions, packet identifiers, QoS 1 and 2 exchanges,
+the will -- is its session's (L{dallal.server.mqttsession.MQTTSession}),
+which the core sees as an L{ISubscriber} like any other, with
 C{transportName} C{mqtt}.
 
 How MQTT maps onto the core:
@@ -17,17 +19,24 @@ How MQTT maps onto the core:
    message is acked by its PUBACK, of a QoS 2 message by its PUBCOMP: the
    packet identifier, and the client's Receive Maximum, stay taken until
    then.  Nothing is resent within a connection (MQTT 5 forbids it,
-   [MQTT-4.4.0-2]); what is unacked when it closes is dropped.
+   [MQTT-4.4.0-2]); what is unacked when it closes is dropped, unless its
+   session outlives it: then it is sent again, with DUP, to the connection
+   that resumes the session.
  - The in-flight window is the client's Receive Maximum (MQTT 5), at most
    C{--max-inflight}; the queue behind it is the core's, under the same
-   limits and slow-consumer policy as every client.
+   limits and slow-consumer policy as every client.  (A session's window
+   in the core is its first connection's; a later connection with a lower
+   Receive Maximum is sent less at a time, the rest waiting in the
+   session.)
  - An incoming QoS 2 packet identifier is held from PUBLISH to PUBREL, so a
    PUBLISH sent again is answered but not published twice.
  - The publisher's QoS, retain flag and MQTT 5 properties travel with the
    message as its opaque C{properties} (L{PublishAttributes}).
- - Sessions end with their connection (no persistent sessions yet): a
-   CONNECT asking to keep one is answered with no session present, and in
-   MQTT 5 with a Session Expiry Interval of 0.
+ - A session ends with its connection unless its CONNECT asked to keep
+   it (Clean Session 0, a Session Expiry Interval): then it waits for its
+   client (L{dallal.server.mqttsession}).
+ - No topic aliases are sent to clients, as Mosquitto sends none by
+   default; those clients set are taken, up to L{TOPIC_ALIAS_MAXIMUM}.
 
 Where the specifications let a server choose, this does what Mosquitto
 2.0 does, and the comments say so.
@@ -35,9 +44,10 @@ Where the specifications let a server choose, this does what Mosquitto
 
 import uuid
 
+from twisted.internet.defer import succeed
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Protocol, ServerFactory
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from zope.interface import implementer
 
 from dallal.broker.delivery import EXPIRED, TOO_LARGE
@@ -51,7 +61,12 @@ from dallal.errors import (
     TOO_MANY_SUBSCRIPTIONS,
     RequestError,
 )
-from dallal.limits import PAYLOAD, ConnectionTable
+from dallal.limits import (
+    DEFAULT_MAX_OFFLINE_SESSIONS,
+    OFFLINE_SESSIONS,
+    PAYLOAD,
+    ConnectionTable,
+)
 from dallal.modes import ALL, FIRE
 from dallal.protocol.mqtt import (
     MQTT_3_1_1,
@@ -64,7 +79,6 @@ from dallal.protocol.mqtt import (
     Disconnect,
     MalformedPacket,
     MQTTDecoder,
-    PacketType,
     PingReq,
     PingResp,
     Property,
@@ -78,13 +92,26 @@ from dallal.protocol.mqtt import (
     Subscribe,
     UnsubAck,
     Unsubscribe,
-    encodeProperties,
     encodePublishHeader,
 )
 from dallal.security.auth import LOGIN_TIMEOUT, LoginFailed
 from dallal.server.addresses import formatAddress
+from dallal.server.mqttsession import (
+    NEVER_EXPIRES,
+    PLAIN,
+    DelayedWill,
+    Granted,
+    MQTTSession,
+    Outgoing,
+    PublishAttributes,
+    cancelDelayed,
+    ignoreStoreFailure,
+    publishAttributes,
+    qosOf,
+    sessionExpiry,
+    sharing,
+)
 from dallal.server.streams import CONGESTION, LOGIN_CHECK, OUTPUT_FULL, ReadPause, WriteBatch
-from dallal.topictree import SubscriptionTree
 
 # What a packet may carry beyond the largest payload the broker takes: its
 # topic (at most 65,535 bytes) and properties.  A larger packet is refused
@@ -94,17 +121,6 @@ PACKET_OVERHEAD = 64 * 1024
 TOPIC_ALIAS_MAXIMUM = 10
 # A client's Receive Maximum when it gives none (3.1.2.11.3).
 DEFAULT_RECEIVE_MAXIMUM = 65535
-SHARED_SUBSCRIPTION_PREFIX = "$share/"
-# Topics whose matching filters a connection remembers, past which it
-# starts again: a message is matched against the connection's own filters
-# only when they overlap.
-TOPICS_REMEMBERED = 1000
-
-# The properties of a PUBLISH (or will) that belong to one hop, or to the
-# will, not to the message: not passed on to subscribers.
-_NOT_PASSED_ON = frozenset(
-    {Property.TOPIC_ALIAS, Property.SUBSCRIPTION_IDENTIFIER, Property.WILL_DELAY_INTERVAL}
-)
 
 # A refused request's Dallal error code -> the MQTT 5 reason code of a
 # PUBACK/PUBREC, and of a SUBACK.
@@ -120,121 +136,6 @@ _SUBSCRIBE_REASONS = {
     NOT_AUTHORIZED: ReasonCode.NOT_AUTHORIZED,
     TOO_MANY_SUBSCRIPTIONS: ReasonCode.QUOTA_EXCEEDED,
 }
-
-
-class PublishAttributes:
-    """
-    What an MQTT publisher said of a message beyond its topic and payload,
-    carried by the core as the message's opaque C{properties}.
-
-    @ivar qos: the QoS it was published with.
-    @ivar retain: its RETAIN flag.
-    @ivar properties: its MQTT 5 properties to pass on (no topic alias), or
-        L{NO_PROPERTIES}.
-    """
-
-    __slots__ = ("qos", "retain", "properties", "_encoded")
-
-    def __init__(self, qos, retain, properties=NO_PROPERTIES):
-        self.qos = qos
-        self.retain = retain
-        self.properties = properties
-        self._encoded = None
-
-    def encodedProperties(self, published, now, identifiers):
-        """
-        The properties as an MQTT 5 PUBLISH to a subscriber carries them,
-        encoded once for every subscriber that adds none.  The Message
-        Expiry Interval counts down from C{published} to C{now}
-        [MQTT-3.3.2-6].
-
-        @param identifiers: the subscription identifiers of the
-            subscriber's matching subscriptions [MQTT-3.3.4-3].
-        """
-        properties = self.properties
-        expiry = properties.get(Property.MESSAGE_EXPIRY_INTERVAL)
-        if expiry is None and not identifiers:
-            if self._encoded is None:
-                self._encoded = encodeProperties(properties, PacketType.PUBLISH)
-            return self._encoded
-        properties = dict(properties)
-        if expiry is not None:
-            properties[Property.MESSAGE_EXPIRY_INTERVAL] = max(1, int(expiry - (now - published)))
-        if identifiers:
-            properties[Property.SUBSCRIPTION_IDENTIFIER] = identifiers
-        return encodeProperties(properties, PacketType.PUBLISH)
-
-    def expired(self, published, now):
-        expiry = self.properties.get(Property.MESSAGE_EXPIRY_INTERVAL)
-        return expiry is not None and now - published >= expiry
-
-
-# The attributes of messages without properties, shared: (qos, retain).
-_PLAIN = {
-    (qos, retain): PublishAttributes(qos, retain) for qos in (0, 1, 2) for retain in (False, True)
-}
-
-
-def _sharing(topicFilter):
-    """
-    The share group and filter of a shared subscription's
-    C{$share/<group>/<filter>} (4.8.2), or C{None} and the filter itself.
-
-    @raise RequestError: C{BAD_TOPIC}, for a malformed one.
-    """
-    if not topicFilter.startswith(SHARED_SUBSCRIPTION_PREFIX):
-        return None, topicFilter
-    group, _, realFilter = topicFilter[len(SHARED_SUBSCRIPTION_PREFIX) :].partition("/")
-    if not group or not realFilter or "+" in group or "#" in group:
-        # [MQTT-4.8.2-1], [MQTT-4.8.2-2]
-        raise RequestError(BAD_TOPIC, f"{topicFilter!r} is no $share/<group>/<filter>", topicFilter)
-    return group, realFilter
-
-
-class _Granted:
-    """
-    A subscription as its client asked for it: the QoS granted and the
-    MQTT 5 subscription options the protocol applies, and its subscription
-    identifiers (none, or the one its SUBSCRIBE gave).
-    """
-
-    __slots__ = ("qos", "noLocal", "retainAsPublished", "identifiers")
-
-    def __init__(self, qos, noLocal=False, retainAsPublished=False, identifiers=()):
-        self.qos = qos
-        self.noLocal = noLocal
-        self.retainAsPublished = retainAsPublished
-        self.identifiers = identifiers
-
-    @classmethod
-    def combined(cls, matching):
-        """
-        What a message matching several subscriptions of one client gets,
-        sent once: the highest QoS [MQTT-3.3.4-2], every identifier; it is
-        not sent back to its publisher only if no matching subscription
-        wants it back.
-        """
-        return cls(
-            max(granted.qos for granted in matching),
-            all(granted.noLocal for granted in matching),
-            any(granted.retainAsPublished for granted in matching),
-            [identifier for granted in matching for identifier in granted.identifiers],
-        )
-
-
-class _Outgoing:
-    """
-    A QoS 1 or 2 PUBLISH sent to the client, until its last acknowledgement.
-
-    @ivar released: for QoS 2, whether its PUBREC came (and PUBREL went).
-    """
-
-    __slots__ = ("deliveryId", "qos", "released")
-
-    def __init__(self, deliveryId, qos):
-        self.deliveryId = deliveryId
-        self.qos = qos
-        self.released = False
 
 
 @implementer(IPushProducer)
@@ -294,7 +195,9 @@ class MQTTProtocol(Protocol):
         self._decoder = MQTTDecoder(maxPacketSize=self.broker.config.maxPayload + PACKET_OVERHEAD)
         self.version = None
         self.clientId = None
-        self._attached = False
+        # The session this connection carries: its own from its CONNECT,
+        # or the one it resumed.
+        self.session = None
         self._accepted = False
         # Why reading is held: a password being checked, a full write
         # buffer (a client that does not read its acks is not read from).
@@ -302,17 +205,7 @@ class MQTTProtocol(Protocol):
         self.readPause = ReadPause()
         self._closing = False
         self._closeReason = "closed"
-        self._will = None
-        self._granted = {}
-        # The same subscriptions by filter, and what a topic's message gets
-        # from those that match it, when they overlap.
-        self._filters = SubscriptionTree()
-        self._combined = {}
-        # Outgoing QoS 1 and 2 messages by packet identifier.
-        self._outgoing = {}
-        self._nextPacketId = 1
-        # Incoming QoS 2 packet identifiers, from PUBLISH to PUBREL.
-        self._unreleased = set()
+        self._receiveMaximum = DEFAULT_RECEIVE_MAXIMUM
         self._aliases = {}
         self._clientMaxPacket = None
         self._problemInformation = True
@@ -320,10 +213,6 @@ class MQTTProtocol(Protocol):
         self._lastHeard = 0.0
         self._keepAliveTimer = None
         self._connectDeadline = None
-        # Deliveries to settle once this turn's writes are done: (delivery
-        # id, None to ack it or the reason it is dropped).
-        self._toSettle = []
-        self._settleCall = None
         self._output = []
 
     # Connection
@@ -344,24 +233,27 @@ class MQTTProtocol(Protocol):
         # Nothing more is written, not even to this client's own will.
         self._closing = True
         self._output = []
-        self._cancel("_connectDeadline")
-        self._cancel("_keepAliveTimer")
-        self._cancel("_settleCall")
+        cancelDelayed(self, "_connectDeadline")
+        cancelDelayed(self, "_keepAliveTimer")
         self.factory.connections.closed(self._host)
-        clients = self.factory.clients
-        if clients.get(self.clientId) is self:
-            del clients[self.clientId]
-        if self._attached:
-            if self._will is not None:
-                self._publishWill()
-            self._attached = False
-            self.broker.detach(self, self._closeReason)
+        if self._carriesSession():
+            self.session.connectionEnded(self._closeReason)
 
-    def _cancel(self, name):
-        call = getattr(self, name)
-        if call is not None and call.active():
-            call.cancel()
-        setattr(self, name, None)
+    def _carriesSession(self):
+        """
+        Whether this connection carries its session: not before its
+        CONNECT, nor once another took the session over or it ended.
+        """
+        session = self.session
+        return session is not None and session.protocol is self and not session.ended
+
+    @property
+    def _subscriber(self):
+        """
+        Who the core counts this connection's doings against: its session,
+        or before its CONNECT the connection itself.
+        """
+        return self if self.session is None else self.session
 
     def _close(self):
         """
@@ -379,15 +271,15 @@ class MQTTProtocol(Protocol):
         The write buffer is full: hold this client's messages in the
         broker, and read nothing more from it until it drains.
         """
-        if self._attached:
-            self.broker.pauseDelivery(self)
+        if self._carriesSession():
+            self.broker.pauseDelivery(self.session)
         self.pauseReading(OUTPUT_FULL)
 
     def outputDrained(self):
         self.resumeReading(OUTPUT_FULL)
-        if self._attached:
+        if self._carriesSession():
             # What waited in the outbox goes out in one write.
-            self.batch.run(self.broker.resumeDelivery, self)
+            self.batch.run(self.broker.resumeDelivery, self.session)
 
     def pauseReading(self, reason):
         """
@@ -485,8 +377,8 @@ class MQTTProtocol(Protocol):
         self._closeReason = "protocol_error"
         if reasonCode == ReasonCode.PACKET_TOO_LARGE:
             maximum = self.broker.config.maxPayload
-            self.broker.refusedByLimit(self, PAYLOAD, maximum, why)
-        self.broker.protocolError(self, ReasonCode(reasonCode).name, True)
+            self.broker.refusedByLimit(self._subscriber, PAYLOAD, maximum, why)
+        self.broker.protocolError(self._subscriber, ReasonCode(reasonCode).name, True)
         self._log.debug("closing MQTT connection from {peer}: {why}", peer=self.peer, why=why)
         if not self._accepted:
             if reasonCode == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
@@ -515,7 +407,7 @@ class MQTTProtocol(Protocol):
     # CONNECT
 
     def _connectReceived(self, connect):
-        self._cancel("_connectDeadline")
+        cancelDelayed(self, "_connectDeadline")
         self.version = version = connect.protocolLevel
         properties = connect.properties
         self._problemInformation = properties.get(Property.REQUEST_PROBLEM_INFORMATION, 1) == 1
@@ -540,12 +432,17 @@ class MQTTProtocol(Protocol):
             # As Mosquitto names them [MQTT-3.1.3-6].
             clientId, assigned = f"auto-{uuid.uuid4()}", True
         config = self.broker.config
-        window = min(
+        self._receiveMaximum = min(
             properties.get(Property.RECEIVE_MAXIMUM, DEFAULT_RECEIVE_MAXIMUM),
             config.delivery.maxInflight,
         )
-        self._attached = True
-        self.broker.attach(self, config.delivery.replace(maxInflight=window, ackTimeout=None))
+        # Until the CONNECT is accepted, a session of its own: whether it
+        # resumes one is known once it has logged in.
+        # The session's window, for as long as it lasts, is the Receive
+        # Maximum of this first connection; a later one with less takes
+        # less at a time (L{hasRoom}).
+        self.session = MQTTSession(self.factory, clientId, self.peer, self._receiveMaximum)
+        self.session.protocol = self
         gatekeeper = self.gatekeeper
         if gatekeeper is None:
             self._accept(connect, clientId, assigned, None)
@@ -568,7 +465,7 @@ class MQTTProtocol(Protocol):
             )
 
     def _loginSucceeded(self, user, connect, clientId, assigned):
-        if not self._attached:
+        if not self._carriesSession():
             return
         self.batch.run(self._accept, connect, clientId, assigned, user)
         # What the client sent after its CONNECT is read now.
@@ -578,10 +475,10 @@ class MQTTProtocol(Protocol):
         refused = failure.check(LoginFailed)
         if not refused:
             self._log.failure("checking a password failed", failure)
-        if not self._attached:
+        if not self._carriesSession():
             return
         if refused:
-            self.broker.loginFailed(self, failure.value.shownUser)
+            self.broker.loginFailed(self.session, failure.value.shownUser)
             # Mosquitto (2.0) answers a wrong password as "not authorized",
             # which tells a guesser nothing more.
             self._refuseConnect(
@@ -614,19 +511,17 @@ class MQTTProtocol(Protocol):
 
     def _accept(self, connect, clientId, assigned, user):
         """
-        The CONNECT is accepted: take the client id over from a connection
-        that has it, and answer CONNACK.
+        The CONNECT is accepted: take the client id's session over, or
+        start one, and answer CONNACK.
         """
+        session = self._takeSession(connect, clientId)
         if user is not None:
-            self.broker.login(self, user)
-        clients = self.factory.clients
-        previous = clients.get(clientId)
-        if previous is not None and previous is not self:
-            previous.sessionTakenOver()
-        clients[clientId] = self
+            self.broker.login(session, user)
+            session.user = user.name
         self.clientId = clientId
         self._accepted = True
-        self._will = connect.will
+        session.expiry = sessionExpiry(connect)
+        session.will = None if connect.will is None else DelayedWill(connect.will)
         if connect.keepAlive:
             # [MQTT-3.1.2-24]: one and a half times the client's keep alive.
             self._keepAlive = connect.keepAlive * 1.5
@@ -641,10 +536,35 @@ class MQTTProtocol(Protocol):
                 properties[Property.RETAIN_AVAILABLE] = 0
             if assigned:
                 properties[Property.ASSIGNED_CLIENT_IDENTIFIER] = clientId
-            if connect.properties.get(Property.SESSION_EXPIRY_INTERVAL):
-                # The session ends with the connection (3.2.2.3.2).
-                properties[Property.SESSION_EXPIRY_INTERVAL] = 0
-        self._send(ConnAck(sessionPresent=False, properties=properties))
+        present = session is not self.session
+        self._send(ConnAck(sessionPresent=present, properties=properties))
+        if present:
+            fresh, self.session = self.session, session
+            fresh.protocol = None
+            fresh.end("resumed")
+            self.broker.events.emit(
+                "session_resumed",
+                session=self.broker.sessionId(session),
+                client=self.peer,
+                client_id=clientId,
+                queued=len(session.pending) + len(session.outgoing),
+            )
+            session.resume(self)
+
+    def _takeSession(self, connect, clientId):
+        """
+        The session this connection carries: the client id's, which the
+        connection that has it loses, unless the CONNECT asks for a clean
+        start [MQTT-3.1.2-4]; else its own.
+        """
+        factory = self.factory
+        previous = factory.sessions.get(clientId)
+        if previous is not None and previous is not self.session:
+            previous.takenOver(connect.cleanStart)
+            if not previous.ended:
+                return previous
+        factory.sessions[clientId] = self.session
+        return self.session
 
     def _connectTimedOut(self):
         self._connectDeadline = None
@@ -676,7 +596,7 @@ class MQTTProtocol(Protocol):
             return
         self._keepAliveTimer = None
         # [MQTT-3.1.2-24]: as if the network failed, so the will goes out.
-        self.broker.clientDropped(self, 1)
+        self.broker.clientDropped(self.session, 1)
         self._closeReason = "missed_pings"
         self._output = []
         self.transport.abortConnection()
@@ -687,16 +607,27 @@ class MQTTProtocol(Protocol):
     # DISCONNECT
 
     def _disconnectReceived(self, packet):
+        session = self.session
+        expiry = packet.properties.get(Property.SESSION_EXPIRY_INTERVAL)
+        if expiry is not None:
+            if not session.persistent and expiry:
+                # [MQTT-3.14.2-2]
+                raise ProtocolViolation(
+                    "a session that ends with its connection cannot be given an expiry"
+                )
+            session.expiry = None if expiry == NEVER_EXPIRES else expiry
         # Disconnect with Will Message (0x04) keeps the will [MQTT-3.14.4-3].
         if packet.reasonCode != ReasonCode.DISCONNECT_WITH_WILL_MESSAGE:
-            self._will = None
+            session.will = None
         self._close()
 
     def disconnect(self, reason):
+        """
+        Close the connection for the session's end: the broker stops, or
+        its client is a slow consumer.
+        """
         self._closeReason = reason
         if reason == "shutdown":
-            # The broker has already detached this session.
-            self._attached = False
             if self.version == MQTT_5:
                 self._send(Disconnect(ReasonCode.SERVER_SHUTTING_DOWN))
             self._close()
@@ -705,30 +636,7 @@ class MQTTProtocol(Protocol):
             self._output = []
             self.transport.abortConnection()
 
-    def _publishWill(self):
-        will, self._will = self._will, None
-        attributes = self._attributes(will.qos, will.retain, will.properties)
-        try:
-            self.broker.publish(self, will.topic, will.payload, NO_ID, attributes)
-            if will.retain:
-                self.broker.retain(will.topic, will.payload, NO_ID).addErrback(
-                    self._storeFailed, will.topic
-                )
-        except RequestError as error:
-            # The core has counted and logged an ACL or limit refusal.
-            self._log.debug("will of {peer} refused: {error}", peer=self.peer, error=error)
-
-    def _storeFailed(self, failure, topic):
-        # The core has logged it (store_failed).
-        failure.trap(RequestError)
-
     # PUBLISH from the client
-
-    def _attributes(self, qos, retain, properties):
-        if not properties:
-            return _PLAIN[qos, bool(retain)]
-        passed = {key: value for key, value in properties.items() if key not in _NOT_PASSED_ON}
-        return PublishAttributes(qos, bool(retain), passed or NO_PROPERTIES)
 
     def _topicOf(self, packet):
         """
@@ -760,18 +668,18 @@ class MQTTProtocol(Protocol):
         topic = self._topicOf(packet)
         qos = packet.qos
         packetId = packet.packetId
-        if qos == 2 and packetId in self._unreleased:
+        if qos == 2 and packetId in self.session.unreleased:
             # Sent again before its PUBREL: published already [MQTT-4.3.3-10].
             self._send(PubRec(packetId))
             return
         requestId = NO_ID if packetId is None else str(packetId)
         try:
             self.broker.publish(
-                self,
+                self.session,
                 topic,
                 packet.payload,
                 requestId,
-                self._attributes(qos, packet.retain, packet.properties),
+                publishAttributes(qos, packet.retain, packet.properties),
             )
             stored = self.broker.retain(topic, packet.payload, requestId) if packet.retain else None
         except RequestError as error:
@@ -783,7 +691,7 @@ class MQTTProtocol(Protocol):
                 lambda failure: self._storeRefused(failure, packet),
             )
         elif stored is not None:
-            stored.addErrback(self._storeFailed, topic)
+            stored.addErrback(ignoreStoreFailure, topic)
         elif qos:
             self._acknowledgePublish(packet)
 
@@ -792,7 +700,7 @@ class MQTTProtocol(Protocol):
             self._send(PubAck(packet.packetId, reasonCode, properties))
         else:
             if reasonCode < 0x80:
-                self._unreleased.add(packet.packetId)
+                self.session.unreleased.add(packet.packetId)
             self._send(PubRec(packet.packetId, reasonCode, properties))
 
     def _storeRefused(self, failure, packet):
@@ -806,7 +714,7 @@ class MQTTProtocol(Protocol):
         MQTT 3.1.1 client cannot be, and is acked as Mosquitto acks it
         [MQTT-3.3.5-2].
         """
-        self.broker.protocolError(self, error.code, False)
+        self.broker.protocolError(self.session, error.code, False)
         if not packet.qos:
             return
         if self.version == MQTT_5:
@@ -816,8 +724,9 @@ class MQTTProtocol(Protocol):
             self._acknowledgePublish(packet)
 
     def _pubRelReceived(self, packet):
-        if packet.packetId in self._unreleased:
-            self._unreleased.discard(packet.packetId)
+        unreleased = self.session.unreleased
+        if packet.packetId in unreleased:
+            unreleased.discard(packet.packetId)
             self._send(PubComp(packet.packetId))
         elif self.version == MQTT_5:
             self._send(PubComp(packet.packetId, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
@@ -827,30 +736,40 @@ class MQTTProtocol(Protocol):
     # Acknowledgements of what the broker sent
 
     def _pubAckReceived(self, packet):
-        outgoing = self._outgoing.get(packet.packetId)
+        outgoing = self.session.outgoing.get(packet.packetId)
         if outgoing is not None and outgoing.qos == 1:
-            del self._outgoing[packet.packetId]
-            self.broker.acknowledge(self, outgoing.deliveryId)
+            self._acknowledged(packet.packetId, outgoing)
 
     def _pubRecReceived(self, packet):
-        outgoing = self._outgoing.get(packet.packetId)
+        outgoing = self.session.outgoing.get(packet.packetId)
         if outgoing is None or outgoing.qos != 2:
             if self.version == MQTT_5:
                 self._send(PubRel(packet.packetId, ReasonCode.PACKET_IDENTIFIER_NOT_FOUND))
             return
         if packet.reasonCode >= 0x80:
             # The client refused it: the exchange ends here (4.3.3).
-            del self._outgoing[packet.packetId]
-            self.broker.acknowledge(self, outgoing.deliveryId)
+            self._acknowledged(packet.packetId, outgoing)
             return
         outgoing.released = True
         self._send(PubRel(packet.packetId))
 
     def _pubCompReceived(self, packet):
-        outgoing = self._outgoing.get(packet.packetId)
+        outgoing = self.session.outgoing.get(packet.packetId)
         if outgoing is not None and outgoing.released:
-            del self._outgoing[packet.packetId]
-            self.broker.acknowledge(self, outgoing.deliveryId)
+            self._acknowledged(packet.packetId, outgoing)
+
+    def _acknowledged(self, packetId, outgoing):
+        """
+        The last acknowledgement of an outgoing message came: its packet
+        identifier, and its place in the window, are free.
+        """
+        session = self.session
+        del session.outgoing[packetId]
+        if session.unresent and packetId in session.unresent:
+            # Acked before it was sent again: it held no place in the window.
+            session.unresent.remove(packetId)
+        session.acknowledge(outgoing.deliveryId)
+        session.sendPending()
 
     # SUBSCRIBE and UNSUBSCRIBE
 
@@ -859,42 +778,41 @@ class MQTTProtocol(Protocol):
         codes, retainedFor = [], []
         for wanted in packet.subscriptions:
             topicFilter = wanted.topicFilter
-            existed = topicFilter in self._granted
+            existed = topicFilter in self.session.granted
             try:
-                group, realFilter = _sharing(topicFilter)
+                group, realFilter = sharing(topicFilter)
                 if group is not None and wanted.noLocal:
                     # [MQTT-3.8.3-4]
                     raise ProtocolViolation("a shared subscription with No Local")
                 subscription = self.broker.subscribe(
-                    self,
+                    self.session,
                     realFilter,
                     topicFilter,
                     FIRE if wanted.qos == 0 else ALL,
                     group=group,
                 )
             except RequestError as error:
-                self.broker.protocolError(self, error.code, False)
+                self.broker.protocolError(self.session, error.code, False)
                 codes.append(
                     self._subscribeFailure(
                         _SUBSCRIBE_REASONS.get(error.code, ReasonCode.UNSPECIFIED_ERROR)
                     )
                 )
                 continue
-            granted = _Granted(wanted.qos, wanted.noLocal, wanted.retainAsPublished, identifiers)
-            self._granted[topicFilter] = granted
+            self.session.grant(
+                topicFilter,
+                Granted(wanted.qos, wanted.noLocal, wanted.retainAsPublished, identifiers),
+            )
             codes.append(wanted.qos)
             if group is not None:
-                # A shared subscription gets no retained messages
-                # (4.8.2), and stands apart from the client's own.
+                # A shared subscription gets no retained messages (4.8.2).
                 continue
-            self._filters.add(topicFilter, self, granted)
-            self._combined.clear()
             # Retain Handling (3.8.3.1): 0 always, 1 if new, 2 never.
             if wanted.retainHandling == 0 or (wanted.retainHandling == 1 and not existed):
                 retainedFor.append(subscription)
         self._send(SubAck(packet.packetId, codes))
         for subscription in retainedFor:
-            self.broker.sendRetained(self, subscription)
+            self.broker.sendRetained(self.session, subscription)
 
     def _subscribeFailure(self, reasonCode):
         return reasonCode if self.version == MQTT_5 else SUBACK_FAILURE
@@ -903,12 +821,12 @@ class MQTTProtocol(Protocol):
         codes = []
         for topicFilter in packet.topicFilters:
             try:
-                group, realFilter = _sharing(topicFilter)
-                self.broker.unsubscribe(self, realFilter, topicFilter, group)
+                group, realFilter = sharing(topicFilter)
+                self.broker.unsubscribe(self.session, realFilter, topicFilter, group)
             except RequestError:
                 codes.append(ReasonCode.NO_SUBSCRIPTION_EXISTED)
             else:
-                self._forget(topicFilter)
+                self.session.forget(topicFilter)
                 codes.append(ReasonCode.SUCCESS)
         self._send(UnsubAck(packet.packetId, codes if self.version == MQTT_5 else []))
 
@@ -923,25 +841,76 @@ class MQTTProtocol(Protocol):
         Disconnect: _disconnectReceived,
     }
 
-    # ISubscriber
+    # Messages to the client
 
-    def sendMessage(self, message, subscriptionId, seq, deliveryId, redelivered):
+    def hasRoom(self):
+        """
+        Whether the client's Receive Maximum lets one more QoS 1 or 2
+        message go out now.
+        """
+        session = self.session
+        return (
+            not (self._closing or self.transport.disconnecting)
+            and len(session.outgoing) - len(session.unresent) < self._receiveMaximum
+        )
+
+    def deliver(self, message, subscriptionId, deliveryId):
+        """
+        Send a message the core delivered to the session (see
+        L{dallal.broker.interfaces.ISubscriber.sendMessage}).
+        """
         if self._closing or self.transport.disconnecting:
             return
-        granted = self._grantedFor(message.topic, subscriptionId)
+        session = self.session
+        granted = session.grantedFor(message.topic, subscriptionId)
+        attributes = message.properties
+        if granted is not None and granted.noLocal and message.source is session:
+            # No Local [MQTT-3.8.3-3]: not for this client, and never sent.
+            session.settleLater(deliveryId, None)
+            return
+        if isinstance(attributes, PublishAttributes) and attributes.expired(
+            message.published, self.clock.seconds()
+        ):
+            session.settleLater(deliveryId, EXPIRED)
+            return
+        qos = qosOf(message, granted)
+        packetId = session.allocatePacketId() if qos else None
+        if not self._writePublish(message, granted, qos, packetId, False):
+            # [MQTT-3.1.2-25]: never sent, as if it had been.
+            session.settleLater(deliveryId, TOO_LARGE)
+        elif qos:
+            session.outgoing[packetId] = Outgoing(deliveryId, qos, message, subscriptionId)
+        elif deliveryId is not None:
+            # Delivered at QoS 0 for a QoS 1 or 2 subscription: no ack comes.
+            session.settleLater(deliveryId, None)
+
+    def resend(self, packetId, outgoing):
+        """
+        Send again, to a connection that resumed the session, a message an
+        earlier one was sent and did not ack: its PUBLISH with DUP, or the
+        PUBREL of a QoS 2 message whose PUBREC came [MQTT-4.4.0-1].
+        """
+        if outgoing.released:
+            self._send(PubRel(packetId))
+            return
+        message = outgoing.message
+        granted = self.session.grantedFor(message.topic, outgoing.subscriptionId)
+        if not self._writePublish(message, granted, outgoing.qos, packetId, True):
+            # Larger than this connection's Maximum Packet Size.
+            del self.session.outgoing[packetId]
+            self.session.settleLater(outgoing.deliveryId, TOO_LARGE)
+
+    def _writePublish(self, message, granted, qos, packetId, dup):
+        """
+        Write the PUBLISH of a message.
+
+        @param granted: the L{Granted} of the subscriptions it matched.
+        @return: whether it was written: not if it is larger than the
+            client's Maximum Packet Size.
+        """
         attributes = message.properties
         if not isinstance(attributes, PublishAttributes):
             attributes = None
-        now = self.clock.seconds()
-        if granted is not None and granted.noLocal and message.source is self:
-            # No Local [MQTT-3.8.3-3]: not for this client, and never sent.
-            self._settleLater(deliveryId, None)
-            return
-        if attributes is not None and attributes.expired(message.published, now):
-            self._settleLater(deliveryId, EXPIRED)
-            return
-        grantedQos = 0 if granted is None else granted.qos
-        qos = grantedQos if attributes is None else min(attributes.qos, grantedQos)
         retain = message.retained or (
             granted is not None
             and granted.retainAsPublished
@@ -951,90 +920,23 @@ class MQTTProtocol(Protocol):
         if self.version == MQTT_5:
             identifiers = () if granted is None else granted.identifiers
             if attributes is None:
-                attributes = _PLAIN[qos, False]
-            properties = attributes.encodedProperties(message.published, now, identifiers)
+                attributes = PLAIN[qos, False]
+            properties = attributes.encodedProperties(
+                message.published, self.clock.seconds(), identifiers
+            )
         else:
             properties = None
-        packetId = self._allocatePacketId() if qos else None
         header = encodePublishHeader(
-            message.wireTopic, len(message.payload), qos, packetId, retain, False, properties
+            message.wireTopic, len(message.payload), qos, packetId, retain, dup, properties
         )
         if (
             self._clientMaxPacket is not None
             and len(header) + len(message.payload) > self._clientMaxPacket
         ):
-            # [MQTT-3.1.2-25]: never sent, as if it had been.
-            self._settleLater(deliveryId, TOO_LARGE)
-            return
-        if qos:
-            self._outgoing[packetId] = _Outgoing(deliveryId, qos)
-        elif deliveryId is not None:
-            # Delivered at QoS 0 for a QoS 1 or 2 subscription: no ack comes.
-            self._settleLater(deliveryId, None)
+            return False
         self._write(header)
         self._write(message.payload)
-
-    def _grantedFor(self, topic, subscriptionId):
-        """
-        What a message on C{topic} gets from this client's subscriptions:
-        that of the subscription the core delivers it through, or, when
-        several of the client's filters match it, their combination.
-        """
-        granted = self._granted
-        if len(granted) < 2 or subscriptionId.startswith(SHARED_SUBSCRIPTION_PREFIX):
-            return granted.get(subscriptionId)
-        combined = self._combined.get(topic)
-        if combined is None:
-            matching = self._filters.match(topic).get(self)
-            if not matching:
-                # A message still queued for a subscription since ended.
-                return granted.get(subscriptionId)
-            combined = matching[0] if len(matching) == 1 else _Granted.combined(matching)
-            if len(self._combined) >= TOPICS_REMEMBERED:
-                self._combined.clear()
-            self._combined[topic] = combined
-        return combined
-
-    def _forget(self, topicFilter):
-        if self._granted.pop(topicFilter, None) is not None and not topicFilter.startswith(
-            SHARED_SUBSCRIPTION_PREFIX
-        ):
-            self._filters.remove(topicFilter, self)
-            self._combined.clear()
-
-    def _allocatePacketId(self):
-        """
-        A packet identifier no outgoing message holds.  The window is far
-        below 65,535, so one is always free.
-        """
-        packetId = self._nextPacketId
-        while packetId in self._outgoing:
-            packetId = packetId % 65535 + 1
-        self._nextPacketId = packetId % 65535 + 1
-        return packetId
-
-    def _settleLater(self, deliveryId, dropReason):
-        """
-        Ack (or, with C{dropReason}, drop) a delivery the client will not
-        ack, once the broker is done sending: settling it at once would
-        send the next one from inside this send.
-        """
-        if deliveryId is None:
-            return
-        self._toSettle.append((deliveryId, dropReason))
-        if self._settleCall is None:
-            self._settleCall = self.clock.callLater(0, self.batch.run, self._settle)
-
-    def _settle(self):
-        self._settleCall = None
-        settling, self._toSettle = self._toSettle, []
-        if not self._attached:
-            return
-        for deliveryId, dropReason in settling:
-            if dropReason is None:
-                self.broker.acknowledge(self, deliveryId)
-            else:
-                self.broker.reject(self, deliveryId, dropReason)
+        return True
 
     def subscriptionRevoked(self, subscriptionId, reason):
         """
@@ -1043,7 +945,6 @@ class MQTTProtocol(Protocol):
         connection closes (MQTT 5: Administrative action) and the client
         learns the ACL when it subscribes again.
         """
-        self._forget(subscriptionId)
         self._closeReason = "revoked"
         if self.version == MQTT_5:
             self._send(Disconnect(ReasonCode.ADMINISTRATIVE_ACTION, self._reasonString(reason)))
@@ -1060,12 +961,26 @@ class MQTTFactory(ServerFactory):
         once.
     @param connections: the L{dallal.limits.ConnectionTable} shared with
         them: the connection limits count every stream connection.
-    @ivar clients: client id -> the connection that has it.
+    @param maxOfflineSessions: the most sessions kept without a
+        connection (C{--max-offline-sessions}).
+    @param store: the L{dallal.server.mqttstore.SessionStore} that keeps
+        sessions across restarts, or C{None}.
+    @ivar sessions: client id -> its L{MQTTSession}, with a connection or
+        not.
+    @ivar offline: the sessions without a connection.
     """
 
     noisy = False
 
-    def __init__(self, broker, gatekeeper=None, batch=None, connections=None):
+    def __init__(
+        self,
+        broker,
+        gatekeeper=None,
+        batch=None,
+        connections=None,
+        maxOfflineSessions=DEFAULT_MAX_OFFLINE_SESSIONS,
+        store=None,
+    ):
         self.broker = broker
         self.gatekeeper = gatekeeper
         self.batch = batch if batch is not None else WriteBatch()
@@ -1073,7 +988,78 @@ class MQTTFactory(ServerFactory):
             config = broker.config
             connections = ConnectionTable(config.maxConnections, config.maxConnectionsPerIp)
         self.connections = connections
-        self.clients = {}
+        self.maxOfflineSessions = maxOfflineSessions
+        self.store = store
+        self.sessions = {}
+        self.offline = set()
+
+    def restoreSessions(self):
+        """
+        Take up the sessions of the store, as the broker starts.
+
+        @raise dallal.broker.retained.StoreError: the store cannot be read.
+        """
+        if self.store is None:
+            return
+        restored = 0
+        for stored in self.store.load():
+            if len(self.offline) >= self.maxOfflineSessions:
+                self.broker.limits.refused(
+                    OFFLINE_SESSIONS, self.maxOfflineSessions, stored.peer, "mqtt"
+                )
+                continue
+            MQTTSession.restore(self, stored)
+            restored += 1
+        self.broker.events.emit("sessions_restored", count=restored, path=self.store.path)
+
+    def stopping(self):
+        """
+        The broker begins to stop: the sessions without a connection take
+        what the core holds for them, for the store, or end (with no will)
+        if there is none: their messages would never be acked before it
+        stops, and its drain would wait for them.
+        """
+        for session in list(self.offline):
+            if self.store is not None:
+                session.takeFromCore()
+            else:
+                session.will = None
+                session.end("shutdown")
+
+    def saveSessions(self):
+        """
+        Write the sessions that outlive their connections to the store, as
+        the broker stops, before it ends every session.
+
+        @return: a Deferred that fires once they are written (or could not
+            be: then it is logged).
+        """
+        if self.store is None:
+            return succeed(None)
+        stored = [
+            session.snapshot()
+            for session in self.sessions.values()
+            if session.persistent and not session.ended
+        ]
+        events = self.broker.events
+        return self.store.save(stored).addCallbacks(
+            lambda count: events.emit("sessions_saved", count=count, path=self.store.path),
+            lambda failure: events.emit(
+                "sessions_not_saved",
+                LogLevel.error,
+                count=len(stored),
+                path=self.store.path,
+                error=str(failure.value),
+            ),
+        )
+
+    def forget(self, session):
+        """
+        A session ended.
+        """
+        self.offline.discard(session)
+        if self.sessions.get(session.clientId) is session:
+            del self.sessions[session.clientId]
 
     def buildProtocol(self, addr):
         host = getattr(addr, "host", None)

@@ -24,12 +24,14 @@ from dallal.broker.origin import storedName
 from dallal.broker.retained import RetainedStore
 from dallal.broker.sysstats import DEFAULT_INTERVAL as DEFAULT_SYS_INTERVAL
 from dallal.broker.sysstats import SysPublisher
+from dallal.limits import DEFAULT_MAX_OFFLINE_SESSIONS
 from dallal.protocol.datagram import MAX_PACKET_SIZE
 from dallal.security.auth import beyondLoopback
 from dallal.server.addresses import formatAddress
 from dallal.server.bridge import BridgeLink
 from dallal.server.keepalive import DEFAULT_INTERVAL, PingSweep
 from dallal.server.mqtt import MQTTFactory
+from dallal.server.mqttstore import SessionStore
 from dallal.server.tcp import BrokerFactory
 from dallal.server.udp import DEFAULT_ACK_TIMEOUT, BrokerDatagramProtocol
 from dallal.server.web import webSite
@@ -280,10 +282,12 @@ class DallalService(MultiService):
         shutdownGrace=DEFAULT_SHUTDOWN_GRACE,
         events=None,
         reloadOnHangup=False,
+        maxOfflineSessions=DEFAULT_MAX_OFFLINE_SESSIONS,
     ):
         """
-        @param dataDir: the directory of the retained message store, or
-            C{None} for a broker that keeps no retained messages.
+        @param dataDir: the directory of the retained message store and of
+            the MQTT sessions kept across restarts, or C{None} for a broker
+            that keeps no retained messages and no sessions across restarts.
         @param sysInterval: seconds between updates of the C{$SYS/broker/...}
             statistics topics, or 0 for none.
         @param gatekeeper: who may connect and what they may do
@@ -294,6 +298,8 @@ class DallalService(MultiService):
             global log.
         @param reloadOnHangup: whether SIGHUP makes the running service
             L{reload} (not on Windows, which has no SIGHUP).
+        @param maxOfflineSessions: the most MQTT sessions kept while their
+            clients are away.
         @raise dallal.broker.retained.StoreError: the store cannot be opened.
         @raise dallal.broker.origin.BrokerNameError: C{config} names no broker, and
             the name kept in C{dataDir} cannot be read or written.
@@ -311,8 +317,14 @@ class DallalService(MultiService):
         self.gatekeeper = gatekeeper
         self.factory = BrokerFactory(self.broker, self.sweep, gatekeeper)
         self.mqttFactory = MQTTFactory(
-            self.broker, gatekeeper, self.factory.batch, self.factory.connections
+            self.broker,
+            gatekeeper,
+            self.factory.batch,
+            self.factory.connections,
+            maxOfflineSessions,
+            SessionStore.open(dataDir) if dataDir is not None else None,
         )
+        self.mqttFactory.restoreSessions()
         self.mqttWebSocketFactory = MQTTWebSocketFactory(self.mqttFactory, reactor)
         self.sysPublisher = SysPublisher(self.broker, reactor, sysInterval) if sysInterval else None
         self.reloadOnHangup = reloadOnHangup and hasattr(signal, "SIGHUP")
@@ -536,13 +548,16 @@ class DallalService(MultiService):
             child for child in self if isinstance(child, ListenerService) and child.closesFirst
         ]
         stopped = [maybeDeferred(child.stopService) for child in streams]
+        self.mqttFactory.stopping()
         drained = self.broker.drain(self.shutdownGrace)
         drained.addCallback(lambda _: self._closeSessions(streams))
         return gatherResults([*stopped, drained])
 
     def _closeSessions(self, streams):
+        # Before the broker ends them, and drops what waits for them.
+        saved = self.mqttFactory.saveSessions()
         self.broker.shutdown()
-        stopped = [
+        stopped = [saved] + [
             maybeDeferred(child.stopService)
             for child in reversed(list(self))
             if child not in streams

@@ -22,7 +22,13 @@ from dallal.broker.delivery import SLOW_CONSUMER_POLICIES, DeliveryConfig
 from dallal.broker.origin import BrokerNameError, checkBrokerName
 from dallal.broker.retained import StoreError
 from dallal.broker.sysstats import DEFAULT_INTERVAL as DEFAULT_SYS_INTERVAL
-from dallal.limits import CONNECTIONS, MAX_CONTROL_LINE, MIN_CONTROL_LINE, fitToDescriptors
+from dallal.limits import (
+    CONNECTIONS,
+    DEFAULT_MAX_OFFLINE_SESSIONS,
+    MAX_CONTROL_LINE,
+    MIN_CONTROL_LINE,
+    fitToDescriptors,
+)
 from dallal.security.acl import AclError
 from dallal.security.auth import Gatekeeper
 from dallal.security.passwords import PasswordFileError
@@ -385,6 +391,13 @@ class Options(usage.Options):
             _config.maxRetainedBytes,
             "Payload bytes of all the retained messages kept, likewise.",
             _whole("max-retained-bytes"),
+        ],
+        [
+            "max-offline-sessions",
+            None,
+            DEFAULT_MAX_OFFLINE_SESSIONS,
+            "MQTT sessions kept while their clients are away; one more ends with its connection.",
+            _whole("max-offline-sessions"),
         ],
     ]
     del _config
@@ -762,6 +775,7 @@ def makeService(options, reactor=None, rlimit=resource):
             gatekeeper=gatekeeper,
             shutdownGrace=options["shutdown-grace"],
             reloadOnHangup=True,
+            maxOfflineSessions=options["max-offline-sessions"],
         )
     except (StoreError, PasswordFileError, AclError, BrokerNameError) as error:
         # twistd would show a traceback; the operator needs the reason.
