@@ -1332,7 +1332,7 @@ def reproduceCommand(arguments):
 def parseArguments(argv):
     parser = runOptions(
         __doc__.split("\n\n")[0],
-        50_000,
+        30_000,
         "deliveries per measurement with 64-byte payloads (a scenario with S "
         "subscribers publishes messages/S); 1 KiB payloads get a quarter, 64 KiB "
         "ones a 32nd, amqtt a tenth",
@@ -1351,7 +1351,7 @@ def parseArguments(argv):
     parser.add_argument(
         "--idle-seconds",
         type=float,
-        default=1.5,
+        default=1.0,
         help="once the publishers are done, a run ends when the subscribers have heard "
         "nothing for this long (the broker dropped the rest); a window that has not "
         "moved for this long is written off (default: %(default)s)",
