@@ -1120,7 +1120,7 @@ class Verdict:
         return (
             f"{self.target.scenario} {self.style}: {self.target.describe()}:"
             f" {self.ours:,.0f} against {CONTENDERS_BY_KEY[self.peer].label}'s"
-            f" {self.theirs:,.0f} per CPU-s = {self.ratio:.2g}x:"
+            f" {self.theirs:,.0f} per CPU-s = {self.ratio:.3g}x:"
             f" {'met' if self.met else 'not met'}"
         )
 
