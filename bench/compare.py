@@ -41,6 +41,7 @@ from selectors import EVENT_READ, DefaultSelector
 
 from brokerproc import BROKER_START_TIMEOUT, BenchError, Broker, ServerProcess
 from protocols import (
+    MQTT_PACKET_IDS,
     DallalClient,
     MqttClient,
     NatsClient,
@@ -1171,7 +1172,7 @@ def printMeasurement(measurement):
     line = (
         f"run {m.run}  {m.scenario.label:<17} {m.style:<8} {m.contender.label:<25}"
         f" {m.perCpuSecond:>9,.0f}/CPU-s {m.rate:>9,.0f}/s"
-        f"  {m.deliveries:>7,} of {m.expected:,} in {m.seconds:5.2f} s"
+        f"  {m.deliveries:>7,} of {m.expected:,} ({m.lost:,} lost) in {m.seconds:5.2f} s"
         f"  broker CPU {m.brokerCpu:5.2f} s busy {m.brokerBusy:4.0%}"
         f" waiting {m.brokerWaiting:3.0%}  generator CPU {m.generatorCpu:5.2f} s"
         f"  peak RSS {m.peakMemory / 2**20:5.1f} MiB"
@@ -1415,6 +1416,19 @@ def main(argv=None):
         f"{arguments.latency_rate:,.0f} messages/s for {arguments.latency_seconds:g} s",
         flush=True,
     )
+    for scenario in scenarios:
+        for contender in contenders:
+            if (
+                FIREHOSE in arguments.styles
+                and isinstance(contender.client, MqttClient)
+                and contender.client.qos
+                and messagesPerPublisher(scenario, contender, arguments) > MQTT_PACKET_IDS
+            ):
+                print(
+                    f"note: {contender.label}'s firehose in {scenario.label} reuses packet ids"
+                    f" (more than {MQTT_PACKET_IDS:,} messages per publisher) before their"
+                    " PUBACKs have come back"
+                )
     groups = {}
     for run in range(1, arguments.runs + 1):
         for scenario in scenarios:
