@@ -6,8 +6,8 @@ request, Redis pub/sub and NATS), deliveries per broker CPU-second first.
 Each measurement starts a fresh broker on a free loopback port, connects
 subscribers and publishers from two other processes over raw sockets
 (bench/protocols.py) and publishes pre-encoded frames in one of two
-styles: a **firehose**, each publisher writing all its frames in one
-sendall with no window (a burst, a replayed backlog), or **windowed**,
+styles: a firehose, each publisher writing all its frames in one
+sendall with no window (a burst, a replayed backlog), or windowed,
 keeping at most a window of messages that the subscribers have not yet
 received.  The clock stops when every subscriber has had every
 publisher's last message, or has heard nothing for --idle-seconds after
@@ -204,6 +204,11 @@ class AmqttServer(PeerServer):
     def path(cls):
         beside = os.path.join(os.path.dirname(sys.executable), cls.executable)
         return beside if os.path.exists(beside) else shutil.which(cls.executable)
+
+    @classmethod
+    def version(cls):
+        # It prints its version number alone.
+        return f"amqtt {super().version()}"
 
     def startCommand(self, directory):
         configuration = os.path.join(directory, "amqtt.yaml")
