@@ -143,14 +143,39 @@ class ServerProcess:
 
     def cpuSplit(self):
         """
-        (user, system) CPU seconds of all its threads: its own code and its
-        system calls.
+        (user, system) CPU seconds of all its threads, and of the children
+        it has waited for: its own code and its system calls.
         """
-        fields = self._stat()
-        return int(fields[11]) / CLOCK_TICKS, int(fields[12]) / CLOCK_TICKS
+        # utime, stime, cutime, cstime: fields 14 to 17 of the stat line.
+        user, system, childrenUser, childrenSystem = map(int, self._stat()[11:15])
+        return (user + childrenUser) / CLOCK_TICKS, (system + childrenSystem) / CLOCK_TICKS
 
     def cpuSeconds(self):
         return sum(self.cpuSplit())
+
+    def _threadSchedstats(self, field):
+        """
+        The sum over its threads of a field of /proc/<pid>/task/<tid>/schedstat,
+        in nanoseconds.
+        """
+        total = 0
+        for thread in os.listdir(f"/proc/{self.pid}/task"):
+            try:
+                with open(f"/proc/{self.pid}/task/{thread}/schedstat") as schedstat:
+                    total += int(schedstat.read().split()[field])
+            except FileNotFoundError:  # the thread ended meanwhile
+                pass
+        return total
+
+    def preciseCpuSeconds(self):
+        """
+        L{cpuSeconds} to the nanosecond rather than the clock tick: the time
+        its threads have run (the first field of each schedstat), plus the
+        CPU time of the children it has waited for (in clock ticks; /proc
+        has nothing finer).  The time of a thread that has ended is lost.
+        """
+        childrenUser, childrenSystem = map(int, self._stat()[13:15])
+        return self._threadSchedstats(0) / 1e9 + (childrenUser + childrenSystem) / CLOCK_TICKS
 
     def secondsWaitingForCore(self):
         """
@@ -158,14 +183,7 @@ class ServerProcess:
         (the second field of each /proc/<pid>/task/<tid>/schedstat, in
         nanoseconds): time the machine's other load took from it.
         """
-        total = 0
-        for thread in os.listdir(f"/proc/{self.pid}/task"):
-            try:
-                with open(f"/proc/{self.pid}/task/{thread}/schedstat") as schedstat:
-                    total += int(schedstat.read().split()[1])
-            except FileNotFoundError:  # the thread ended meanwhile
-                pass
-        return total / 1e9
+        return self._threadSchedstats(1) / 1e9
 
     def status(self, field):
         """
@@ -235,6 +253,8 @@ class Broker(ServerProcess):
 
     @param tcpDescription: the endpoint of C{--tcp}.
     @param udp: also serve UDP (on a free port, C{udpPort}) if true.
+    @param mqtt: also serve MQTT (on a free loopback port, C{mqttPort}) if
+        true.
     @param messageEvents: log an event per message (C{--message-events}).
     @param extra: more C{twistd dallal} options.
     @param nofile: the RLIMIT_NOFILE (soft and hard) the broker starts with.
@@ -247,16 +267,19 @@ class Broker(ServerProcess):
         directory,
         extra=(),
         udp=False,
+        mqtt=False,
         nofile=None,
         tcpDescription="tcp:0:interface=127.0.0.1",
         messageEvents=False,
     ):
         self._tcpDescription = tcpDescription
         self._udp = udp
+        self._mqtt = mqtt
         self._messageEvents = messageEvents
         self._extra = list(extra)
         self._nofile = nofile
         self.udpPort = None
+        self.mqttPort = None
         ServerProcess.__init__(self, directory)
 
     def startCommand(self, directory):
@@ -274,6 +297,8 @@ class Broker(ServerProcess):
         ]
         if self._udp:
             command += ["--udp", "0"]
+        if self._mqtt:
+            command += ["--mqtt", "tcp:0:interface=127.0.0.1"]
         if self._messageEvents:
             command.append("--message-events")
         return command
@@ -288,8 +313,7 @@ class Broker(ServerProcess):
         the log file (twistd writes nothing else to stdout with --logfile).
         """
         deadline = time.monotonic() + BROKER_START_TIMEOUT
-        tcpLine = re.compile(rb"event=listening transport=tcp address=127\.0\.0\.1:(\d+)")
-        udpLine = re.compile(rb"event=listening transport=udp address=127\.0\.0\.1:(\d+)")
+        transports = ["tcp"] + ["udp"] * self._udp + ["mqtt"] * self._mqtt
         while time.monotonic() < deadline:
             self.checkAlive()
             try:
@@ -297,11 +321,18 @@ class Broker(ServerProcess):
                     text = log.read()
             except FileNotFoundError:
                 text = b""
-            tcp = tcpLine.search(text)
-            udp = udpLine.search(text) if self._udp else None
-            if tcp and (udp or not self._udp):
-                self.port = int(tcp.group(1))
-                self.udpPort = int(udp.group(1)) if udp else None
+            ports = {
+                transport: re.search(
+                    rb"event=listening transport=%s address=127\.0\.0\.1:(\d+)"
+                    % transport.encode(),
+                    text,
+                )
+                for transport in transports
+            }
+            if all(ports.values()):
+                self.port = int(ports["tcp"].group(1))
+                self.udpPort = int(ports["udp"].group(1)) if self._udp else None
+                self.mqttPort = int(ports["mqtt"].group(1)) if self._mqtt else None
                 return
             time.sleep(0.05)
         raise BenchError("the broker did not log event=listening in time")

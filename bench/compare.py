@@ -1,25 +1,29 @@
 """
-Dallal against real brokers: Mosquitto (MQTT 3.1.1), Redis pub/sub and NATS,
-doing the same work in one run, and the ratios between them.
+Dallal against real brokers doing the same work in one run: Dallal's own
+protocol and its MQTT listener against Mosquitto and amqtt (and, on
+request, Redis pub/sub and NATS), deliveries per broker CPU-second first.
 
-Each measurement starts a fresh broker on a free loopback port (the peers
-from their Debian packages, installed with apt-get when missing), connects
+Each measurement starts a fresh broker on a free loopback port, connects
 subscribers and publishers from two other processes over raw sockets
-(bench/protocols.py), publishes pre-encoded frames pipelined under a window
-of messages the subscribers have not yet received, and stops the clock when
-every subscriber has had every publisher's last message.  Dallal's `fire`
-mode is compared with MQTT QoS 0, Redis and NATS; its `all` mode with MQTT
-QoS 1.  A last scenario publishes at a fixed rate below saturation and
-measures latency from a timestamp in the payload.
+(bench/protocols.py) and publishes pre-encoded frames in one of two
+styles: a firehose, each publisher writing all its frames in one
+sendall with no window (a burst, a replayed backlog), or windowed,
+keeping at most a window of messages that the subscribers have not yet
+received.  The clock stops when every subscriber has had every
+publisher's last message, or has heard nothing for --idle-seconds after
+the publishers finished (the broker dropped the rest: they count as
+lost).  Dallal's fire mode and MQTT QoS 0 are compared with Mosquitto
+QoS 0; Dallal's all mode and MQTT QoS 1 with Mosquitto QoS 1.
 
-    python3 bench/compare.py                       # every scenario and broker, 2 to 3 minutes
-    python3 bench/compare.py --messages 200000     # the figures in docs/PERFORMANCE.md
-    python3 bench/compare.py --scenarios a b --brokers dallal-fire mosquitto-qos0
+    python3 bench/compare.py                   # scenarios a b c, both styles, ten brokers: about 5 minutes
+    python3 bench/compare.py --scenarios a --styles firehose --brokers dallal-fire mosquitto-qos0
+    python3 bench/compare.py --json report.json
 
 bench/README.md describes the output; docs/PERFORMANCE.md has the figures.
 """
 
 import collections
+import json
 import math
 import multiprocessing
 import os
@@ -30,12 +34,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from selectors import EVENT_READ, DefaultSelector
 
-from brokerproc import BROKER_START_TIMEOUT, CLOCK_TICKS, BenchError, Broker, ServerProcess
+from brokerproc import BROKER_START_TIMEOUT, BenchError, Broker, ServerProcess
 from protocols import (
+    MQTT_PACKET_IDS,
     DallalClient,
     MqttClient,
     NatsClient,
@@ -63,6 +69,8 @@ WINDOW_BYTES = 4 * 2**20
 # unacknowledged QoS 1 messages per subscriber (its default is 20).
 MAX_INFLIGHT = 100
 LATENCY_PAYLOAD_SIZE = 64
+# The broker's CPU time is read to the nanosecond: this stands in for none.
+LEAST_CPU = 1e-6
 
 
 # The brokers.
@@ -79,6 +87,20 @@ class DallalServer(Broker):
         import dallal
 
         return f"dallal {dallal.__version__}"
+
+
+class DallalMqttServer(DallalServer):
+    """
+    The same broker with an MQTT listener (C{--mqtt}): the benchmark's
+    clients connect to C{port}, which here is the MQTT listener's.
+    """
+
+    def __init__(self, directory):
+        DallalServer.__init__(self, directory, mqtt=True)
+
+    def awaitPorts(self):
+        DallalServer.awaitPorts(self)
+        self.port = self.mqttPort
 
 
 def freePort():
@@ -130,8 +152,15 @@ class PeerServer(ServerProcess):
 
 
 class MosquittoServer(PeerServer):
+    """
+    Mosquitto with its default bound on what waits for a subscriber.
+    """
+
     name = executable = package = "mosquitto"
     versionArguments = ["-h"]
+    # Once a subscriber has this many messages waiting, Mosquitto 2.0 drops
+    # further ones, QoS 0 ones included; 0 means no bound.
+    maxQueuedMessages = 1000
 
     def startCommand(self, directory):
         configuration = os.path.join(directory, "mosquitto.conf")
@@ -140,14 +169,58 @@ class MosquittoServer(PeerServer):
                 f"listener {self._port} 127.0.0.1\n"
                 "allow_anonymous true\n"
                 "persistence false\n"
-                # Unlimited: the default, 1000, makes Mosquitto 2.0 drop QoS 0
-                # messages too once a subscriber has that many waiting.
-                "max_queued_messages 0\n"
+                f"max_queued_messages {self.maxQueuedMessages}\n"
                 f"max_inflight_messages {MAX_INFLIGHT}\n"
                 f"log_dest file {self.logPath}\n"
                 # Stay root (the default drops to the mosquitto user, which
                 # cannot write to the measurement's directory).
                 "user root\n"
+            )
+        return [self.path(), "-c", configuration]
+
+
+class UnboundedMosquittoServer(MosquittoServer):
+    """
+    Mosquitto with C{max_queued_messages 0}: it queues without bound and
+    drops nothing.
+    """
+
+    maxQueuedMessages = 0
+
+
+class AmqttServer(PeerServer):
+    """
+    amqtt, the asyncio MQTT 3.1.1 broker from PyPI (the C{bench} extra),
+    run by this Python's C{amqtt} script with anonymous access and no other
+    plugin: no packet logging, no C{$SYS} topics.
+    """
+
+    name = executable = "amqtt"
+    # Not a Debian package: installMissing says how to install it.
+    package = None
+    versionArguments = ["--version"]
+
+    @classmethod
+    def path(cls):
+        beside = os.path.join(os.path.dirname(sys.executable), cls.executable)
+        return beside if os.path.exists(beside) else shutil.which(cls.executable)
+
+    @classmethod
+    def version(cls):
+        # It prints its version number alone.
+        return f"amqtt {super().version()}"
+
+    def startCommand(self, directory):
+        configuration = os.path.join(directory, "amqtt.yaml")
+        with open(configuration, "w") as file:
+            file.write(
+                "listeners:\n"
+                "  default:\n"
+                "    type: tcp\n"
+                f"    bind: 127.0.0.1:{self._port}\n"
+                "plugins:\n"
+                "  amqtt.plugins.authentication.AnonymousAuthPlugin:\n"
+                "    allow_anonymous: true\n"
             )
         return [self.path(), "-c", configuration]
 
@@ -187,8 +260,18 @@ class NatsServer(PeerServer):
 def installMissing(servers):
     """
     Install the Debian packages of the peer brokers that are not installed.
+
+    @raise BenchError: a peer from PyPI (amqtt) is not installed.
     """
-    missing = sorted({server.package for server in servers if server.path() is None})
+    for server in servers:
+        if server.package is None and server.path() is None:
+            raise BenchError(
+                f"{server.name} is not installed: pip install -e '.[bench]' "
+                "in the virtualenv that runs this benchmark"
+            )
+    missing = sorted(
+        {server.package for server in servers if server.package and server.path() is None}
+    )
     if not missing:
         return
     install = ["apt-get", "install", "-y", *missing]
@@ -214,28 +297,89 @@ class Contender:
     label: str
     server: type
     client: object
+    # What it promises: 0 at most once (compared with Mosquitto QoS 0), 1
+    # at least once (with Mosquitto QoS 1).
+    qos: int
+    # The share of --messages it is given: amqtt delivers a few thousand
+    # messages a second, and its figures per CPU-second need no more.
+    messageShare: float = 1.0
 
 
 CONTENDERS = [
-    Contender("dallal-fire", "Dallal fire", DallalServer, DallalClient("fire")),
-    Contender("dallal-all", "Dallal all", DallalServer, DallalClient("all")),
-    Contender("mosquitto-qos0", "Mosquitto QoS 0", MosquittoServer, MqttClient(0)),
-    Contender("mosquitto-qos1", "Mosquitto QoS 1", MosquittoServer, MqttClient(1)),
-    Contender("redis", "Redis", RedisServer, RedisClient()),
-    Contender("nats", "NATS", NatsServer, NatsClient()),
+    Contender("dallal-fire", "Dallal fire", DallalServer, DallalClient("fire"), 0),
+    Contender("dallal-all", "Dallal all", DallalServer, DallalClient("all"), 1),
+    Contender("dallal-mqtt-qos0", "Dallal MQTT QoS 0", DallalMqttServer, MqttClient(0), 0),
+    Contender("dallal-mqtt-qos1", "Dallal MQTT QoS 1", DallalMqttServer, MqttClient(1), 1),
+    Contender("mosquitto-qos0", "Mosquitto QoS 0", MosquittoServer, MqttClient(0), 0),
+    Contender("mosquitto-qos1", "Mosquitto QoS 1", MosquittoServer, MqttClient(1), 1),
+    Contender(
+        "mosquitto-qos0-unbounded",
+        "Mosquitto QoS 0 unbounded",
+        UnboundedMosquittoServer,
+        MqttClient(0),
+        0,
+    ),
+    Contender(
+        "mosquitto-qos1-unbounded",
+        "Mosquitto QoS 1 unbounded",
+        UnboundedMosquittoServer,
+        MqttClient(1),
+        1,
+    ),
+    Contender("amqtt-qos0", "amqtt QoS 0", AmqttServer, MqttClient(0), 0, messageShare=0.1),
+    Contender("amqtt-qos1", "amqtt QoS 1", AmqttServer, MqttClient(1), 1, messageShare=0.1),
+    Contender("redis", "Redis", RedisServer, RedisClient(), 0),
+    Contender("nats", "NATS", NatsServer, NatsClient(), 0),
 ]
 CONTENDERS_BY_KEY = {contender.key: contender for contender in CONTENDERS}
-# Dallal's mode against the peer that promises the same.
-COMPARISONS = [
-    ("dallal-fire", "mosquitto-qos0"),
-    ("dallal-fire", "redis"),
-    ("dallal-fire", "nats"),
-    ("dallal-all", "mosquitto-qos1"),
-]
-# The goals: Dallal at least as fast as the peer in these scenarios.
+# Measured unless --brokers says otherwise: all but Redis and NATS.
+DEFAULT_CONTENDERS = [key for key in CONTENDERS_BY_KEY if key not in ("redis", "nats")]
+# The reference of each promise: Mosquitto at that QoS, in whichever of its
+# two configurations (default queue bound, or none) delivered more per
+# broker CPU-second in the scenario and style at hand, so that a ratio is
+# never flattered by the configuration that suits Mosquitto worse.
+MOSQUITTO = {
+    0: ("mosquitto-qos0", "mosquitto-qos0-unbounded"),
+    1: ("mosquitto-qos1", "mosquitto-qos1-unbounded"),
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    """
+    A goal of an issue, per broker CPU-second: C{contender} at least
+    C{factor} times C{peer} (strictly more if C{strictly}) in C{scenario}.
+    A C{peer} of C{None} is the Mosquitto reference at the contender's QoS.
+    """
+
+    issue: int
+    contender: str
+    peer: str | None
+    scenario: str
+    factor: float
+    strictly: bool = False
+
+    def describe(self):
+        peer = "Mosquitto" if self.peer is None else CONTENDERS_BY_KEY[self.peer].label
+        relation = ">" if self.strictly else ">="
+        return (
+            f"{CONTENDERS_BY_KEY[self.contender].label} {relation} {self.factor:g}x {peer}"
+            f" (issue {self.issue})"
+        )
+
+
 TARGETS = [
-    ("dallal-fire", "mosquitto-qos0", ["a", "b", "c"]),
-    ("dallal-all", "mosquitto-qos1", ["a"]),
+    Target(25, "dallal-fire", None, "a", 1),
+    Target(25, "dallal-fire", None, "b", 2),
+    Target(25, "dallal-fire", None, "c", 1),
+    Target(25, "dallal-all", None, "a", 1),
+    Target(28, "dallal-mqtt-qos0", None, "a", 1),
+    Target(28, "dallal-mqtt-qos0", None, "b", 2),
+    *(
+        Target(28, f"dallal-mqtt-qos{qos}", f"amqtt-qos{qos}", scenario, 10, strictly=True)
+        for qos in (0, 1)
+        for scenario in ("a", "b", "c")
+    ),
 ]
 
 
@@ -267,43 +411,88 @@ SCENARIOS = [
     Scenario("latency", "latency 1->1 64 B", 1, 1, LATENCY_PAYLOAD_SIZE, paced=True),
 ]
 SCENARIOS_BY_KEY = {scenario.key: scenario for scenario in SCENARIOS}
+DEFAULT_SCENARIOS = ["a", "b", "c"]
+
+# How the publishers publish: every frame in one sendall, or under a window.
+FIREHOSE, WINDOWED = "firehose", "windowed"
+STYLES = (FIREHOSE, WINDOWED)
+# The latency scenario's only style: a message every 1/--latency-rate s.
+PACED = "paced"
+
+
+def stylesOf(scenario, styles):
+    return [PACED] if scenario.paced else list(styles)
 
 
 # The load generator.
 #
-# Flow control is end to end: the publishers keep at most a window of
-# messages that the subscribers have not all received, whatever the broker
-# acknowledges.  An acknowledgement only says a message was queued (and
-# MQTT QoS 0 and NATS have none), so publishing at the rate of the broker's
-# acknowledgements would fill its queues for the subscribers (Dallal's hold
-# 1000 messages, then drop the oldest) and measure overflow, not delivery.
-# The subscribers' process reports through a pipe how many messages the
-# slowest subscriber has received, every quarter window.
+# In the windowed style flow control is end to end: the publishers keep at
+# most a window of messages that the subscribers have not all received,
+# whatever the broker acknowledges.  An acknowledgement only says a message
+# was queued (and MQTT QoS 0 and NATS have none), so publishing at the rate
+# of the broker's acknowledgements would fill its queues for the
+# subscribers and measure overflow, not delivery.  The subscribers' process
+# reports through a pipe how many messages the slowest subscriber has
+# received, every quarter window.  The firehose style has no window: it
+# measures what the broker does with a burst.
+
+# A round of reads that brings less than TRICKLE_BYTES per read makes the
+# generator pause, TRICKLE_PAUSE per connection read up to LONGEST_PAUSE,
+# before it looks again, so that what the broker writes piles up into
+# larger reads: the generator then costs a few system calls per many
+# messages, not per message (Mosquitto writes each message to each
+# subscriber on its own), and the kernel's socket buffers hold far more
+# than a broker writes meanwhile.  A subscriber at QoS 1 or in mode all,
+# with at most 100 messages unacknowledged, is held to 100 messages per
+# pause: 200,000 a second alone, 10,000 a second each of 100, more than any
+# broker here delivers to it.  The last messages may be read up to a pause
+# late.
+TRICKLE_BYTES = 16384
+TRICKLE_PAUSE = 0.0005
+LONGEST_PAUSE = 0.01
 
 
-def readInto(sock, stream, onArrival=None):
+def pauseAfterTrickle(read, reads):
+    """
+    Pause if a round of C{reads} reads brought fewer than C{TRICKLE_BYTES}
+    each, C{read} bytes in all.
+    """
+    if reads and read < TRICKLE_BYTES * reads:
+        time.sleep(min(TRICKLE_PAUSE * reads, LONGEST_PAUSE))
+
+
+def readInto(sock, stream, held=None):
     """
     Read what C{sock} holds into its stream and send back what the stream
-    answers; if messages arrived, tell C{onArrival} how many the stream had
-    before and has now.
+    answers, or add it to C{held} to be sent later.
+
+    @return: how many bytes were read.
     """
     data = sock.recv(RECEIVE_SIZE)
     if not data:
         raise BenchError("the broker closed a connection")
-    before = stream.messages
     replies = stream.feed(data)
     if replies:
-        sock.sendall(replies)
-    if onArrival and stream.messages != before:
-        onArrival(before, stream.messages)
+        if held is None:
+            sock.sendall(replies)
+        else:
+            held += replies
+    return len(data)
 
 
-def receive(selector, streams, timeout, onArrival=None):
+def receive(selector, streams, timeout, held=None):
     """
-    Read every socket ready within C{timeout}.
+    Read every socket ready within C{timeout}, pausing after a trickle.
+
+    @param held: a bytearray per socket for its replies, if they must wait.
     """
-    for key, _ in selector.select(timeout):
-        readInto(key.fileobj, streams[key.fileobj], onArrival)
+    ready = selector.select(timeout)
+    read = 0
+    for key, _ in ready:
+        read += readInto(
+            key.fileobj, streams[key.fileobj], None if held is None else held[key.fileobj]
+        )
+    pauseAfterTrickle(read, len(ready))
 
 
 def openConnections(port, requests, client, timestamps, timeout):
@@ -325,12 +514,12 @@ def openConnections(port, requests, client, timestamps, timeout):
     return selector, streams
 
 
-def receiveUntil(selector, streams, done, waitingFor, deadline, onArrival=None):
+def receiveUntil(selector, streams, done, waitingFor, deadline):
     while not done():
         if time.monotonic() > deadline:
             received = sum(stream.messages for stream in streams.values())
             raise BenchError(f"timed out waiting for {waitingFor}, {received:,} messages received")
-        receive(selector, streams, 1.0, onArrival)
+        receive(selector, streams, 1.0)
 
 
 class ProgressReporter:
@@ -359,14 +548,17 @@ class ProgressReporter:
                 self.pipe.send(level * self.step)
 
 
-def runSubscribers(client, port, scenario, progressStep, timeout, pipe, progress):
+def runSubscribers(
+    client, port, scenario, style, progressStep, idleSeconds, timeout, pipe, progress
+):
     """
     Subscribe one connection per subscriber to every topic, report
     C{"ready"} once the broker confirmed them all, then count messages
-    until each connection has had every publisher's last one, sending the
-    slowest one's count down C{progress} every C{progressStep}; report the
-    messages, when the last arrived, the CPU time spent counting and the
-    latencies of stamped messages.
+    until each connection has had every publisher's last one, or, once
+    told C{"published"}, until none has arrived for C{idleSeconds}.  In the
+    windowed style, send the slowest subscriber's count down C{progress}
+    every C{progressStep}.  Report the messages, when the last arrived, the
+    CPU time spent counting and the latencies of stamped messages.
     """
     try:
         topics = scenario.topics
@@ -387,25 +579,44 @@ def runSubscribers(client, port, scenario, progressStep, timeout, pipe, progress
         )
         pipe.send("ready")
         cpuBefore = time.process_time()
-        waiting = set(streams.values())
-
-        def allDone():
-            waiting.difference_update(
-                [stream for stream in waiting if stream.lastMarkers >= scenario.publishers]
-            )
-            return not waiting
-
-        # A paced publisher does not need to hear of progress.
+        selector.register(pipe, EVENT_READ)
         reporter = (
-            None
-            if scenario.paced
-            else ProgressReporter(progressStep, scenario.subscribers, progress)
+            ProgressReporter(progressStep, scenario.subscribers, progress)
+            if style == WINDOWED
+            else None
         )
-        receiveUntil(selector, streams, allDone, "the last messages", deadline, reporter)
-        finished = time.monotonic()
+        waiting = set(streams.values())
+        published = False
+        lastArrival = time.monotonic()
+        while waiting and not (published and time.monotonic() - lastArrival > idleSeconds):
+            if time.monotonic() > deadline:
+                received = sum(stream.messages for stream in streams.values())
+                raise BenchError(f"timed out with {received:,} messages received")
+            read = reads = 0
+            for key, _ in selector.select(0.1):
+                if key.fileobj is pipe:
+                    pipe.recv()
+                    published = True
+                    # Idle from now at the earliest: the broker may not
+                    # have written anything yet.
+                    lastArrival = max(lastArrival, time.monotonic())
+                    continue
+                stream = streams[key.fileobj]
+                before = stream.messages
+                read += readInto(key.fileobj, stream)
+                reads += 1
+                if stream.messages != before:
+                    lastArrival = time.monotonic()
+                    if reporter:
+                        reporter(before, stream.messages)
+                    if stream.lastMarkers >= scenario.publishers:
+                        waiting.discard(stream)
+            # A paced scenario measures latency: no pause there.
+            if not scenario.paced:
+                pauseAfterTrickle(read, reads)
         received = sum(stream.messages for stream in streams.values())
         latencies = [latency for stream in streams.values() for latency in stream.latencies or ()]
-        pipe.send(("done", received, finished, time.process_time() - cpuBefore, latencies))
+        pipe.send(("done", received, lastArrival, time.process_time() - cpuBefore, latencies))
         for sock in streams:
             sock.close()
     except Exception as error:
@@ -450,27 +661,36 @@ class PublishWrites:
         return self._cycle[index % len(self._cycle)]
 
 
-def runPublishers(client, port, scenario, messages, window, rate, timeout, pipe, progress):
+def firehoseFrames(client, topic, messages, size):
+    """
+    All of one publisher's frames in one buffer, the last one's payload
+    marked as such.
+    """
+    return b"".join(
+        client.publish(topic, payload(size), number) for number in range(messages - 1)
+    ) + client.publish(topic, lastPayload(size), messages - 1)
+
+
+def runPublishers(
+    client, port, scenario, style, messages, window, rate, idleSeconds, timeout, pipe, progress
+):
     """
     Connect one publisher per topic, report C{"ready"}, wait for C{"go"},
-    then publish C{messages} messages on each: pipelined, keeping at most
-    C{window} (over all publishers) that the subscribers have not received,
-    or at C{rate} a second each for a paced scenario.  Report when
-    publishing started and the CPU time it took, then keep reading the
-    broker's answers until told to C{"stop"}.
+    then publish C{messages} messages on each in C{style}: in one sendall
+    each, pipelined under C{window} (over all publishers), or at C{rate} a
+    second each.  Report when publishing started, then keep reading the
+    broker's answers until told to C{"stop"}; report the CPU time it took.
     """
     try:
         topics = scenario.topics
-        writes = (
-            None
-            if scenario.paced
-            else [
-                PublishWrites(
-                    client, topic, messages, scenario.payloadSize, max(1, window // len(topics))
-                )
+        size = scenario.payloadSize
+        if style == FIREHOSE:
+            frames = [firehoseFrames(client, topic, messages, size) for topic in topics]
+        elif style == WINDOWED:
+            frames = [
+                PublishWrites(client, topic, messages, size, max(1, window // len(topics)))
                 for topic in topics
             ]
-        )
         selector, streams = openConnections(
             port,
             [client.hello(number) for number in range(len(topics))],
@@ -491,39 +711,78 @@ def runPublishers(client, port, scenario, messages, window, rate, timeout, pipe,
         cpuBefore = time.process_time()
         started = time.monotonic()
         deadline = started + timeout
-        if scenario.paced:
-            publishPaced(
-                client, selector, streams, topics, messages, scenario.payloadSize, rate, deadline
-            )
+        if style == FIREHOSE:
+            publishFirehose(selector, streams, frames, deadline)
+        elif style == WINDOWED:
+            publishWindowed(selector, streams, frames, window, progress, idleSeconds, deadline)
         else:
-            publishWindowed(selector, streams, writes, window, progress, deadline)
-        pipe.send(("sent", started, time.process_time() - cpuBefore))
+            publishPaced(client, selector, streams, topics, messages, size, rate, deadline)
+        pipe.send(("published", started))
         while not pipe.poll(0):
             receive(selector, streams, 0.05)
+        pipe.recv()
+        pipe.send(("stopped", time.process_time() - cpuBefore))
         for sock in streams:
             sock.close()
     except Exception as error:
         pipe.send(("error", f"publishers: {error!r}"))
 
 
-def publishWindowed(selector, streams, writes, window, progress, deadline):
+def publishFirehose(selector, streams, frames, deadline):
+    """
+    Write each connection's C{frames} in one sendall, every connection at
+    once (a thread each: sendall lets go of the GIL while it waits),
+    reading the broker's answers meanwhile.  Replies (PONGs to Dallal's
+    PINGs) wait until the connection's sendall has returned, so as not to
+    land inside a frame.
+    """
+    failures = []
+
+    def write(sock, data):
+        try:
+            sock.sendall(data)
+        except OSError as error:
+            failures.append(error)
+
+    writers = [
+        threading.Thread(target=write, args=(sock, data), daemon=True)
+        for sock, data in zip(streams, frames)
+    ]
+    for writer in writers:
+        writer.start()
+    held = {sock: bytearray() for sock in streams}
+    while any(writer.is_alive() for writer in writers):
+        if time.monotonic() > deadline:
+            raise BenchError("timed out writing the firehose")
+        receive(selector, streams, 0.05, held)
+    if failures:
+        raise BenchError(f"a publisher's sendall failed: {failures[0]!r}")
+    for sock, replies in held.items():
+        if replies:
+            sock.sendall(replies)
+
+
+def publishWindowed(selector, streams, writes, window, progress, idleSeconds, deadline):
     """
     Send each connection's C{writes}, one write per connection in turn,
     while the messages sent and not yet received by the slowest subscriber
-    stay within C{window}.
+    stay within C{window}.  A window that has not moved for C{idleSeconds}
+    is written off: the broker dropped what it held.
     """
     selector.register(progress, EVENT_READ)
     sockets = list(streams)
     nextWrites = [0] * len(sockets)
     sent = 0
-    delivered = 0  # messages the slowest subscriber has, as last reported
+    reported = 0  # messages the slowest subscriber has, as last reported
+    writtenOff = 0  # messages given up as dropped
+    moved = time.monotonic()
     while True:
         wrote = False
         for index, sock in enumerate(sockets):
             if nextWrites[index] == len(writes[index]):
                 continue
             frames, data = writes[index][nextWrites[index]]
-            if sent - delivered + frames > window:
+            if sent - (reported + writtenOff) + frames > window:
                 continue
             sock.sendall(data)
             sent += frames
@@ -532,13 +791,19 @@ def publishWindowed(selector, streams, writes, window, progress, deadline):
         if all(nextWrite == len(w) for nextWrite, w in zip(nextWrites, writes)):
             break
         if wrote:
+            moved = time.monotonic()
             continue
-        if time.monotonic() > deadline:
-            raise BenchError(f"timed out with {sent:,} messages sent, {delivered:,} delivered")
-        for key, _ in selector.select(1.0):
+        now = time.monotonic()
+        if now > deadline:
+            raise BenchError(f"timed out with {sent:,} messages sent, {reported:,} delivered")
+        if now - moved > idleSeconds:
+            writtenOff = sent - reported
+            moved = now
+        for key, _ in selector.select(0.1):
             if key.fileobj is progress:
                 while progress.poll():
-                    delivered = progress.recv()
+                    reported = progress.recv()
+                moved = time.monotonic()
             else:
                 # The broker's answers (PUBACKs, Redis's counts) are read
                 # too, so that it never waits to write them.
@@ -574,6 +839,7 @@ def publishPaced(client, selector, streams, topics, messages, size, rate, deadli
 class Measurement:
     run: int
     scenario: Scenario
+    style: str
     contender: Contender
     expected: int  # (message, subscriber) pairs published
     deliveries: int
@@ -590,13 +856,11 @@ class Measurement:
 
     @property
     def perCpuSecond(self):
-        # The CPU clock ticks every 10 ms: a measurement shorter than a tick
-        # counts as one, and its figure is a lower bound.
-        return self.deliveries / max(self.brokerCpu, 1 / CLOCK_TICKS)
+        return self.deliveries / max(self.brokerCpu, LEAST_CPU)
 
     @property
-    def dropped(self):
-        return 1 - self.deliveries / self.expected
+    def lost(self):
+        return self.expected - self.deliveries
 
     @property
     def brokerBusy(self):
@@ -606,6 +870,13 @@ class Measurement:
     def brokerWaiting(self):
         return self.brokerWait / self.seconds
 
+    @property
+    def generatorShare(self):
+        """
+        The generator's CPU over the broker's.
+        """
+        return self.generatorCpu / max(self.brokerCpu, LEAST_CPU)
+
     def latencyPercentile(self, percent):
         """
         The latency below which C{percent}% of the stamped messages arrived,
@@ -613,18 +884,40 @@ class Measurement:
         """
         return statistics.quantiles(self.latencies, n=100)[percent - 1] / 1e3
 
+    def asDict(self):
+        return {
+            "run": self.run,
+            "scenario": self.scenario.key,
+            "style": self.style,
+            "broker": self.contender.key,
+            "expected": self.expected,
+            "delivered": self.deliveries,
+            "lost": self.lost,
+            "seconds": self.seconds,
+            "broker_cpu_seconds": self.brokerCpu,
+            "deliveries_per_broker_cpu_second": self.perCpuSecond,
+            "deliveries_per_second": self.rate,
+            "broker_waiting_seconds": self.brokerWait,
+            "generator_cpu_seconds": self.generatorCpu,
+            "broker_peak_rss_bytes": self.peakMemory,
+        }
 
-def measure(run, scenario, contender, settings):
-    """
-    Run C{scenario} against a fresh broker of C{contender}.
-    """
+
+def messagesPerPublisher(scenario, contender, settings):
     if scenario.paced:
-        perPublisher = max(2, round(settings.latency_rate * settings.latency_seconds))
-    else:
-        deliveries = settings.messages // scenario.messagesDivisor
-        perPublisher = max(1, deliveries // (scenario.subscribers * scenario.publishers))
+        return max(2, round(settings.latency_rate * settings.latency_seconds))
+    deliveries = round(settings.messages * contender.messageShare) // scenario.messagesDivisor
+    return max(1, deliveries // (scenario.subscribers * scenario.publishers))
+
+
+def measure(run, scenario, style, contender, settings):
+    """
+    Run C{scenario} in C{style} against a fresh broker of C{contender}.
+    """
+    perPublisher = messagesPerPublisher(scenario, contender, settings)
     window = max(1, min(settings.window, WINDOW_BYTES // scenario.payloadSize))
     client = contender.client
+    timeout = settings.timeout
     with tempfile.TemporaryDirectory(prefix="dallal-compare-") as directory:
         server = contender.server(directory)
         processes = []
@@ -642,8 +935,10 @@ def measure(run, scenario, contender, settings):
                         client,
                         server.port,
                         scenario,
+                        style,
                         progressStep,
-                        settings.timeout,
+                        settings.idle_seconds,
+                        timeout,
                         subscriberEnd,
                         progressWriter,
                     ),
@@ -660,10 +955,12 @@ def measure(run, scenario, contender, settings):
                         client,
                         server.port,
                         scenario,
+                        style,
                         perPublisher,
                         window,
                         settings.latency_rate,
-                        settings.timeout,
+                        settings.idle_seconds,
+                        timeout,
                         publisherEnd,
                         progressReader,
                     ),
@@ -671,22 +968,23 @@ def measure(run, scenario, contender, settings):
             )
             processes[-1].start()
             awaitReport(publisherPipe, BROKER_START_TIMEOUT, "the publishers")
-            cpuBefore = server.cpuSeconds()
+            cpuBefore = server.preciseCpuSeconds()
             waitBefore = server.secondsWaitingForCore()
             publisherPipe.send("go")
-            _, started, publisherCpu = awaitReport(
-                publisherPipe, settings.timeout, "the publishers"
-            )
+            _, started = awaitReport(publisherPipe, timeout, "the publishers")
+            subscriberPipe.send("published")
             _, received, finished, subscriberCpu, latencies = awaitReport(
-                subscriberPipe, settings.timeout, "the subscribers"
+                subscriberPipe, timeout, "the subscribers"
             )
-            brokerCpu = server.cpuSeconds() - cpuBefore
+            brokerCpu = server.preciseCpuSeconds() - cpuBefore
             brokerWait = server.secondsWaitingForCore() - waitBefore
             peakMemory = server.peakMemory()
             publisherPipe.send("stop")
+            _, publisherCpu = awaitReport(publisherPipe, timeout, "the publishers")
         except BenchError as error:
             raise BenchError(
-                f"{contender.label}, scenario {scenario.label}: {error}\n{server.lastWords()}"
+                f"{contender.label}, scenario {scenario.label}, {style}: {error}\n"
+                f"{server.lastWords()}"
             ) from None
         finally:
             for process in processes:
@@ -698,10 +996,12 @@ def measure(run, scenario, contender, settings):
     return Measurement(
         run,
         scenario,
+        style,
         contender,
         perPublisher * scenario.publishers * scenario.subscribers,
         received,
-        finished - started,
+        # Nothing arrived at all: the clock ran until the publishers ended.
+        max(finished - started, 1e-3),
         brokerCpu,
         brokerWait,
         publisherCpu + subscriberCpu,
@@ -710,35 +1010,183 @@ def measure(run, scenario, contender, settings):
     )
 
 
+# Comparing.
+
+
+def median(group, attribute):
+    return statistics.median(getattr(measurement, attribute) for measurement in group)
+
+
+def mosquittoReference(groups, scenario, style, qos):
+    """
+    The key of the Mosquitto configuration at C{qos} that delivered the
+    most per broker CPU-second in C{scenario} and C{style}, or C{None} if
+    none was measured.
+
+    @param groups: measurements by (scenario key, style, contender key).
+    """
+    measured = [key for key in MOSQUITTO[qos] if (scenario, style, key) in groups]
+    return max(
+        measured,
+        key=lambda key: median(groups[scenario, style, key], "perCpuSecond"),
+        default=None,
+    )
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """
+    A contender's medians over its reference's in one scenario and style,
+    and the lowest and highest ratio of the two within a run (each run
+    measures both close together, so the machine's load hits them alike).
+    """
+
+    scenario: str
+    style: str
+    contender: str
+    peer: str
+    perCpuSecond: float
+    perCpuSecondRuns: tuple
+    perSecond: float
+    perSecondRuns: tuple
+
+    def asDict(self):
+        return {
+            "scenario": self.scenario,
+            "style": self.style,
+            "broker": self.contender,
+            "against": self.peer,
+            "deliveries_per_broker_cpu_second": self.perCpuSecond,
+            "deliveries_per_second": self.perSecond,
+        }
+
+
+def ratioOf(groups, scenario, style, contender, peer):
+    ours, theirs = groups[scenario, style, contender], groups[scenario, style, peer]
+
+    def ratios(attribute):
+        paired = [
+            getattr(a, attribute) / getattr(b, attribute)
+            for a, b in zip(ours, theirs)
+            if getattr(b, attribute)
+        ]
+        return (
+            median(ours, attribute) / median(theirs, attribute),
+            (min(paired), max(paired)) if paired else (math.nan, math.nan),
+        )
+
+    perCpuSecond, perCpuSecondRuns = ratios("perCpuSecond")
+    perSecond, perSecondRuns = ratios("rate")
+    return Ratio(
+        scenario, style, contender, peer, perCpuSecond, perCpuSecondRuns, perSecond, perSecondRuns
+    )
+
+
+def ratiosToMosquitto(groups, scenarios, styles, contenders):
+    """
+    Every contender but the reference against the Mosquitto reference of
+    its QoS (L{mosquittoReference}), per scenario and style measured.
+    """
+    ratios = []
+    for scenario in scenarios:
+        for style in styles:
+            for contender in contenders:
+                if (scenario, style, contender.key) not in groups:
+                    continue
+                peer = mosquittoReference(groups, scenario, style, contender.qos)
+                if peer is not None and peer != contender.key:
+                    ratios.append(ratioOf(groups, scenario, style, contender.key, peer))
+    return ratios
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """
+    A target judged in one style: the medians of deliveries per broker
+    CPU-second of the contender and of the peer it was compared with.
+    """
+
+    target: Target
+    style: str
+    peer: str
+    ours: float
+    theirs: float
+
+    @property
+    def ratio(self):
+        return self.ours / self.theirs
+
+    @property
+    def met(self):
+        if self.target.strictly:
+            return self.ratio > self.target.factor
+        return self.ratio >= self.target.factor
+
+    def describe(self):
+        return (
+            f"{self.target.scenario} {self.style}: {self.target.describe()}:"
+            f" {self.ours:,.0f} against {CONTENDERS_BY_KEY[self.peer].label}'s"
+            f" {self.theirs:,.0f} per CPU-s = {self.ratio:.3g}x:"
+            f" {'met' if self.met else 'not met'}"
+        )
+
+    def asDict(self):
+        return {
+            "target": self.target.describe(),
+            "scenario": self.target.scenario,
+            "style": self.style,
+            "broker": self.target.contender,
+            "against": self.peer,
+            "factor": self.target.factor,
+            "ratio": self.ratio,
+            "met": self.met,
+        }
+
+
+def judgeTargets(groups, styles, targets=TARGETS):
+    """
+    The L{Verdict} of every target whose contender and peer were measured,
+    in each style.
+    """
+    verdicts = []
+    for target in targets:
+        qos = CONTENDERS_BY_KEY[target.contender].qos
+        for style in styles:
+            if (target.scenario, style, target.contender) not in groups:
+                continue
+            peer = target.peer or mosquittoReference(groups, target.scenario, style, qos)
+            if peer is None or (target.scenario, style, peer) not in groups:
+                continue
+            verdicts.append(
+                Verdict(
+                    target,
+                    style,
+                    peer,
+                    median(groups[target.scenario, style, target.contender], "perCpuSecond"),
+                    median(groups[target.scenario, style, peer], "perCpuSecond"),
+                )
+            )
+    return verdicts
+
+
 # Reporting.
 
 
 def printMeasurement(measurement):
     m = measurement
     line = (
-        f"run {m.run}  {m.scenario.label:<18} {m.contender.label:<16}"
-        f" {m.rate:>10,.0f} deliveries/s  {m.deliveries:>9,} in {m.seconds:6.2f} s"
-        f" ({m.dropped:.1%} dropped)  broker CPU {m.brokerCpu:5.2f} s"
-        f" ({m.perCpuSecond:>10,.0f}/CPU-s), busy {m.brokerBusy:4.0%},"
+        f"run {m.run}  {m.scenario.label:<17} {m.style:<8} {m.contender.label:<25}"
+        f" {m.perCpuSecond:>9,.0f}/CPU-s {m.rate:>9,.0f}/s"
+        f"  {m.deliveries:>7,} of {m.expected:,} ({m.lost:,} lost) in {m.seconds:5.2f} s"
+        f"  broker CPU {m.brokerCpu:5.2f} s busy {m.brokerBusy:4.0%}"
         f" waiting {m.brokerWaiting:3.0%}  generator CPU {m.generatorCpu:5.2f} s"
-        f"  peak RSS {m.peakMemory / 2**20:6.1f} MiB"
+        f"  peak RSS {m.peakMemory / 2**20:5.1f} MiB"
     )
     if m.latencies:
         line += (
             f"  latency p50 {m.latencyPercentile(50):,.0f} us p99 {m.latencyPercentile(99):,.0f} us"
         )
     print(line, flush=True)
-
-
-def ratioOfMedians(numerators, denominators):
-    """
-    The ratio of two medians, and the range of the ratios run by run (each
-    run measures both close together, so the machine's load hits them
-    alike), with two significant digits: these ratios go down to hundredths.
-    """
-    middle = statistics.median(numerators) / statistics.median(denominators)
-    paired = [a / b for a, b in zip(numerators, denominators)]
-    return f"{middle:.2g}x (runs {min(paired):.2g}-{max(paired):.2g})"
 
 
 def printTable(header, rows):
@@ -748,62 +1196,85 @@ def printTable(header, rows):
         print("| " + " | ".join(row) + " |")
 
 
-def printSummary(groups, scenarios, contenders, runs):
+def summaryRows(groups):
+    """
+    Per scenario, style and broker measured: the medians of the runs.
+    """
+    rows = []
+    for (scenario, style, contender), group in groups.items():
+        if style == PACED:
+            continue
+        rows.append(
+            {
+                "scenario": scenario,
+                "style": style,
+                "broker": contender,
+                "runs": len(group),
+                "deliveries_per_broker_cpu_second": median(group, "perCpuSecond"),
+                "deliveries_per_second": median(group, "rate"),
+                "expected": group[0].expected,
+                "lost": median(group, "lost"),
+                "broker_busy": median(group, "brokerBusy"),
+                "broker_waiting_for_a_core": median(group, "brokerWaiting"),
+                "generator_cpu_over_broker_cpu": median(group, "generatorShare"),
+                "broker_peak_rss_bytes": median(group, "peakMemory"),
+            }
+        )
+    return rows
+
+
+def printSummary(groups, runs):
     print(f"\nmedians of {runs} run(s); spread = the lowest and highest run around the median\n")
     rows = []
-    for scenario in scenarios:
-        if scenario.paced:
-            continue
-        for contender in contenders:
-            group = groups[scenario.key, contender.key]
-            rates = [m.rate for m in group]
-            efficiencies = [m.perCpuSecond for m in group]
-            rows.append(
-                [
-                    scenario.label,
-                    contender.label,
-                    f"{statistics.median(rates):,.0f} ({spread(rates)})",
-                    f"{statistics.median(efficiencies):,.0f} ({spread(efficiencies)})",
-                    f"{statistics.median(m.brokerBusy for m in group):.0%}",
-                    f"{statistics.median(m.brokerWaiting for m in group):.0%}",
-                    f"{statistics.median(m.generatorCpu / max(m.brokerCpu, 1 / CLOCK_TICKS) for m in group):.0%}",
-                    f"{statistics.median(m.dropped for m in group):.1%}",
-                    f"{statistics.median(m.peakMemory for m in group) / 2**20:.1f} MiB",
-                ]
-            )
+    for row in summaryRows(groups):
+        group = groups[row["scenario"], row["style"], row["broker"]]
+        rows.append(
+            [
+                SCENARIOS_BY_KEY[row["scenario"]].label,
+                row["style"],
+                CONTENDERS_BY_KEY[row["broker"]].label,
+                f"{row['deliveries_per_broker_cpu_second']:,.0f}"
+                f" ({spread([m.perCpuSecond for m in group])})",
+                f"{row['deliveries_per_second']:,.0f} ({spread([m.rate for m in group])})",
+                f"{row['lost']:,.0f} of {row['expected']:,}",
+                f"{row['broker_busy']:.0%}",
+                f"{row['broker_waiting_for_a_core']:.0%}",
+                f"{row['generator_cpu_over_broker_cpu']:.0%}",
+                f"{row['broker_peak_rss_bytes'] / 2**20:.1f} MiB",
+            ]
+        )
     if rows:
         printTable(
             [
                 "scenario",
+                "style",
                 "broker",
-                "deliveries/s (spread)",
                 "deliveries per broker CPU-s (spread)",
+                "deliveries/s (spread)",
+                "lost",
                 "broker busy",
                 "waiting for a core",
                 "generator/broker CPU",
-                "dropped",
                 "peak RSS",
             ],
             rows,
         )
     latencyRows = []
-    for scenario in scenarios:
-        if not scenario.paced:
+    for (scenario, style, contender), group in groups.items():
+        if style != PACED:
             continue
-        for contender in contenders:
-            group = groups[scenario.key, contender.key]
-            p50 = [m.latencyPercentile(50) for m in group]
-            p99 = [m.latencyPercentile(99) for m in group]
-            latencyRows.append(
-                [
-                    scenario.label,
-                    contender.label,
-                    f"{statistics.median(p50):,.0f} us ({spread(p50)})",
-                    f"{statistics.median(p99):,.0f} us ({spread(p99)})",
-                    f"{statistics.median(m.brokerBusy for m in group):.0%}",
-                    f"{statistics.median(m.peakMemory for m in group) / 2**20:.1f} MiB",
-                ]
-            )
+        p50 = [m.latencyPercentile(50) for m in group]
+        p99 = [m.latencyPercentile(99) for m in group]
+        latencyRows.append(
+            [
+                SCENARIOS_BY_KEY[scenario].label,
+                CONTENDERS_BY_KEY[contender].label,
+                f"{statistics.median(p50):,.0f} us ({spread(p50)})",
+                f"{statistics.median(p99):,.0f} us ({spread(p99)})",
+                f"{median(group, 'brokerBusy'):.0%}",
+                f"{median(group, 'peakMemory') / 2**20:.1f} MiB",
+            ]
+        )
     if latencyRows:
         print()
         printTable(
@@ -812,94 +1283,53 @@ def printSummary(groups, scenarios, contenders, runs):
         )
 
 
-def printComparisons(groups, scenarios, contenders):
+def formatRatio(value, runs):
+    return f"{value:.2g}x ({runs[0]:.2g}-{runs[1]:.2g})"
+
+
+def printComparisons(ratios, verdicts):
     """
-    Dallal's figures over each peer's, the targets, and the scenario and
-    peer where Dallal's throughput falls furthest behind.
+    Each broker over the Mosquitto reference of its QoS, and the targets.
     """
-    present = {contender.key for contender in contenders}
-    comparisons = [(a, b) for a, b in COMPARISONS if a in present and b in present]
-    if not comparisons:
-        return
-    print(
-        "\nDallal over its peer: ratios of the medians (and the lowest and highest ratio within a run)\n"
-    )
-    rows = []
-    furthestBehind = None
-    for scenario in scenarios:
-        for dallal, peer in comparisons:
-            ours, theirs = groups[scenario.key, dallal], groups[scenario.key, peer]
-            label = f"{CONTENDERS_BY_KEY[dallal].label} / {CONTENDERS_BY_KEY[peer].label}"
-            if scenario.paced:
-                rows.append(
-                    [
-                        scenario.label,
-                        label,
-                        "",
-                        "",
-                        "p50 "
-                        + ratioOfMedians(
-                            [m.latencyPercentile(50) for m in ours],
-                            [m.latencyPercentile(50) for m in theirs],
-                        )
-                        + ", p99 "
-                        + ratioOfMedians(
-                            [m.latencyPercentile(99) for m in ours],
-                            [m.latencyPercentile(99) for m in theirs],
-                        ),
-                    ]
-                )
-                continue
-            rateRatio = statistics.median(m.rate for m in ours) / statistics.median(
-                m.rate for m in theirs
-            )
-            if furthestBehind is None or rateRatio < furthestBehind[0]:
-                furthestBehind = (rateRatio, scenario, dallal, peer)
-            rows.append(
-                [
-                    scenario.label,
-                    label,
-                    ratioOfMedians([m.rate for m in ours], [m.rate for m in theirs]),
-                    ratioOfMedians(
-                        [m.perCpuSecond for m in ours], [m.perCpuSecond for m in theirs]
-                    ),
-                    "",
-                ]
-            )
-    printTable(
-        ["scenario", "Dallal / peer", "deliveries/s", "deliveries per CPU-s", "latency"], rows
-    )
-    print("\ntargets (goals, not tests)")
-    for dallal, peer, targetScenarios in TARGETS:
-        for key in targetScenarios:
-            if (key, dallal) not in groups or (key, peer) not in groups:
-                continue
-            ours = statistics.median(m.rate for m in groups[key, dallal])
-            theirs = statistics.median(m.rate for m in groups[key, peer])
-            verdict = "met" if ours >= theirs else f"missed by {1 - ours / theirs:.0%}"
-            print(
-                f"  {SCENARIOS_BY_KEY[key].label}: {CONTENDERS_BY_KEY[dallal].label} "
-                f"{ours:,.0f}/s >= {CONTENDERS_BY_KEY[peer].label} {theirs:,.0f}/s: {verdict}"
-                f" ({ours / theirs:.2g}x)"
-            )
-    if furthestBehind:
-        ratio, scenario, dallal, peer = furthestBehind
+    if ratios:
         print(
-            f"\nfurthest behind: {scenario.label}, {CONTENDERS_BY_KEY[dallal].label} at "
-            f"{ratio:.2g}x {CONTENDERS_BY_KEY[peer].label}'s deliveries/s"
+            "\nover Mosquitto at the same QoS, in whichever of its two configurations"
+            " delivered more per CPU-s: ratio of the medians (lowest-highest within a run)\n"
         )
+        printTable(
+            ["scenario", "style", "broker", "against", "per broker CPU-s", "per second"],
+            [
+                [
+                    SCENARIOS_BY_KEY[ratio.scenario].label,
+                    ratio.style,
+                    CONTENDERS_BY_KEY[ratio.contender].label,
+                    CONTENDERS_BY_KEY[ratio.peer].label,
+                    formatRatio(ratio.perCpuSecond, ratio.perCpuSecondRuns),
+                    formatRatio(ratio.perSecond, ratio.perSecondRuns),
+                ]
+                for ratio in ratios
+            ],
+        )
+    if verdicts:
+        print("\ntargets, per broker CPU-second (goals, not tests)")
+        for verdict in verdicts:
+            print("  " + verdict.describe())
 
 
 def reproduceCommand(arguments):
     return commandLine(
         "compare.py",
         arguments,
+        "--idle-seconds",
+        str(arguments.idle_seconds),
         "--latency-rate",
         str(arguments.latency_rate),
         "--latency-seconds",
         str(arguments.latency_seconds),
         "--scenarios",
         *arguments.scenarios,
+        "--styles",
+        *arguments.styles,
         "--brokers",
         *arguments.brokers,
     )
@@ -908,13 +1338,29 @@ def reproduceCommand(arguments):
 def parseArguments(argv):
     parser = runOptions(
         __doc__.split("\n\n")[0],
-        50_000,
+        30_000,
         "deliveries per measurement with 64-byte payloads (a scenario with S "
         "subscribers publishes messages/S); 1 KiB payloads get a quarter, 64 KiB "
-        "ones a 32nd",
+        "ones a 32nd, amqtt a tenth",
         "across brokers",
-        "messages published and not yet received by the slowest subscriber, "
+        "windowed style: messages published and not yet received by the slowest subscriber, "
         f"shared by the publishers and capped at {WINDOW_BYTES // 2**20} MiB of payload",
+    )
+    parser.add_argument(
+        "--styles",
+        nargs="+",
+        choices=STYLES,
+        default=list(STYLES),
+        help="firehose: each publisher writes all its frames in one sendall; windowed: "
+        "under --window (default: both)",
+    )
+    parser.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=1.0,
+        help="once the publishers are done, a run ends when the subscribers have heard "
+        "nothing for this long (the broker dropped the rest); a window that has not "
+        "moved for this long is written off (default: %(default)s)",
     )
     parser.add_argument(
         "--latency-rate",
@@ -933,20 +1379,29 @@ def parseArguments(argv):
         "--scenarios",
         nargs="+",
         choices=list(SCENARIOS_BY_KEY),
-        default=list(SCENARIOS_BY_KEY),
+        default=DEFAULT_SCENARIOS,
         help="a: 1 publisher to 1 subscriber; b: to 100 subscribers; c: 10 "
         "publishers on 10 topics to 10 subscribers of all of them; d1k, d64k: "
         "1 to 1 with 1 KiB and 64 KiB payloads; latency: 1 to 1 at "
-        "--latency-rate (default: all)",
+        "--latency-rate (default: a b c)",
     )
     parser.add_argument(
         "--brokers",
         nargs="+",
         choices=list(CONTENDERS_BY_KEY),
-        default=list(CONTENDERS_BY_KEY),
-        help="which brokers and modes (default: all)",
+        default=DEFAULT_CONTENDERS,
+        help="which brokers and modes (default: all but redis and nats)",
+    )
+    parser.add_argument(
+        "--json",
+        metavar="FILE",
+        help="also write the measurements, medians, ratios and targets to FILE as JSON",
     )
     return parser.parse_args(argv)
+
+
+def loadAverage():
+    return [round(value, 2) for value in os.getloadavg()]
 
 
 def main(argv=None):
@@ -955,24 +1410,62 @@ def main(argv=None):
     contenders = [CONTENDERS_BY_KEY[key] for key in arguments.brokers]
     servers = list(dict.fromkeys(contender.server for contender in contenders))
     installMissing([server for server in servers if issubclass(server, PeerServer)])
-    print(describeSetup())
-    print("brokers: " + "; ".join(server.version() for server in servers))
+    loadBefore = loadAverage()
+    setup = describeSetup()
+    versions = "; ".join(dict.fromkeys(server.version() for server in servers))
+    print(setup)
+    print(f"brokers: {versions}")
     print(
-        f"{arguments.messages:,} deliveries per measurement (64 B), {arguments.window:,} "
-        f"messages in flight at most; latency at {arguments.latency_rate:,.0f} messages/s "
-        f"for {arguments.latency_seconds:g} s",
+        f"{arguments.messages:,} deliveries per measurement (64 B; amqtt a tenth), "
+        f"{arguments.window:,} messages in flight at most when windowed; latency at "
+        f"{arguments.latency_rate:,.0f} messages/s for {arguments.latency_seconds:g} s",
         flush=True,
     )
+    for scenario in scenarios:
+        for contender in contenders:
+            if (
+                FIREHOSE in arguments.styles
+                and isinstance(contender.client, MqttClient)
+                and contender.client.qos
+                and messagesPerPublisher(scenario, contender, arguments) > MQTT_PACKET_IDS
+            ):
+                print(
+                    f"note: {contender.label}'s firehose in {scenario.label} reuses packet ids"
+                    f" (more than {MQTT_PACKET_IDS:,} messages per publisher) before their"
+                    " PUBACKs have come back"
+                )
     groups = {}
     for run in range(1, arguments.runs + 1):
         for scenario in scenarios:
-            for contender in contenders:
-                measurement = measure(run, scenario, contender, arguments)
-                printMeasurement(measurement)
-                groups.setdefault((scenario.key, contender.key), []).append(measurement)
-    printSummary(groups, scenarios, contenders, arguments.runs)
-    printComparisons(groups, scenarios, contenders)
-    print(f"\nreproduce: {reproduceCommand(arguments)}")
+            for style in stylesOf(scenario, arguments.styles):
+                for contender in contenders:
+                    measurement = measure(run, scenario, style, contender, arguments)
+                    printMeasurement(measurement)
+                    groups.setdefault((scenario.key, style, contender.key), []).append(measurement)
+    ratios = ratiosToMosquitto(groups, arguments.scenarios, arguments.styles, contenders)
+    verdicts = judgeTargets(groups, arguments.styles)
+    printSummary(groups, arguments.runs)
+    printComparisons(ratios, verdicts)
+    loadAfter = loadAverage()
+    command = reproduceCommand(arguments)
+    print(f"\nload average {loadBefore} at the start, {loadAfter} at the end")
+    print(f"reproduce: {command}")
+    if arguments.json:
+        with open(arguments.json, "w") as file:
+            json.dump(
+                {
+                    "command": command,
+                    "setup": setup,
+                    "brokers": versions,
+                    "load_average": {"start": loadBefore, "end": loadAfter},
+                    "measurements": [m.asDict() for group in groups.values() for m in group],
+                    "medians": summaryRows(groups),
+                    "ratios_to_mosquitto": [ratio.asDict() for ratio in ratios],
+                    "targets": [verdict.asDict() for verdict in verdicts],
+                },
+                file,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

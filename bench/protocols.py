@@ -330,6 +330,8 @@ MQTT_CLEAN_SESSION = 0x02
 MQTT_CONNECT, MQTT_CONNACK, MQTT_PUBLISH, MQTT_PUBACK = 1, 2, 3, 4
 MQTT_SUBSCRIBE, MQTT_SUBACK = 8, 9
 MQTT_SUBACK_FAILURE = 0x80
+# Packet ids run from 1 to this.
+MQTT_PACKET_IDS = 65535
 
 
 def mqttRemainingLength(length):
@@ -586,7 +588,7 @@ class MqttClient:
     def publish(self, topic, payload, number):
         if self.qos == 0:
             return mqttPacket(MQTT_PUBLISH, 0, mqttString(topic) + payload)
-        packetId = struct.pack("!H", number % 65535 + 1)  # 0 is not an id
+        packetId = struct.pack("!H", number % MQTT_PACKET_IDS + 1)  # 0 is not an id
         return mqttPacket(MQTT_PUBLISH, self.qos << 1, mqttString(topic) + packetId + payload)
 
 

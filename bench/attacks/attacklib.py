@@ -173,8 +173,8 @@ def dallal(directory, extra=(), udp=False):
 
 class DefaultMosquitto(compare.MosquittoServer):
     """
-    Mosquitto with its default limits (bench/compare.py lifts its queue
-    limit for throughput; an attack meets the defaults).
+    Mosquitto with its default limits (bench/compare.py widens its
+    in-flight window for throughput; an attack meets the defaults).
     """
 
     def startCommand(self, directory):
