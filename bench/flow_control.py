@@ -3,7 +3,7 @@ Flow control, TCP against UDP, on loopback: a subscriber that stops reading
 and a publisher that keeps publishing, watched with tshark and the broker's
 counters.
 
-    python3 bench/flow_control.py tcp      # modes fire and latest, 45 s each
+    python3 bench/flow_control.py tcp      # modes fire and latest, 55 s each
     python3 bench/flow_control.py udp      # modes latest, all and fire, 20 s each
     python3 bench/flow_control.py tcp --modes fire --seconds 20 --plots docs
 
@@ -1185,7 +1185,11 @@ def main(argv=None):
         choices=["latest", "all", "fire"],
         help="delivery modes (tcp: fire latest; udp: latest all fire)",
     )
-    parser.add_argument("--seconds", type=float, help="how long each mode runs (tcp 45, udp 20)")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        help="how long each mode runs (tcp 55: long enough for the broker to drop the silent subscriber at the default --ping-interval; udp 20)",
+    )
     parser.add_argument(
         "--rate", type=float, help="messages published per second (tcp 500, udp 200)"
     )
@@ -1218,7 +1222,7 @@ def main(argv=None):
     options = parser.parse_args(argv)
     tcp = options.transport == "tcp"
     options.modes = options.modes or (["fire", "latest"] if tcp else ["latest", "all", "fire"])
-    options.seconds = options.seconds or (45.0 if tcp else 20.0)
+    options.seconds = options.seconds or (55.0 if tcp else 20.0)
     options.rcvbuf = options.rcvbuf or (4096 if tcp else 16384)
     options.rate = options.rate or (500.0 if tcp else 200.0)
     options.payload = options.payload or (1024 if tcp else 512)
