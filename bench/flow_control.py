@@ -425,17 +425,15 @@ def runMode(transport, mode, options, outDirectory):
             time.sleep(0.005)
         publisher.step(time.monotonic())
         time.sleep(0.2)
-        samples.append(
-            sample(
-                transport, broker, control, subscriber, publisher, time.time() - started, snmpBefore
-            )
+        last, info["stats_end"] = settledSample(
+            transport, broker, control, subscriber, publisher, started, snmpBefore
         )
-        info["ended"] = samples[-1]["t"]
+        samples.append(last)
+        info["ended"] = last["t"]
         info["published"] = publisher.sent
         info["publisher_unwritten_end"] = publisher.unwritten
         info["pubacks"] = publisher.acked
         info["udp_pings_sent"] = getattr(subscriber, "pings", None)
-        info["stats_end"] = control.stats()
         info["rss_end"] = rss(broker)
         info["vmhwm"] = broker.peakMemory()
         info["log_tail"] = [
@@ -480,6 +478,26 @@ def logLines(broker):
             ) as log_:
                 lines += log_.read().splitlines()
     return lines
+
+
+def settledSample(transport, broker, control, subscriber, publisher, started, snmpBefore):
+    """
+    The last sample and the broker's counters, taken while the broker sent
+    nothing (over UDP in mode all it resends its window every second), so
+    that its counters, the kernel's and the capture up to the sample's time
+    agree.
+    """
+    sending = ("delivered", "redelivered", "fired", "dropped", "replaced")
+    for _ in range(40):
+        point = sample(
+            transport, broker, control, subscriber, publisher, time.time() - started, snmpBefore
+        )
+        stats = control.stats()
+        point["t"] = round(time.time() - started, 3)
+        if all(stats.get(name) == point[name] for name in sending):
+            return point, stats
+        time.sleep(0.05)
+    raise BenchError("the broker never stopped sending for long enough to read its counters")
 
 
 def sample(transport, broker, control, subscriber, publisher, elapsed, snmpBefore):
