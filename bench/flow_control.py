@@ -1091,6 +1091,7 @@ def plotTcp(mode, samples, analysis, path):
         color="tab:blue",
         label="fired (handed to the transport)",
     )
+    bottom.plot(t, [s["pubacks"] for s in samples], color="black", linewidth=0.8, label="PUBACKs")
     bottom.set_ylabel("messages")
     bottom.legend(fontsize=7, loc="upper left")
     memory = bottom.twinx()
@@ -1133,6 +1134,7 @@ def plotUdp(results, path):
             linestyle="--",
             label="published",
         )
+        axis.plot(t, [s["pubacks"] for s in samples], color="black", linewidth=0.8, label="PUBACKs")
         sends = analysis["sends"]
         axis.plot(
             [x for x, _ in sends],
