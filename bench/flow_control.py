@@ -576,6 +576,18 @@ def flag(row, field):
     return bool(row.get(field))
 
 
+def isSyn(row):
+    return row["tcp.flags.syn"] in ("1", "True")
+
+
+def isWindowProbe(row):
+    """
+    A zero-window probe: tshark calls Linux's (an empty segment one byte
+    behind the window) keep-alives.
+    """
+    return flag(row, "tcp.analysis.zero_window_probe") or flag(row, "tcp.analysis.keep_alive")
+
+
 def analyseTcp(info):
     fields = [
         "frame.time_epoch",
@@ -607,16 +619,10 @@ def analyseTcp(info):
         row["t"] = float(row["frame.time_epoch"]) - started
         (fromSubscriber if int(row["tcp.srcport"]) == sport else fromBroker).append(row)
     windows = [
-        (row["t"], int(row["tcp.window_size"] or 0))
-        for row in fromSubscriber
-        if row["tcp.flags.syn"] in ("0", "False", "")
+        (row["t"], int(row["tcp.window_size"] or 0)) for row in fromSubscriber if not isSyn(row)
     ]
     zeroWindows = [row["t"] for row in fromSubscriber if flag(row, "tcp.analysis.zero_window")]
-    probes = [
-        row["t"]
-        for row in fromBroker
-        if flag(row, "tcp.analysis.zero_window_probe") or flag(row, "tcp.analysis.keep_alive")
-    ]
+    probes = [row["t"] for row in fromBroker if isWindowProbe(row)]
     zwProbesOnly = sum(flag(row, "tcp.analysis.zero_window_probe") for row in fromBroker)
     keepAliveProbes = sum(flag(row, "tcp.analysis.keep_alive") for row in fromBroker)
     probeAcks = sum(
@@ -631,7 +637,7 @@ def analyseTcp(info):
         for row in rows
         if row["tcp.flags.reset"] in ("1", "True")
     ]
-    syn = next((row for row in fromSubscriber if row["tcp.flags.syn"] in ("1", "True")), None)
+    syn = next((row for row in fromSubscriber if isSyn(row)), None)
     lastData = dataSegments[-1]["t"] if dataSegments else None
     return {
         "tshark_read_command": shlex.join(command),
@@ -726,10 +732,8 @@ def analysePublisher(info):
     for row in rows:
         t = round(float(row["frame.time_epoch"]) - info["started"], 3)
         if int(row["tcp.srcport"]) == port:
-            probes += flag(row, "tcp.analysis.zero_window_probe") or flag(
-                row, "tcp.analysis.keep_alive"
-            )
-        elif row["tcp.flags.syn"] in ("0", "False", ""):
+            probes += isWindowProbe(row)
+        elif not isSyn(row):
             zeroWindows += flag(row, "tcp.analysis.zero_window")
             if int(row["tcp.window_size"] or 0) == 0:
                 if not closed or closed[-1][1] is not None:
