@@ -26,10 +26,13 @@ broker's counters (a STATS request on a connection of its own: the JSON
 `dallal stats --json` prints), its VmRSS, and what the kernel holds: the
 send and receive queues of both ends from /proc/net/tcp, or for UDP the
 subscriber socket's queue and drops from /proc/net/udp and the machine's
-UdpRcvbufErrors from /proc/net/snmp.  Afterwards it reads the capture with
+UdpRcvbufErrors from /proc/net/snmp; and for both, what the kernel holds of
+the publisher's connection, which the broker stops reading while a full
+queue holds the publisher back.  Afterwards it reads the capture with
 tshark (the window the subscriber advertised, zero-window segments and
-probes, or the datagrams sent and their redeliveries), writes
-summary.json, summary.md, the samples, the capture, and one PNG per run.
+probes, or the datagrams sent and their redeliveries; and when the broker
+advertised the publisher a zero window), writes summary.json, summary.md,
+the samples, the capture, and one PNG per run.
 
 bench/README.md describes the output; docs/FLOW-CONTROL.md has the figures.
 """
