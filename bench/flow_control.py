@@ -3,7 +3,7 @@ Flow control, TCP against UDP, on loopback: a subscriber that stops reading
 and a publisher that keeps publishing, watched with tshark and the broker's
 counters.
 
-    python3 bench/flow_control.py tcp      # modes fire and latest, 45 s each
+    python3 bench/flow_control.py tcp      # modes fire and latest, 55 s each
     python3 bench/flow_control.py udp      # modes latest, all and fire, 20 s each
     python3 bench/flow_control.py tcp --modes fire --seconds 20 --plots docs
 
@@ -26,10 +26,13 @@ broker's counters (a STATS request on a connection of its own: the JSON
 `dallal stats --json` prints), its VmRSS, and what the kernel holds: the
 send and receive queues of both ends from /proc/net/tcp, or for UDP the
 subscriber socket's queue and drops from /proc/net/udp and the machine's
-UdpRcvbufErrors from /proc/net/snmp.  Afterwards it reads the capture with
+UdpRcvbufErrors from /proc/net/snmp; and for both, what the kernel holds of
+the publisher's connection, which the broker stops reading while a full
+queue holds the publisher back.  Afterwards it reads the capture with
 tshark (the window the subscriber advertised, zero-window segments and
-probes, or the datagrams sent and their redeliveries), writes
-summary.json, summary.md, the samples, the capture, and one PNG per run.
+probes, or the datagrams sent and their redeliveries; and when the broker
+advertised the publisher a zero window), writes summary.json, summary.md,
+the samples, the capture, and one PNG per run.
 
 bench/README.md describes the output; docs/FLOW-CONTROL.md has the figures.
 """
@@ -189,13 +192,17 @@ def tsharkFields(path, displayFilter, fields):
 class Publisher:
     """
     Publishes on a topic at a steady rate over TCP, reading PUBACKs and
-    answering PINGs so that its own connection never backs up.
+    answering PINGs so that its own connection never backs up.  When the
+    broker holds it back (stops reading its connection) and its socket
+    takes no more, what it publishes meanwhile waits in C{unwritten}, as
+    in a client library's buffer, and goes out once the socket drains.
     """
 
     def __init__(self, port, topic, payload, rate):
         self.sock = socket.create_connection(("127.0.0.1", port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.setblocking(False)
+        self.port = self.sock.getsockname()[1]
         self.topic = topic
         self.payload = payload
         self.rate = rate
@@ -203,19 +210,28 @@ class Publisher:
         self.acked = 0
         self.started = None
         self._buffer = b""
+        self._output = bytearray()
+
+    @property
+    def unwritten(self):
+        """
+        Bytes published that the socket has not taken yet.
+        """
+        return len(self._output)
 
     def step(self, now):
         if self.started is None:
             self.started = now
         due = int((now - self.started) * self.rate) + 1
-        frames = []
         while self.sent < due:
             self.sent += 1
-            frames.append(
-                b"PUB %d %s %d\r\n%s\r\n" % (self.sent, self.topic, len(self.payload), self.payload)
+            self._output += b"PUB %d %s %d\r\n%s\r\n" % (
+                self.sent,
+                self.topic,
+                len(self.payload),
+                self.payload,
             )
-        if frames:
-            self.sock.sendall(b"".join(frames))
+        self._write()
         try:
             while True:
                 data = self.sock.recv(65536)
@@ -230,9 +246,20 @@ class Publisher:
             if line.startswith(b"PUBACK"):
                 self.acked += 1
             elif line.startswith(b"PING"):
-                self.sock.sendall(b"PONG\r\n")
+                self._output += b"PONG\r\n"
             elif line.startswith(b"ERR"):
                 raise BenchError(f"the broker refused a publish: {line!r}")
+        self._write()
+
+    def _write(self):
+        # A non-blocking sendall() would give up midway through a frame
+        # when the socket is full; send() says how much it took.
+        while self._output:
+            try:
+                written = self.sock.send(self._output)
+            except (BlockingIOError, InterruptedError):
+                return
+            del self._output[:written]
 
     def close(self):
         self.sock.close()
@@ -342,7 +369,11 @@ def runMode(transport, mode, options, outDirectory):
     broker = Broker(directory, extra=extra, udp=transport == "udp")
     port = broker.udpPort if transport == "udp" else broker.port
     pcap = os.path.join(outDirectory, f"{transport}-{mode}.pcapng")
+    # Over UDP, the publisher's TCP connection too: it is what the broker
+    # holds back.
     captureFilter = f"{transport} port {port}"
+    if transport == "udp":
+        captureFilter += f" or tcp port {broker.port}"
     capture = None
     samples = []
     clients = []
@@ -370,6 +401,7 @@ def runMode(transport, mode, options, outDirectory):
         topic = TCP_TOPIC if transport == "tcp" else UDP_TOPIC
         publisher = Publisher(broker.port, topic, b"m" * options.payload, options.rate)
         clients.append(publisher.sock)
+        info["publisher_port"] = publisher.port
         snmpBefore = snmpUdp()
         started = time.time()
         info["started"] = started
@@ -396,16 +428,15 @@ def runMode(transport, mode, options, outDirectory):
             time.sleep(0.005)
         publisher.step(time.monotonic())
         time.sleep(0.2)
-        samples.append(
-            sample(
-                transport, broker, control, subscriber, publisher, time.time() - started, snmpBefore
-            )
+        last, info["stats_end"] = settledSample(
+            transport, broker, control, subscriber, publisher, started, snmpBefore
         )
-        info["ended"] = samples[-1]["t"]
+        samples.append(last)
+        info["ended"] = last["t"]
         info["published"] = publisher.sent
+        info["publisher_unwritten_end"] = publisher.unwritten
         info["pubacks"] = publisher.acked
         info["udp_pings_sent"] = getattr(subscriber, "pings", None)
-        info["stats_end"] = control.stats()
         info["rss_end"] = rss(broker)
         info["vmhwm"] = broker.peakMemory()
         info["log_tail"] = [
@@ -414,6 +445,7 @@ def runMode(transport, mode, options, outDirectory):
             if "event=ping_missed" in line
             or "event=client_dropped" in line
             or "event=disconnect" in line
+            or "event=slow_consumer" in line
         ]
         # The reference: what `dallal stats --json` prints now.
         cli = subprocess.run(
@@ -451,6 +483,26 @@ def logLines(broker):
     return lines
 
 
+def settledSample(transport, broker, control, subscriber, publisher, started, snmpBefore):
+    """
+    The last sample and the broker's counters, taken while the broker sent
+    nothing (over UDP in mode all it resends its window every second), so
+    that its counters, the kernel's and the capture up to the sample's time
+    agree.
+    """
+    sending = ("delivered", "redelivered", "fired", "dropped", "replaced")
+    for _ in range(40):
+        point = sample(
+            transport, broker, control, subscriber, publisher, time.time() - started, snmpBefore
+        )
+        stats = control.stats()
+        point["t"] = round(time.time() - started, 3)
+        if all(stats.get(name) == point[name] for name in sending):
+            return point, stats
+        time.sleep(0.05)
+    raise BenchError("the broker never stopped sending for long enough to read its counters")
+
+
 def sample(transport, broker, control, subscriber, publisher, elapsed, snmpBefore):
     stats = control.stats()
     point = {
@@ -458,6 +510,7 @@ def sample(transport, broker, control, subscriber, publisher, elapsed, snmpBefor
         "rss": rss(broker),
         "published": publisher.sent,
         "pubacks": publisher.acked,
+        "publisher_unwritten": publisher.unwritten,
     }
     for name in (
         "matched",
@@ -472,6 +525,11 @@ def sample(transport, broker, control, subscriber, publisher, elapsed, snmpBefor
         "dropped_superseded",
         "dropped_redelivery_limit",
         "dropped_disconnected",
+        "dropped_slow_consumer",
+        "publishers_paused",
+        "publishers_held",
+        "publishes_busy",
+        "slow_consumers",
         "pings_missed",
         "clients_dropped",
         "connections",
@@ -479,13 +537,14 @@ def sample(transport, broker, control, subscriber, publisher, elapsed, snmpBefor
         "bytes_out",
     ):
         point[name] = stats.get(name)
+    tcpSockets = procSockets("tcp")
+    # The publisher's connection: what the broker has not read of it, and
+    # what its kernel has not sent.
+    publisherEnd, brokerEnd = connectionEnds(tcpSockets, publisher.port, broker.port)
+    point["broker_rx_queue_from_publisher"] = brokerEnd["rx_queue"] if brokerEnd else None
+    point["publisher_tx_queue"] = publisherEnd["tx_queue"] if publisherEnd else None
     if transport == "tcp":
-        subscriberEnd = brokerEnd = None
-        for entry in procSockets("tcp"):
-            if entry["local"][1] == subscriber.port and entry["remote"][1] == broker.port:
-                subscriberEnd = entry
-            elif entry["local"][1] == broker.port and entry["remote"][1] == subscriber.port:
-                brokerEnd = entry
+        subscriberEnd, brokerEnd = connectionEnds(tcpSockets, subscriber.port, broker.port)
         point["subscriber_rx_queue"] = subscriberEnd["rx_queue"] if subscriberEnd else None
         point["broker_tx_queue"] = brokerEnd["tx_queue"] if brokerEnd else None
         point["broker_socket_state"] = brokerEnd["state"] if brokerEnd else None
@@ -499,11 +558,37 @@ def sample(transport, broker, control, subscriber, publisher, elapsed, snmpBefor
     return point
 
 
+def connectionEnds(entries, clientPort, brokerPort):
+    """
+    The client's and the broker's ends of a loopback TCP connection, as
+    procSockets("tcp") lists them (None for an end that is gone).
+    """
+    clientEnd = brokerEnd = None
+    for entry in entries:
+        if entry["local"][1] == clientPort and entry["remote"][1] == brokerPort:
+            clientEnd = entry
+        elif entry["local"][1] == brokerPort and entry["remote"][1] == clientPort:
+            brokerEnd = entry
+    return clientEnd, brokerEnd
+
+
 # Reading the captures
 
 
 def flag(row, field):
     return bool(row.get(field))
+
+
+def isSyn(row):
+    return row["tcp.flags.syn"] in ("1", "True")
+
+
+def isWindowProbe(row):
+    """
+    A zero-window probe: tshark calls Linux's (an empty segment one byte
+    behind the window) keep-alives.
+    """
+    return flag(row, "tcp.analysis.zero_window_probe") or flag(row, "tcp.analysis.keep_alive")
 
 
 def analyseTcp(info):
@@ -537,16 +622,10 @@ def analyseTcp(info):
         row["t"] = float(row["frame.time_epoch"]) - started
         (fromSubscriber if int(row["tcp.srcport"]) == sport else fromBroker).append(row)
     windows = [
-        (row["t"], int(row["tcp.window_size"] or 0))
-        for row in fromSubscriber
-        if row["tcp.flags.syn"] in ("0", "False", "")
+        (row["t"], int(row["tcp.window_size"] or 0)) for row in fromSubscriber if not isSyn(row)
     ]
     zeroWindows = [row["t"] for row in fromSubscriber if flag(row, "tcp.analysis.zero_window")]
-    probes = [
-        row["t"]
-        for row in fromBroker
-        if flag(row, "tcp.analysis.zero_window_probe") or flag(row, "tcp.analysis.keep_alive")
-    ]
+    probes = [row["t"] for row in fromBroker if isWindowProbe(row)]
     zwProbesOnly = sum(flag(row, "tcp.analysis.zero_window_probe") for row in fromBroker)
     keepAliveProbes = sum(flag(row, "tcp.analysis.keep_alive") for row in fromBroker)
     probeAcks = sum(
@@ -561,7 +640,7 @@ def analyseTcp(info):
         for row in rows
         if row["tcp.flags.reset"] in ("1", "True")
     ]
-    syn = next((row for row in fromSubscriber if row["tcp.flags.syn"] in ("1", "True")), None)
+    syn = next((row for row in fromSubscriber if isSyn(row)), None)
     lastData = dataSegments[-1]["t"] if dataSegments else None
     return {
         "tshark_read_command": shlex.join(command),
@@ -634,17 +713,109 @@ def analyseUdp(info):
     }
 
 
+def analysePublisher(info):
+    """
+    The publisher's connection in the capture: when the window the broker
+    advertised to it was zero (the broker not reading it), and the probes
+    the publisher's kernel sent meanwhile.
+    """
+    fields = [
+        "frame.time_epoch",
+        "tcp.srcport",
+        "tcp.window_size",
+        "tcp.flags.syn",
+        "tcp.analysis.zero_window",
+        "tcp.analysis.zero_window_probe",
+        "tcp.analysis.keep_alive",
+    ]
+    port = info["publisher_port"]
+    command, rows = tsharkFields(info["pcap"], f"tcp.port == {port}", fields)
+    closed = []
+    zeroWindows = probes = 0
+    for row in rows:
+        t = round(float(row["frame.time_epoch"]) - info["started"], 3)
+        if int(row["tcp.srcport"]) == port:
+            probes += isWindowProbe(row)
+        elif not isSyn(row):
+            zeroWindows += flag(row, "tcp.analysis.zero_window")
+            if int(row["tcp.window_size"] or 0) == 0:
+                if not closed or closed[-1][1] is not None:
+                    closed.append([t, None])
+            elif closed and closed[-1][1] is None:
+                closed[-1][1] = t
+    return {
+        "tshark_read_command": shlex.join(command),
+        "window_closed": [tuple(period) for period in closed],
+        "zero_window_segments": zeroWindows,
+        "probes": probes,
+    }
+
+
+def periods(samples, name):
+    """
+    The (start, end) times of the samples in which counter C{name} was not
+    zero; end None if it still was at the last sample.
+    """
+    found = []
+    for point in samples:
+        if point[name]:
+            if not found or found[-1][1] is not None:
+                found.append([point["t"], None])
+        elif found and found[-1][1] is None:
+            found[-1][1] = point["t"]
+    return [tuple(period) for period in found]
+
+
+def eventTime(line, started):
+    """
+    When the broker logged an event (its C{t=} field), in seconds since
+    C{started}.
+    """
+    for field in line.split():
+        if field.startswith("t="):
+            return round(float(field[2:]) - started, 3)
+    return None
+
+
+def firstTime(samples, name):
+    return next((point["t"] for point in samples if point[name]), None)
+
+
+def summariseHold(info, samples, publisherAnalysis):
+    """
+    How the broker held the publisher back: from its counters, the kernel's
+    queues of the publisher's connection and the capture.
+    """
+
+    def largest(name):
+        return max((s[name] for s in samples if s[name] is not None), default=None)
+
+    events = [line for line in info["log_tail"] if "event=slow_consumer" in line]
+    return {
+        "publisher_held_s": periods(samples, "publishers_held"),
+        "slow_consumer_s": eventTime(events[0], info["started"]) if events else None,
+        "slow_consumer_events": events,
+        "first_queue_full_drop_s": firstTime(samples, "dropped_queue_full"),
+        "publisher_window_closed_s": publisherAnalysis["window_closed"],
+        "publisher_zero_window_segments": publisherAnalysis["zero_window_segments"],
+        "publisher_probes": publisherAnalysis["probes"],
+        "broker_rx_queue_from_publisher_max": largest("broker_rx_queue_from_publisher"),
+        "publisher_tx_queue_max": largest("publisher_tx_queue"),
+        "publisher_unwritten_max": largest("publisher_unwritten"),
+        "publisher_unwritten_end": info["publisher_unwritten_end"],
+    }
+
+
 # Summaries
 
 
-def summariseTcp(info, samples, analysis):
+def summariseTcp(info, samples, analysis, publisherAnalysis):
     stats = info["stats_end"]
     queue = [s["inflight"] for s in samples if s["inflight"] is not None]
     rssValues = [s["rss"] for s in samples if s["rss"]]
     txQueue = [s["broker_tx_queue"] for s in samples if s["broker_tx_queue"] is not None]
     rxQueue = [s["subscriber_rx_queue"] for s in samples if s["subscriber_rx_queue"] is not None]
     dropTime = next((s["t"] for s in samples if s["clients_dropped"]), None)
-    queueFull = next((s["t"] for s in samples if s["dropped_queue_full"]), None)
     return {
         "mode": info["mode"],
         "published": info["published"],
@@ -666,7 +837,6 @@ def summariseTcp(info, samples, analysis):
         "subscriber_rx_queue_max": max(rxQueue, default=None),
         "broker_tx_queue_max": max(txQueue, default=None),
         "broker_queue_max": max(queue, default=None),
-        "first_queue_full_drop_s": queueFull,
         "subscriber_dropped_for_missed_pings_s": dropTime,
         "rss_min": min(rssValues, default=None),
         "rss_max": max(rssValues, default=None),
@@ -686,16 +856,21 @@ def summariseTcp(info, samples, analysis):
                 "dropped_superseded",
                 "dropped_redelivery_limit",
                 "dropped_disconnected",
+                "dropped_slow_consumer",
+                "publishers_paused",
+                "publishes_busy",
+                "slow_consumers",
                 "inflight",
                 "pings_missed",
                 "clients_dropped",
             )
         },
         "events": info["log_tail"][-6:],
+        **summariseHold(info, samples, publisherAnalysis),
     }
 
 
-def summariseUdp(info, samples, analysis):
+def summariseUdp(info, samples, analysis, publisherAnalysis):
     stats = info["stats_end"]
     last = samples[-1]
     return {
@@ -732,6 +907,10 @@ def summariseUdp(info, samples, analysis):
                 "dropped_superseded",
                 "dropped_redelivery_limit",
                 "dropped_disconnected",
+                "dropped_slow_consumer",
+                "publishers_paused",
+                "publishes_busy",
+                "slow_consumers",
                 "inflight",
                 "unsent",
                 "pings_missed",
@@ -739,6 +918,7 @@ def summariseUdp(info, samples, analysis):
             )
         },
         "events": info["log_tail"][-6:],
+        **summariseHold(info, samples, publisherAnalysis),
     }
 
 
@@ -763,6 +943,7 @@ def describeTcp(summary):
         f"drop at {summary['first_queue_full_drop_s']} s, subscriber dropped for missed pings "
         f"at {summary['subscriber_dropped_for_missed_pings_s']} s (RSTs in the capture, time "
         f"and sender: {summary['resets_s']}; the run ended at {summary['run_ended_s']} s); RSS {mib(summary['rss_min'])}-{mib(summary['rss_max'])}",
+        *describeHold(summary),
         "  counters: " + ", ".join(f"{k} {v:,}" for k, v in c.items() if v is not None),
     ]
     return lines
@@ -782,8 +963,25 @@ def describeUdp(summary):
         f"(/proc/net/udp drops), {summary['subscriber_rx_queue_end']:,} B left in its queue; "
         f"the machine's UdpRcvbufErrors +{summary['machine_udp_rcvbuf_errors']:,}",
         f"  broker: queue (inflight) at most {summary['broker_queue_max']}; RSS "
-        f"{mib(summary['rss_min'])}-{mib(summary['rss_max'])}",
+        f"{mib(summary['rss_min'])}-{mib(summary['rss_max'])}, first queue_full drop at "
+        f"{summary['first_queue_full_drop_s']} s",
+        *describeHold(summary),
         "  counters: " + ", ".join(f"{k} {v:,}" for k, v in c.items() if v is not None),
+    ]
+
+
+def describeHold(summary):
+    return [
+        f"  publisher held back (publishers_held, start and end s): "
+        f"{summary['publisher_held_s']}; slow consumer at {summary['slow_consumer_s']} s "
+        f"{summary['slow_consumer_events']}",
+        f"  publisher's connection: zero window from the broker (start and end s) "
+        f"{summary['publisher_window_closed_s']}, {summary['publisher_zero_window_segments']} "
+        f"zero-window segments, {summary['publisher_probes']} probes from the publisher; "
+        f"at most {summary['broker_rx_queue_from_publisher_max']} B unread in the broker's "
+        f"receive queue, {summary['publisher_tx_queue_max']} B in the publisher's send "
+        f"queue, {summary['publisher_unwritten_max']} B waiting in the publisher "
+        f"({summary['publisher_unwritten_end']} B at the end)",
     ]
 
 
@@ -792,6 +990,33 @@ def mib(value):
 
 
 # Plots
+
+
+def markHold(axes, samples):
+    """
+    Shade on C{axes} when the publisher was held back and mark when the
+    subscriber was found a slow consumer (labelled on the first axis).
+    """
+    end = samples[-1]["t"] if samples else 0
+    for index, (start, stop) in enumerate(periods(samples, "publishers_held")):
+        for axis in axes:
+            axis.axvspan(
+                start,
+                end if stop is None else stop,
+                color="gold",
+                alpha=0.3,
+                label="publisher held back" if index == 0 and axis is axes[0] else None,
+            )
+    slow = firstTime(samples, "slow_consumers")
+    if slow is not None:
+        for axis in axes:
+            axis.axvline(
+                slow,
+                color="tab:red",
+                linestyle=":",
+                linewidth=1,
+                label="slow consumer" if axis is axes[0] else None,
+            )
 
 
 def plotTcp(mode, samples, analysis, path):
@@ -826,6 +1051,7 @@ def plotTcp(mode, samples, analysis, path):
     for reset, _ in analysis["resets"]:
         for axis in (top, middle, bottom):
             axis.axvline(reset, color="tab:gray", linestyle="--", linewidth=0.8)
+    markHold([top, middle, bottom], samples)
     top.set_ylabel("bytes")
     top.legend(fontsize=7, loc="upper right")
     top.set_title(f"TCP, mode {mode}: a subscriber that stops reading", fontsize=10)
@@ -841,6 +1067,12 @@ def plotTcp(mode, samples, analysis, path):
         [(s["subscriber_rx_queue"] or 0) / 1024 for s in samples],
         color="tab:cyan",
         label="subscriber's receive queue (KiB)",
+    )
+    middle.plot(
+        t,
+        [(s["broker_rx_queue_from_publisher"] or 0) / 1024 for s in samples],
+        color="tab:olive",
+        label="publisher's data the broker has not read (KiB)",
     )
     middle.set_ylabel("KiB")
     middle.legend(fontsize=7, loc="upper left")
@@ -866,6 +1098,7 @@ def plotTcp(mode, samples, analysis, path):
         color="tab:blue",
         label="fired (handed to the transport)",
     )
+    bottom.plot(t, [s["pubacks"] for s in samples], color="black", linewidth=0.8, label="PUBACKs")
     bottom.set_ylabel("messages")
     bottom.legend(fontsize=7, loc="upper left")
     memory = bottom.twinx()
@@ -908,6 +1141,7 @@ def plotUdp(results, path):
             linestyle="--",
             label="published",
         )
+        axis.plot(t, [s["pubacks"] for s in samples], color="black", linewidth=0.8, label="PUBACKs")
         sends = analysis["sends"]
         axis.plot(
             [x for x, _ in sends],
@@ -940,6 +1174,7 @@ def plotUdp(results, path):
             linestyle=":",
             label="replaced (broker)",
         )
+        markHold([axis], samples)
         axis.set_ylabel("datagrams / messages", fontsize=8)
         axis.set_title(f"UDP, mode {mode}", fontsize=9)
         axis.legend(fontsize=6, loc="upper left")
@@ -977,7 +1212,11 @@ def main(argv=None):
         choices=["latest", "all", "fire"],
         help="delivery modes (tcp: fire latest; udp: latest all fire)",
     )
-    parser.add_argument("--seconds", type=float, help="how long each mode runs (tcp 45, udp 20)")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        help="how long each mode runs (tcp 55: long enough for the broker to drop the silent subscriber at the default --ping-interval; udp 20)",
+    )
     parser.add_argument(
         "--rate", type=float, help="messages published per second (tcp 500, udp 200)"
     )
@@ -1010,7 +1249,7 @@ def main(argv=None):
     options = parser.parse_args(argv)
     tcp = options.transport == "tcp"
     options.modes = options.modes or (["fire", "latest"] if tcp else ["latest", "all", "fire"])
-    options.seconds = options.seconds or (45.0 if tcp else 20.0)
+    options.seconds = options.seconds or (55.0 if tcp else 20.0)
     options.rcvbuf = options.rcvbuf or (4096 if tcp else 16384)
     options.rate = options.rate or (500.0 if tcp else 200.0)
     options.payload = options.payload or (1024 if tcp else 512)
@@ -1026,22 +1265,24 @@ def main(argv=None):
     try:
         for mode in options.modes:
             info, samples = runMode(options.transport, mode, options, out)
+            publisherAnalysis = analysePublisher(info)
             if tcp:
                 analysis = analyseTcp(info)
-                summary = summariseTcp(info, samples, analysis)
+                summary = summariseTcp(info, samples, analysis, publisherAnalysis)
                 text = describeTcp(summary)
                 png = os.path.join(plots, f"flow-control-tcp-{mode}.png")
                 plotTcp(mode, samples, analysis, png)
                 summary["plot"] = png
             else:
                 analysis = analyseUdp(info)
-                summary = summariseUdp(info, samples, analysis)
+                summary = summariseUdp(info, samples, analysis, publisherAnalysis)
                 text = describeUdp(summary)
                 udpPlots.append((mode, samples, analysis))
             summary["commands"] = {
                 "broker": info["broker_command"],
                 "tshark": info.get("tshark_command"),
                 "tshark_read": analysis["tshark_read_command"],
+                "tshark_read_publisher": publisherAnalysis["tshark_read_command"],
             }
             summary["dallal_stats_json"] = info["dallal_stats_json"]
             summaries.append(summary)
@@ -1051,6 +1292,7 @@ def main(argv=None):
                         "info": {k: v for k, v in info.items()},
                         "samples": samples,
                         "analysis": analysis,
+                        "publisher_analysis": publisherAnalysis,
                     },
                     f,
                 )
