@@ -5,7 +5,7 @@ L{dallal.protocol.wire}: the frame codec, checked against PROTOCOL.md.
 import pytest
 from hypothesis import given, settings, strategies
 
-from dallal.broker.core import Message
+from dallal.broker.message import Message
 from dallal.errors import BAD_ARGUMENTS, BAD_COMMAND, BAD_ID, NO_ID, RequestError
 from dallal.protocol import wire
 
