@@ -245,7 +245,7 @@ class Broker:
         @param reason: a one-word reason for the log (C{closed},
             C{missed_pings}, C{protocol_error}, ...).
         """
-        session = self.sessions.pop(subscriber)
+        session = self.sessions.pop(subscriber, None)
         if session is None:
             return
         for key in session.subscriptions:
@@ -362,7 +362,7 @@ class Broker:
         Close every session, accounting for what they still held, and log
         the final counters.
         """
-        for session in self.sessions.all():
+        for session in list(self.sessions.values()):
             self.detach(session.subscriber, "shutdown")
             session.subscriber.disconnect("shutdown")
         self.errorLog.reportSuppressed()
@@ -387,7 +387,7 @@ class Broker:
 
         @return: a C{Counter}.
         """
-        return Counter(session.subscriber.transportName for session in self.sessions.all())
+        return Counter(session.subscriber.transportName for session in self.sessions.values())
 
     def logStats(self):
         self.events.emit("stats", **self.counters)

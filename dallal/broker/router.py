@@ -10,6 +10,8 @@ itself -- and it offers a new subscription the retained messages its
 filter matches.
 """
 
+from itertools import count
+
 from dallal.broker.feed import RetainedFeed
 from dallal.broker.message import Message
 from dallal.broker.sharing import ShareGroup
@@ -60,7 +62,8 @@ class Router:
         # subscriber (the strongest of its filters that match), before the
         # ACL's say.
         self._routes = {}
-        self._nextMid = 1
+        # The ids of messages, published or offered as retained.
+        self._mids = count(1)
 
     # Subscriptions
 
@@ -135,10 +138,12 @@ class Router:
     def publish(self, topic, payload, source, receivers=None, origin=None, properties=None):
         """
         Make a message, count it as published, and hand it to the
-        subscriptions that want it.
+        subscriptions that want it, one per session.
 
         @param source: the L{dallal.broker.interfaces.ISubscriber} that
-            published it, or C{None} for the broker's own.
+            published it, which a full queue holds back (never its own: a
+            session that publishes to itself must not stop itself reading
+            its acks); C{None} for the broker's own.
         @param receivers: the subscriptions it goes to, if not every one
             L{routeOf} its topic finds.
         @param origin: for a message that came over a bridge, its
@@ -147,69 +152,47 @@ class Router:
             (L{Message.properties}).
         @return: the L{Message}.
         """
-        if receivers is None:
-            receivers = self.routeOf(topic)
-        if source is None:
-            sid, peer, transportName = 0, OWN_PUBLISHER, OWN_TRANSPORT
-        else:
-            sid, peer, transportName = self.sessions[source].sid, source.peer, source.transportName
-        message = self._message(topic, payload, peer, False, origin, properties, source)
-        self.counters.published(len(payload))
-        self._offer(message, receivers, sid, transportName, source)
-        return message
-
-    def _message(self, topic, payload, peer, retained, origin=None, properties=None, source=None):
         message = Message(
-            self._nextMid,
+            next(self._mids),
             topic,
             payload,
-            peer,
+            OWN_PUBLISHER if source is None else source.peer,
             self.clock.seconds(),
-            retained,
+            False,
             origin,
             properties,
             source,
         )
-        self._nextMid += 1
-        return message
-
-    def _offer(self, message, receivers, sid, transportName, publisher):
-        """
-        Hand a new message to the subscriptions that want it, one per
-        session.
-
-        @param receivers: the subscriptions L{routeOf} found for its topic.
-        @param sid: the publishing session's id and C{transportName} its
-            transport, for the C{publish} event.
-        @param publisher: the publishing session, which a full queue holds
-            back (never its own: a session that publishes to itself must
-            not stop itself reading its acks); C{None} for the broker's own
-            messages.
-        """
+        self.counters.published(len(payload))
+        if receivers is None:
+            receivers = self.routeOf(topic)
         if self.sessions.restricted and receivers:
-            receivers = self._readers(receivers, message.topic)
-        self.topicTraffic.received(message.topic, len(message.payload))
+            receivers = self._readers(receivers, topic)
+        self.topicTraffic.received(topic, len(payload))
         events = self.events
         if events.messageEvents:
+            if source is None:
+                sid, transportName = 0, OWN_TRANSPORT
+            else:
+                sid, transportName = self.sessions[source].sid, source.transportName
             events.emit(
                 "publish",
                 mid=message.mid,
-                topic=message.topic,
-                bytes=len(message.payload),
+                topic=topic,
+                bytes=len(payload),
                 session=sid,
                 client=message.publisher,
                 transport=transportName,
                 subscribers=len(receivers),
-                origin=self.brokerName if message.origin is None else message.origin.broker,
-                hops=0 if message.origin is None else message.origin.hops,
+                origin=self.brokerName if origin is None else origin.broker,
+                hops=0 if origin is None else origin.hops,
             )
         for subscription in receivers:
             if subscription.retainedFeed is not None:
-                subscription.retainedFeed.before(message.topic)
+                subscription.retainedFeed.before(topic)
             outbox = subscription.outbox
-            outbox.offer(
-                subscription, message, None if outbox.subscriber is publisher else publisher
-            )
+            outbox.offer(subscription, message, None if outbox.subscriber is source else source)
+        return message
 
     def routeOf(self, topic):
         """
@@ -260,7 +243,7 @@ class Router:
         permissions = session.permissions
         if permissions is not None and not permissions.mayRead(topic):
             return
-        message = self._message(topic, payload, "retained", True)
+        message = Message(next(self._mids), topic, payload, "retained", self.clock.seconds(), True)
         if self.events.messageEvents:
             self.events.emit(
                 "retained",

@@ -68,9 +68,11 @@ class Session:
         self.subscriptionWindow = LogWindow(SUBSCRIPTION_EVENTS_LOGGED_PER_CLIENT)
 
 
-class SessionTable:
+class SessionTable(dict):
     """
-    The sessions of one broker, by their subscriber.
+    The sessions of one broker: a dict of L{Session} by subscriber (a plain
+    dict's item access, as every ack and publish looks its session up),
+    whose entries only L{attach} adds.
 
     @ivar restricted: whether any session's topics are restricted by an
         ACL: until one is, publishing skips the permission checks
@@ -92,32 +94,13 @@ class SessionTable:
         self.flow = flow
         self.delivery = delivery
         self.restricted = False
-        self._sessions = {}
         self._nextSid = 1
-
-    def __getitem__(self, subscriber):
-        return self._sessions[subscriber]
-
-    def __len__(self):
-        return len(self._sessions)
-
-    def get(self, subscriber):
-        """
-        @return: the L{Session} of C{subscriber}, or C{None} if it has none.
-        """
-        return self._sessions.get(subscriber)
-
-    def all(self):
-        """
-        @return: a list of every L{Session} now.
-        """
-        return list(self._sessions.values())
 
     def sessionNumber(self, subscriber):
         """
         The session id of a client for the log, 0 if it has no session.
         """
-        session = self._sessions.get(subscriber)
+        session = self.get(subscriber)
         return session.sid if session else 0
 
     def attach(self, subscriber, delivery=None):
@@ -137,7 +120,7 @@ class SessionTable:
             self.ledger,
             self.flow,
         )
-        self._sessions[subscriber] = Session(sid, subscriber, outbox)
+        self[subscriber] = Session(sid, subscriber, outbox)
         self.counters.connected()
         self.events.emit(
             "connect",
@@ -146,18 +129,10 @@ class SessionTable:
             transport=subscriber.transportName,
         )
 
-    def pop(self, subscriber):
-        """
-        Take a client's session out of the table; L{close} it once its
-        subscriptions are out of the routes.
-
-        @return: its L{Session}, or C{None} if it had none.
-        """
-        return self._sessions.pop(subscriber, None)
-
     def close(self, session, reason):
         """
-        End a session taken out of the table: what it held back and what
+        End a session taken out of the table (C{pop}ped once its
+        subscriptions are out of the routes): what it held back and what
         was queued for it go with it.
         """
         subscriber = session.subscriber
@@ -180,7 +155,7 @@ class SessionTable:
 
         @param user: its L{dallal.security.auth.IBrokerUser}.
         """
-        session = self._sessions[subscriber]
+        session = self[subscriber]
         session.user = user.name
         session.clientId = user.clientId
         session.permissions = user.permissions
@@ -221,7 +196,7 @@ class SessionTable:
             session may read, as C{(session, key, subscription)}.
         """
         unreadable = []
-        for session in self._sessions.values():
+        for session in self.values():
             if session.permissions is None:
                 continue
             session.permissions = permissionsFor(session.user, session.clientId)
@@ -235,7 +210,7 @@ class SessionTable:
         Whether the session of C{subscriber} may read C{topic}; C{True} for a
         subscriber without a session (a share group asks for its members).
         """
-        session = self._sessions.get(subscriber)
+        session = self.get(subscriber)
         permissions = None if session is None else session.permissions
         return permissions is None or permissions.mayRead(topic)
 
