@@ -20,7 +20,7 @@ class OwnTopics:
         """
         self.counters = counters
         self.router = router
-        self._values = TopicMap()
+        self._last = TopicMap()
 
     def publish(self, topic, payload):
         """
@@ -30,7 +30,7 @@ class OwnTopics:
         A value nobody subscribes to is not published at all: it is no
         message, and is neither counted nor logged.
         """
-        self._values[topic] = payload
+        self._last[topic] = payload
         receivers = self.router.routeOf(topic)
         if not receivers:
             return
@@ -42,4 +42,4 @@ class OwnTopics:
         @return: the C{(topic, value)} pairs of the own topics C{topicFilter}
             matches, as a list.
         """
-        return self._values.match(topicFilter)
+        return self._last.match(topicFilter)
