@@ -78,4 +78,6 @@ def test_aBadOriginIsRefusedAndCounted(mesh):
 def test_aMessagePublishedHereCarriesThisBrokersOrigin(mesh):
     broker, (_, _, local) = mesh
     message = broker.publish(local, "news", b"m", "p")
-    assert broker.originOf(message) == Origin("here", f"{broker.incarnation}.{message.mid}", 0)
+    assert broker.originOf(message) == Origin(
+        "here", f"{broker.bridging.incarnation}.{message.mid}", 0
+    )

@@ -130,6 +130,7 @@ class Broker:
         docs/EVENTS.md gives their meaning).
     @ivar sessions: the L{dallal.broker.sessions.SessionTable}.
     @ivar router: the L{dallal.broker.router.Router}.
+    @ivar directory: the L{dallal.broker.directory.TopicDirectory}.
     @ivar bridging: the broker's L{dallal.broker.bridging.Bridging}.
     @ivar ownTopics: the broker's L{dallal.broker.owntopics.OwnTopics}.
     @ivar retained: the L{dallal.broker.retained.RetainedStore}, or C{None} for a
@@ -197,14 +198,6 @@ class Broker:
         messages published here.
         """
         return self.bridging.name
-
-    @property
-    def incarnation(self):
-        return self.bridging.incarnation
-
-    @property
-    def seen(self):
-        return self.bridging.seen
 
     @property
     def bridges(self):

@@ -734,7 +734,8 @@ class FlowControl:
 
 class Ledger:
     """
-    The broker's accounting of deliveries: counters and per-message events.
+    The broker's accounting of deliveries: what it reports to the
+    counters, and the per-message events.
 
     Every message offered to a subscription is counted as C{matched} and
     C{inflight}; it leaves C{inflight} exactly once, as acked, fired,
