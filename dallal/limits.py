@@ -279,14 +279,16 @@ class LimitLog:
     """
 
     def __init__(self, clock, counters, events):
+        """
+        @param counters: the broker's L{dallal.broker.counters.Counters},
+            whose C{refused} counts each refusal.
+        """
         self.clock = clock
         self.counters = counters
         self.events = events
         self._windows = {limit: LogWindow() for limit in LIMITS}
         # Limit -> refusals since its last event.
         self._unlogged = Counter()
-        for limit in LIMITS:
-            counters[limit.counter] = 0
 
     def refused(self, limit, maximum, client, transport, session=0, reason=None, requestId=NO_ID):
         """
@@ -299,7 +301,7 @@ class LimitLog:
         @return: the L{RequestError} to answer with, or C{None} for a limit
             whose refusals are not answered.
         """
-        self.counters[limit.counter] += 1
+        self.counters.refused(limit)
         self._unlogged[limit] += 1
         if self._windows[limit].allow(self.clock.seconds()):
             self.events.emit(

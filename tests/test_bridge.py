@@ -102,7 +102,7 @@ def test_bridgeSubscriptionsGetTheOriginAndNoRetainedMessages(harness):
         b"seq": b"1",
         b"id": b"1",
         b"origin": broker.name.encode(),
-        b"oid": b"%s.%d" % (broker.incarnation.encode(), publishedHere["mid"]),
+        b"oid": b"%s.%d" % (broker.bridging.incarnation.encode(), publishedHere["mid"]),
         b"hops": b"0",
     }
     assert (options(second)[b"origin"], options(second)[b"oid"]) == (b"leaf", b"a1.5")
@@ -275,7 +275,7 @@ def test_bridgedPublishesWaitForTheNextRunWhileShuttingDown(harness):
     stats = harness.broker.stats()
     assert (stats["published"], stats["bridged_refused"]) == (0, 0)
     # Not remembered: the same message, sent again to the next run, is new.
-    assert len(harness.broker.seen) == 0
+    assert len(harness.broker.bridging.seen) == 0
 
 
 def test_bridgedPublishOnAReservedTopicIsRefusedAndCounted(harness):
@@ -507,7 +507,7 @@ def test_outboundMessagesAreAckedHereWhenTheRemoteAcks():
     broker = harness.local.broker
     assert options(pub) == {
         b"origin": broker.name.encode(),
-        b"oid": b"%s.1" % broker.incarnation.encode(),
+        b"oid": b"%s.1" % broker.bridging.incarnation.encode(),
         b"hops": b"0",
     }
     assert broker.stats()["inflight"] == 1

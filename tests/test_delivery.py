@@ -22,9 +22,9 @@ from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from dallal.broker.core import BrokerConfig
+from dallal.broker.counters import DELIVERY_COUNTERS
 from dallal.broker.delivery import (
     ALL,
-    DELIVERY_COUNTERS,
     DISCONNECT,
     DROP_REASONS,
     FIRE,

@@ -8,15 +8,12 @@ import signal
 import pytest
 import pytest_twisted
 from helpers import CHEAP_SCRYPT, BrokerHarness, decodeFrames
-from test_delivery import RecordingSubscriber
 from twisted.internet import reactor
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import globalLogPublisher
 
-from dallal.broker.core import Broker
-from dallal.security.acl import parseAcl
-from dallal.security.auth import BrokerUser, Gatekeeper
+from dallal.security.auth import Gatekeeper
 from dallal.security.passwords import PasswordHash
 from dallal.server.mqtt import PACKET_OVERHEAD
 from dallal.server.service import RELOADABLE_FIELDS, DallalService
@@ -90,22 +87,6 @@ def test_aWrongAclFileKeepsTheOldOne(tmp_path):
     assert harness.fields("subscription_revoked") == []
     published(harness, "news/x")
     assert client.received().startswith(b"MSG news/x 2 sub=s1")
-
-
-def test_theCoreEndsTheSubscriptionsAnAnonymousClientMayNoLongerRead():
-    broker = Broker(Clock())
-    client = RecordingSubscriber("127.0.0.1:1")
-    broker.attach(client)
-    broker.login(
-        client, BrokerUser(None, parseAcl("topic read public/#\n").permissionsFor(None, None))
-    )
-    broker.subscribe(client, "public/news", "s1")
-    broker.subscribe(client, "#", "s2")
-    broker.revisePermissions(parseAcl("topic read other/#\n").permissionsFor)
-    assert client.revoked == [
-        ("s1", "anonymous clients may no longer read public/news: the subscription has ended")
-    ]
-    assert broker.subscriptions(client) == [("#", "latest")]
 
 
 def passwordLine(user, password):

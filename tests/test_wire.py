@@ -5,7 +5,7 @@ L{dallal.protocol.wire}: the frame codec, checked against PROTOCOL.md.
 import pytest
 from hypothesis import given, settings, strategies
 
-from dallal.broker.core import Message
+from dallal.broker.message import Message
 from dallal.errors import BAD_ARGUMENTS, BAD_COMMAND, BAD_ID, NO_ID, RequestError
 from dallal.protocol import wire
 
@@ -269,3 +269,19 @@ def test_encodeMessage(size, deliveryId, redelivered, retained):
     if size > wire.COPIED_PAYLOAD_SIZE:
         # Written as it is, never copied per subscriber.
         assert frame[1] is payload
+
+
+def test_encodeMessageKeepsWhatDeliveriesShareInTheMessagesEncodings():
+    """
+    The parts every C{MSG} frame of a message shares are encoded once, on
+    its first delivery, and kept in the message's C{encodings} beside what
+    other transports keep there, which the codec leaves alone.
+    """
+    message = Message(1, "a/b", b"hello", "127.0.0.1:1", 0.0)
+    message.encodings["other"] = "another transport's"
+    wire.encodeMessage(message, "s1", 1, None, False)
+    (key,) = set(message.encodings) - {"other"}
+    shared = message.encodings[key]
+    wire.encodeMessage(message, "s2", 1, "5", False)
+    assert message.encodings == {"other": "another transport's", key: shared}
+    assert message.encodings[key] is shared

@@ -2,37 +2,42 @@
 The broker core: who is subscribed to what, and who gets each message.
 
 It is transport-independent: clients reach it as L{ISubscriber} providers
-(a TCP connection, a UDP address), it hands them L{Message}s, and it knows
-nothing of sockets, frames or ports.  Time comes from an injected
-C{IReactorTime}, so tests drive it with C{task.Clock}.
+(a TCP connection, a UDP address), it hands them
+L{dallal.broker.message.Message}s, and it knows nothing of sockets, frames
+or ports.  Time comes from an injected C{IReactorTime}, so tests drive it
+with C{task.Clock}.
+
+L{Broker} is the facade the transports call.  It checks their requests
+(topics, sizes, limits, the ACL) and composes the parts that each do one
+job: the session table (L{dallal.broker.sessions}), the router
+(L{dallal.broker.router}), the topic directory
+(L{dallal.broker.directory}), bridging (L{dallal.broker.bridging}), the
+broker's own topics (L{dallal.broker.owntopics}), the delivery ledger and
+flow control (L{dallal.broker.delivery}), and the counters
+(L{dallal.broker.counters}), which they all report to.
 """
 
-import secrets
 from collections import Counter
 from dataclasses import dataclass, field
 
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger, LogLevel
 
-from dallal.broker.delivery import (
-    DeliveryConfig,
-    FlowControl,
-    Ledger,
-    Outbox,
-    Subscription,
-)
+from dallal.broker.bridging import Bridging
+from dallal.broker.counters import Counters
+from dallal.broker.delivery import DeliveryConfig, FlowControl, Ledger, Subscription
+from dallal.broker.directory import TopicDirectory
 from dallal.broker.events import EventLog
-from dallal.broker.feed import RetainedFeed
-from dallal.broker.origin import MAX_HOPS, Origin, SeenMessages, generatedName, originFromOptions
+from dallal.broker.origin import generatedName, originFromOptions
+from dallal.broker.owntopics import OwnTopics
 from dallal.broker.retained import StoreError
-from dallal.broker.sharing import ShareGroup
+from dallal.broker.router import TOPICS_REMEMBERED, Router
+from dallal.broker.sessions import SessionTable
 from dallal.broker.sysstats import TopicTraffic
 from dallal.errors import (
     BAD_ARGUMENTS,
     BAD_TOPIC,
-    FORBIDDEN,
     NO_ID,
-    NOT_AUTHORIZED,
     NOT_SUBSCRIBED,
     SHUTTING_DOWN,
     STORE_FAILED,
@@ -59,36 +64,25 @@ from dallal.limits import (
     DEFAULT_MAX_UDP_CLIENTS,
     DEFAULT_MAX_UDP_CLIENTS_PER_IP,
     ERRORS_LOGGED,
-    ERRORS_LOGGED_PER_CLIENT,
     MATCHING_TOPICS,
     PAYLOAD,
     RETAINED,
     RETAINED_BYTES,
     SUBSCRIPTION_EVENTS_LOGGED,
-    SUBSCRIPTION_EVENTS_LOGGED_PER_CLIENT,
     SUBSCRIPTIONS,
     LimitLog,
-    LogWindow,
     RateLimitedLog,
 )
-from dallal.modes import ALL, FIRE, LATEST, MODES
+from dallal.modes import LATEST, MODES
 from dallal.security.acl import READ, WRITE
-from dallal.sortednames import SortedNames
-from dallal.topics import MAX_TOPIC_LENGTH, WILDCARDS, TopicError, checkTopic
-from dallal.topictree import RESERVED_PREFIX, SubscriptionTree, TopicMap, checkFilter
+from dallal.topics import MAX_TOPIC_LENGTH, TopicError, checkTopic
+from dallal.topictree import RESERVED_PREFIX, checkFilter
 
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
-# Bounds of the broker's memos of work done per topic rather than per
-# message (valid topics, routes): past them a memo starts again empty.
-TOPICS_REMEMBERED = 10_000
 # How often a draining broker looks whether what was in flight has settled.
 # Acks, drops and disk writes all settle things: polling while the broker
 # stops keeps that check off the per-message path.
 DRAIN_CHECK_INTERVAL = 0.05
-
-# Who publishes the broker's own topics, as the publish event names it.
-OWN_PUBLISHER = "$SYS"
-OWN_TRANSPORT = "sys"
 
 
 @dataclass(frozen=True)
@@ -128,148 +122,21 @@ class BrokerConfig:
     name: str | None = None
 
 
-class Message:
-    """
-    One published message, shared by every delivery of it.
-
-    @ivar mid: the broker's id for it, unique for the broker's lifetime.
-    @ivar wireTopic: the topic encoded as UTF-8, computed once for every
-        frame that carries it.
-    @ivar retained: whether it comes from the retained store, sent to a new
-        subscription, rather than from a publish as it happened.
-    @ivar encoded: what all its C{MSG} frames share, encoded by
-        L{dallal.protocol.wire.encodeMessage} on the first delivery.
-    @ivar origin: for a message that came over a bridge, the L{Origin} it
-        came with, its C{hops} counting that bridge; C{None} for a message
-        published here.
-    @ivar properties: what the publisher's transport attached to it, opaque
-        to the core and passed through to every subscriber's transport (an
-        MQTT message's QoS, retain flag and properties), or C{None}.
-    @ivar source: the L{ISubscriber} that published it, or C{None} (the
-        broker's own, a retained message), for the subscriptions that do
-        not want their own messages back.
-    """
-
-    __slots__ = (
-        "mid",
-        "topic",
-        "wireTopic",
-        "payload",
-        "publisher",
-        "published",
-        "retained",
-        "encoded",
-        "origin",
-        "properties",
-        "source",
-    )
-
-    def __init__(
-        self,
-        mid,
-        topic,
-        payload,
-        publisher,
-        published,
-        retained=False,
-        origin=None,
-        properties=None,
-        source=None,
-    ):
-        self.mid = mid
-        self.topic = topic
-        self.wireTopic = topic.encode("utf-8")
-        self.payload = payload
-        self.publisher = publisher
-        self.published = published
-        self.retained = retained
-        self.encoded = None
-        self.origin = origin
-        self.properties = properties
-        self.source = source
-
-
-# Why a bridged message is discarded on arrival -> what counts it: its own
-# message coming back, or a copy, is a duplicate.
-_DISCARD_COUNTERS = {
-    "loop": "bridged_duplicates",
-    "duplicate": "bridged_duplicates",
-    "hop_limit": "bridged_hop_limit",
-}
-
-
-# When two filters of one session match a message, it is delivered once,
-# through the subscription whose mode promises the most: its rank in the
-# subscription tree.
-_MODE_STRENGTH = {FIRE: 0, LATEST: 1, ALL: 2}
-
-
-def _remember(cache, key, value):
-    """
-    Keep C{value} under C{key} in C{cache}, which holds at most
-    L{TOPICS_REMEMBERED} keys: a full cache starts again empty, so that a
-    publisher of endless new topics costs a bounded memory.
-    """
-    if len(cache) >= TOPICS_REMEMBERED:
-        cache.clear()
-    cache[key] = value
-
-
-class _Session:
-    """
-    What the broker knows about one attached client.
-
-    @ivar subscriptions: topic filter -> L{Subscription}.
-    @ivar user: the name it logged in with, or C{None} (anonymous).
-    @ivar clientId: the client id it logged in with, or C{None}.
-    @ivar permissions: what the ACL lets it read and write
-        (L{dallal.security.acl.Permissions}), or C{None} when the broker has no ACL.
-    @ivar mayBridge: whether it may send bridge frames: not when it logged
-        in as a user that is no bridge (L{dallal.security.auth.BrokerRealm}).
-    @ivar errorWindow: the L{LogWindow} of its C{protocol_error} events.
-    @ivar subscriptionWindow: the L{LogWindow} of its C{subscribe} and
-        C{unsubscribe} events.
-    """
-
-    __slots__ = (
-        "sid",
-        "subscriber",
-        "subscriptions",
-        "outbox",
-        "user",
-        "clientId",
-        "permissions",
-        "mayBridge",
-        "errorWindow",
-        "subscriptionWindow",
-    )
-
-    def __init__(self, sid, subscriber, outbox):
-        self.sid = sid
-        self.subscriber = subscriber
-        self.subscriptions = {}
-        self.outbox = outbox
-        self.user = None
-        self.clientId = None
-        self.permissions = None
-        self.mayBridge = True
-        self.errorWindow = LogWindow(ERRORS_LOGGED_PER_CLIENT)
-        self.subscriptionWindow = LogWindow(SUBSCRIPTION_EVENTS_LOGGED_PER_CLIENT)
-
-
 class Broker:
     """
     Routes published messages to the subscribers of their topic.
 
-    @ivar counters: running totals (see docs/EVENTS.md for their meaning).
+    @ivar counters: the running totals (L{dallal.broker.counters.Counters};
+        docs/EVENTS.md gives their meaning).
+    @ivar sessions: the L{dallal.broker.sessions.SessionTable}.
+    @ivar router: the L{dallal.broker.router.Router}.
+    @ivar directory: the L{dallal.broker.directory.TopicDirectory}.
+    @ivar bridging: the broker's L{dallal.broker.bridging.Bridging}.
+    @ivar ownTopics: the broker's L{dallal.broker.owntopics.OwnTopics}.
     @ivar retained: the L{dallal.broker.retained.RetainedStore}, or C{None} for a
         broker that keeps no retained messages.
     @ivar shuttingDown: whether L{drain} has begun: new publishes and
         subscriptions are refused.
-    @ivar name: the broker's name among bridged brokers, the C{origin} of
-        the messages published here.
-    @ivar bridges: this broker's bridges to others by name, each with a
-        C{status()} for C{STATS} (L{dallal.server.bridge.BridgeLink}).
     """
 
     _log = Logger()
@@ -282,70 +149,14 @@ class Broker:
         self.events = (
             events if events is not None else EventLog(clock, messageEvents=config.messageEvents)
         )
-        self.name = config.name or generatedName()
+        name = config.name or generatedName()
         # Every event names the broker that logged it (docs/EVENTS.md).
-        self.events.broker = self.name
-        # Message ids restart at each start: this tells them apart, for the
-        # brokers that remember the messages they saw.
-        self.incarnation = secrets.token_hex(4)
-        self.seen = SeenMessages(clock)
-        self.bridges = {}
-        self._sessions = {}
-        self._tree = SubscriptionTree(ranks=len(_MODE_STRENGTH))
-        # (group name, filter) -> its ShareGroup.
-        self._groups = {}
-        # filter -> number of sessions subscribed with it, for TOPICS; and
-        # the filters without wildcards, which are topics clients named.
-        self._filterCounts = Counter()
-        self._namedTopics = TopicMap()
-        # Sets _listedTopics: every topic TOPICS lists (retained or
-        # subscribed to), in order, so that listing the first few costs what
-        # they are.
-        self.retained = retained
-        # The broker's own topics ($SYS/...): their last values, kept in
-        # memory as retained messages (they mean nothing after a restart).
-        self._ownTopics = TopicMap()
-        self._nextSid = 1
-        self._nextMid = 1
-        # Whether any session's topics are restricted by an ACL: until one
-        # is, publishing skips the permission checks altogether.
-        self._restricted = False
-        # Publishers repeat their topics: each is checked once, and routed
-        # through the tree once until the subscriptions change.
-        self._validTopics = set()
-        # topic -> the subscriptions a message on it goes to, one per
-        # subscriber (the strongest of its filters that match), before the
-        # ACL's say; and the same by the topic's shape in the tree
-        # (SubscriptionTree.shape), so a new topic of a known shape, as a
-        # device's first message on devices/<id>/state, costs no walk.
-        self._routes = {}
-        self._routesByShape = {}
+        self.events.broker = name
         self.shuttingDown = False
         self.started = clock.seconds()
-        # A plain dict: every counter is set here or by the ledger, and a
-        # Counter's item access costs twice as much on the per-message path.
-        self.counters = dict(
-            connections=0,
-            connections_total=0,
-            subscriptions=0,
-            published=0,
-            bytes_in=0,
-            bytes_out=0,
-            errors=0,
-            pings_missed=0,
-            clients_dropped=0,
-            duplicates=0,
-            unsent=0,
-            sys_published=0,
-            logins=0,
-            logins_failed=0,
-            logins_abandoned=0,
-            denied=0,
-            bridged_published=0,
-            bridged_duplicates=0,
-            bridged_hop_limit=0,
-            bridged_refused=0,
-        )
+        # Publishers repeat their topics: each is checked once.
+        self._validTopics = set()
+        self.counters = Counters()
         self.limits = LimitLog(clock, self.counters, self.events)
         self.errorLog = RateLimitedLog(
             clock, self.events, ERRORS_LOGGED, "protocol_errors_suppressed", "code"
@@ -361,6 +172,52 @@ class Broker:
         self.topicTraffic = TopicTraffic(clock)
         self.ledger = Ledger(self.counters, self.events, self.limits, self.topicTraffic)
         self.flow = FlowControl(clock, self.counters)
+        self.sessions = SessionTable(
+            clock, self.events, self.counters, self.ledger, self.flow, config.delivery
+        )
+        self.directory = TopicDirectory()
+        self.router = Router(
+            clock,
+            self.events,
+            self.counters,
+            self.sessions,
+            self.directory,
+            self.topicTraffic,
+            name,
+        )
+        self.bridging = Bridging(
+            clock, self.events, self.counters, self.sessions, self.router, name
+        )
+        self.ownTopics = OwnTopics(self.counters, self.router)
+        self.retained = retained
+
+    @property
+    def name(self):
+        """
+        The broker's name among bridged brokers, the C{origin} of the
+        messages published here.
+        """
+        return self.bridging.name
+
+    @property
+    def bridges(self):
+        """
+        This broker's bridges to others by name
+        (L{dallal.broker.bridging.Bridging.bridges}).
+        """
+        return self.bridging.bridges
+
+    @property
+    def retained(self):
+        """
+        The retained store (a L{dallal.broker.retained.RetainedStore}), or
+        C{None} without one.
+        """
+        return self.directory.retained
+
+    @retained.setter
+    def retained(self, store):
+        self.directory.retained = store
 
     # Sessions
 
@@ -371,21 +228,7 @@ class Broker:
         @param delivery: the L{DeliveryConfig} of the client's transport, if
             not the broker's (UDP resends sooner, and carries less).
         """
-        sid = self._nextSid
-        self._nextSid += 1
-        if delivery is None:
-            delivery = self.config.delivery
-        outbox = Outbox(subscriber, sid, delivery, self.clock, self.ledger, self.flow)
-        session = _Session(sid, subscriber, outbox)
-        self._sessions[subscriber] = session
-        self.counters["connections"] += 1
-        self.counters["connections_total"] += 1
-        self.events.emit(
-            "connect",
-            session=session.sid,
-            client=subscriber.peer,
-            transport=subscriber.transportName,
-        )
+        self.sessions.attach(subscriber, delivery)
 
     def detach(self, subscriber, reason):
         """
@@ -395,26 +238,15 @@ class Broker:
         @param reason: a one-word reason for the log (C{closed},
             C{missed_pings}, C{protocol_error}, ...).
         """
-        session = self._sessions.pop(subscriber, None)
+        session = self.sessions.pop(subscriber, None)
         if session is None:
             return
         for key in session.subscriptions:
-            self._forgetFilter(key, subscriber)
-        self.flow.forget(subscriber)
-        session.outbox.close(session.subscriptions.values())
-        self.counters["subscriptions"] -= len(session.subscriptions)
-        self.counters["connections"] -= 1
-        self.events.emit(
-            "disconnect",
-            session=session.sid,
-            client=subscriber.peer,
-            transport=subscriber.transportName,
-            reason=reason,
-            subscriptions=len(session.subscriptions),
-        )
+            self.router.remove(subscriber, key)
+        self.sessions.close(session, reason)
 
     def sessionId(self, subscriber):
-        return self._sessions[subscriber].sid
+        return self.sessions[subscriber].sid
 
     def login(self, subscriber, user):
         """
@@ -423,16 +255,13 @@ class Broker:
 
         @param user: its L{dallal.security.auth.IBrokerUser}.
         """
-        session = self._sessions[subscriber]
-        session.user = user.name
-        session.clientId = user.clientId
-        session.permissions = user.permissions
-        session.mayBridge = user.mayBridge
-        if user.permissions is not None:
-            self._restricted = True
-        if user.name is not None:
-            self.counters["logins"] += 1
-            self.events.emit("login", session=session.sid, client=subscriber.peer, user=user.name)
+        self.sessions.login(subscriber, user)
+
+    def loginFailed(self, subscriber, shownUser):
+        """
+        Record a refused login (L{dallal.broker.sessions.SessionTable.loginFailed}).
+        """
+        self.sessions.loginFailed(subscriber, shownUser)
 
     def revisePermissions(self, permissionsFor):
         """
@@ -444,124 +273,43 @@ class Broker:
             L{dallal.security.acl.Permissions} of a user name (C{None} for
             an anonymous client) and a client id.
         """
-        for session in list(self._sessions.values()):
-            if session.permissions is None:
-                continue
-            session.permissions = permissionsFor(session.user, session.clientId)
-            for key, subscription in list(session.subscriptions.items()):
-                if not session.permissions.mayMatch(subscription.topic, READ):
-                    self._revoke(session, key, subscription)
-
-    def _revoke(self, session, key, subscription):
-        self._endSubscription(session, key, subscription)
-        topicFilter = subscription.topic
-        who = self._logAclEvent("subscription_revoked", session, topic=topicFilter)
-        session.subscriber.subscriptionRevoked(
-            subscription.id,
-            f"{who} may no longer read {topicFilter}: the subscription has ended",
-        )
-
-    def loginFailed(self, subscriber, shownUser):
-        """
-        Record a refused login.
-
-        @param subscriber: the client, attached or not (a UDP client has no
-            session before it logs in).
-        @param shownUser: the user name for the log (see
-            L{dallal.security.auth.LoginFailed}).
-        """
-        self.counters["logins_failed"] += 1
-        self.events.emit(
-            "login_failed",
-            LogLevel.warn,
-            session=self._sessionNumber(subscriber),
-            client=subscriber.peer,
-            user=shownUser,
-        )
-
-    def _sessionNumber(self, subscriber):
-        """
-        The session id of a client for the log, 0 if it has no session.
-        """
-        session = self._sessions.get(subscriber)
-        return session.sid if session else 0
-
-    def _logAclEvent(self, name, session, **fields):
-        """
-        Log an event of the ACL's about a session: its user is C{-} when
-        anonymous.
-
-        @return: how a refusal told to the client names it.
-        """
-        user = session.user
-        self.events.emit(
-            name,
-            LogLevel.warn,
-            session=session.sid,
-            client=session.subscriber.peer,
-            user="-" if user is None else user,
-            **fields,
-        )
-        return "anonymous clients" if user is None else f"user {user}"
-
-    def _denied(self, session, action, topic):
-        """
-        Count and log a request its user may not make.
-
-        @return: how a refusal told to the client names it.
-        """
-        self.counters["denied"] += 1
-        return self._logAclEvent("denied", session, action=action, topic=topic)
-
-    def _forbid(self, session, action, topic, requestId):
-        """
-        Count and log a request the ACL refuses, and refuse it.
-        """
-        who = self._denied(session, action, topic)
-        preposition = "on" if action == "publish" else "to"
-        raise RequestError(FORBIDDEN, f"{who} may not {action} {preposition} {topic}", requestId)
+        for session, key, subscription in self.sessions.revisePermissions(permissionsFor):
+            self._endSubscription(session, key, subscription)
+            topicFilter = subscription.topic
+            who = self.sessions.logAclEvent("subscription_revoked", session, topic=topicFilter)
+            session.subscriber.subscriptionRevoked(
+                subscription.id,
+                f"{who} may no longer read {topicFilter}: the subscription has ended",
+            )
 
     def checkBridging(self, subscriber, topic, requestId):
         """
-        Refuse a bridge frame (a C{PUB} with C{origin=}, a C{SUB} with
-        C{bridge=1}) from a client that is no bridge: it could otherwise
-        claim the origin of other brokers' messages (PROTOCOL.md, "Who may
-        bridge").
-
-        @raise RequestError: C{NOT_AUTHORIZED}, counted and logged as
-            C{denied}.
+        Refuse a bridge frame from a client that is no bridge
+        (L{dallal.broker.bridging.Bridging.checkBridging}).
         """
-        session = self._sessions[subscriber]
-        if not session.mayBridge:
-            self._denied(session, "bridge", topic)
-            raise RequestError(
-                NOT_AUTHORIZED,
-                f"user {session.user} is not a bridge: only the broker's --bridge-users "
-                "may send origin= or bridge=1",
-                requestId,
-            )
+        self.bridging.checkBridging(subscriber, topic, requestId)
 
     def acknowledge(self, subscriber, deliveryId):
         """
         The client acked a delivery; late and unknown acks are ignored.
         """
-        self._sessions[subscriber].outbox.acknowledge(deliveryId)
+        self.sessions[subscriber].outbox.acknowledge(deliveryId)
 
     def reject(self, subscriber, deliveryId, reason):
         """
         The client can never take a delivery (a bridge's remote refused
         it): drop it for C{reason}; unknown ids are ignored.
         """
-        self._sessions[subscriber].outbox.reject(deliveryId, reason)
+        self.sessions[subscriber].outbox.reject(deliveryId, reason)
 
     def pauseDelivery(self, subscriber):
         """
         The client's transport is full: hold its messages in the broker.
         """
-        self._sessions[subscriber].outbox.pause()
+        self.sessions[subscriber].outbox.pause()
 
     def resumeDelivery(self, subscriber):
-        self._sessions[subscriber].outbox.resume()
+        self.sessions[subscriber].outbox.resume()
 
     def drain(self, grace):
         """
@@ -576,7 +324,7 @@ class Broker:
         self.shuttingDown = True
         self.events.emit(
             "shutdown",
-            sessions=len(self._sessions),
+            sessions=len(self.sessions),
             inflight=self.counters["inflight"],
             grace=grace,
         )
@@ -607,7 +355,7 @@ class Broker:
         Close every session, accounting for what they still held, and log
         the final counters.
         """
-        for session in list(self._sessions.values()):
+        for session in list(self.sessions.values()):
             self.detach(session.subscriber, "shutdown")
             session.subscriber.disconnect("shutdown")
         self.errorLog.reportSuppressed()
@@ -632,7 +380,7 @@ class Broker:
 
         @return: a C{Counter}.
         """
-        return Counter(session.subscriber.transportName for session in self._sessions.values())
+        return Counter(session.subscriber.transportName for session in self.sessions.values())
 
     def logStats(self):
         self.events.emit("stats", **self.counters)
@@ -655,13 +403,12 @@ class Broker:
         @return: the L{RequestError} to answer with, or C{None} for a limit
             whose refusals are not answered.
         """
-        session = self._sessions.get(subscriber)
         return self.limits.refused(
             limit,
             maximum,
             subscriber.peer,
             subscriber.transportName,
-            session.sid if session else 0,
+            self.sessions.sessionNumber(subscriber),
             reason,
             requestId,
         )
@@ -732,10 +479,10 @@ class Broker:
             raise RequestError(
                 BAD_ARGUMENTS, f"mode must be one of {', '.join(MODES)}, not {mode!r}", requestId
             )
-        session = self._sessions[subscriber]
+        session = self.sessions[subscriber]
         permissions = session.permissions
         if permissions is not None and not permissions.mayMatch(topicFilter, READ):
-            self._forbid(session, "subscribe", topicFilter, requestId)
+            self.sessions.forbid(session, "subscribe", topicFilter, requestId)
         key = topicFilter if group is None else (group, topicFilter)
         subscription = session.subscriptions.get(key)
         if subscription is None:
@@ -751,27 +498,13 @@ class Broker:
                 )
             subscription = Subscription(requestId, topicFilter, mode, session.outbox, bridge)
             session.subscriptions[key] = subscription
-            if group is None:
-                self._tree.add(topicFilter, subscriber, subscription, _MODE_STRENGTH[mode])
-            else:
-                self._joinGroup(key, subscription)
-            self._filterCounts[topicFilter] += 1
-            self._listedTopics.add(topicFilter)
-            if WILDCARDS.isdisjoint(topicFilter):
-                self._namedTopics[topicFilter] = self._filterCounts[topicFilter]
-            self.counters["subscriptions"] += 1
+            self.router.add(subscriber, key, subscription)
+            self.counters.count("subscriptions")
         else:
             subscription.id = requestId
             subscription.mode = mode
             subscription.bridge = bridge
-            if group is None:
-                # Its mode, and so its rank among the client's filters, may
-                # have changed.
-                self._tree.add(topicFilter, subscriber, subscription, _MODE_STRENGTH[mode])
-        # A new filter, or a new mode, which may change which of a
-        # session's filters carries a message.
-        self._routes.clear()
-        self._routesByShape.clear()
+            self.router.changed(subscriber, key, subscription)
         self._subscriptionEvent(
             session,
             "subscribe",
@@ -784,40 +517,14 @@ class Broker:
 
     def sendRetained(self, subscriber, subscription):
         """
-        Offer a new subscription the retained messages its filter matches,
-        marked as retained: the broker's own topics' last values, and the
-        store's (those the client may read when each is offered).  The
-        first slice is offered now, the rest on later turns of the reactor
-        as the subscriber takes them (L{dallal.broker.feed}).
+        Offer a new subscription the retained messages its filter matches
+        (L{dallal.broker.router.Router.offerRetained}): the broker's own
+        topics' last values, and the store's.
         """
-        found = self._ownTopics.match(subscription.topic)
+        found = self.ownTopics.match(subscription.topic)
         if self.retained is not None:
             found += self.retained.match(subscription.topic)
-        if subscription.retainedFeed is not None:
-            subscription.retainedFeed.stop()
-        session = self._sessions[subscriber]
-
-        def offer(topic, payload):
-            self._offerRetained(session, subscription, topic, payload)
-
-        RetainedFeed(self.clock, subscription, found, offer).start()
-
-    def _offerRetained(self, session, subscription, topic, payload):
-        permissions = session.permissions
-        if permissions is not None and not permissions.mayRead(topic):
-            return
-        message = Message(self._nextMid, topic, payload, "retained", self.clock.seconds(), True)
-        self._nextMid += 1
-        if self.events.messageEvents:
-            self.events.emit(
-                "retained",
-                mid=message.mid,
-                topic=topic,
-                bytes=len(payload),
-                session=session.sid,
-                client=session.subscriber.peer,
-            )
-        session.outbox.offer(subscription, message)
+        self.router.offerRetained(self.sessions[subscriber], subscription, found)
 
     def unsubscribe(self, subscriber, topicFilter, requestId, group=None):
         """
@@ -827,7 +534,7 @@ class Broker:
 
         @raise RequestError: the client has no subscription with that filter.
         """
-        session = self._sessions[subscriber]
+        session = self.sessions[subscriber]
         key = topicFilter if group is None else (group, topicFilter)
         subscription = session.subscriptions.get(key)
         if subscription is None:
@@ -847,60 +554,9 @@ class Broker:
 
     def _endSubscription(self, session, key, subscription):
         del session.subscriptions[key]
-        self._forgetFilter(key, session.subscriber)
+        self.router.remove(session.subscriber, key)
         session.outbox.unsubscribe(subscription)
-        self.counters["subscriptions"] -= 1
-
-    def _joinGroup(self, key, subscription):
-        """
-        Add a shared subscription to its group, made (and routed to) when
-        it gets its first member.
-
-        @param key: C{(group name, filter)}.
-        """
-        group = self._groups.get(key)
-        if group is None:
-            group = self._groups[key] = ShareGroup(key[0], key[1], self._memberMayRead)
-            self._tree.add(key[1], group, group)
-        group.members.append(subscription)
-
-    def _memberMayRead(self, subscription, topic):
-        if not self._restricted:
-            # No session's topics are restricted: no ACL to ask.
-            return True
-        permissions = self._sessions[subscription.outbox.subscriber].permissions
-        return permissions is None or permissions.mayRead(topic)
-
-    def _forgetFilter(self, key, subscriber):
-        """
-        Take a session's subscription (a filter, or for a shared one
-        C{(group name, filter)}) out of the routes.
-        """
-        if type(key) is tuple:
-            topicFilter = key[1]
-            group = self._groups[key]
-            group.members = [
-                member for member in group.members if member.outbox.subscriber is not subscriber
-            ]
-            if not group.members:
-                del self._groups[key]
-                self._tree.remove(topicFilter, group)
-        else:
-            topicFilter = key
-            self._tree.remove(topicFilter, subscriber)
-        self._routes.clear()
-        self._routesByShape.clear()
-        self._filterCounts[topicFilter] -= 1
-        remaining = self._filterCounts[topicFilter]
-        if not remaining:
-            del self._filterCounts[topicFilter]
-            if self.retained is None or self.retained.get(topicFilter) is None:
-                self._listedTopics.discard(topicFilter)
-        if WILDCARDS.isdisjoint(topicFilter):
-            if remaining:
-                self._namedTopics[topicFilter] = remaining
-            else:
-                del self._namedTopics[topicFilter]
+        self.counters.count("subscriptions", -1)
 
     def subscriptions(self, subscriber):
         """
@@ -909,7 +565,7 @@ class Broker:
         """
         return [
             (subscription.topic, subscription.mode)
-            for subscription in self._sessions[subscriber].subscriptions.values()
+            for subscription in self.sessions[subscriber].subscriptions.values()
         ]
 
     def topics(self, limit):
@@ -922,43 +578,9 @@ class Broker:
             C{(topic, retainedBytes or None, subscribers)}, and how many
             there are in all.
         """
-        names = self._listedTopics.first(limit)
-        rows = [(name, self._retainedSize(name), self._filterCounts.get(name, 0)) for name in names]
-        return rows, len(self._listedTopics)
+        return self.directory.rows(limit)
 
-    @property
-    def retained(self):
-        """
-        The retained store (a L{dallal.broker.retained.RetainedStore}), or
-        C{None} without one.
-        """
-        return self._retained
-
-    @retained.setter
-    def retained(self, store):
-        self._retained = store
-        names = set(self._filterCounts)
-        if store is not None:
-            names.update(store.topics())
-            store.watch(self._retainedTopicChanged)
-        self._listedTopics = SortedNames(names)
-
-    def _retainedSize(self, topic):
-        """
-        @return: the size of C{topic}'s retained message, or C{None}.
-        """
-        payload = self.retained.get(topic) if self.retained is not None else None
-        return len(payload) if payload is not None else None
-
-    def _retainedTopicChanged(self, topic, held):
-        """
-        Keep the listed topics up to date as the store gains or loses a
-        topic.
-        """
-        if held:
-            self._listedTopics.add(topic)
-        elif topic not in self._filterCounts:
-            self._listedTopics.discard(topic)
+    # Publishing
 
     def publish(self, subscriber, topic, payload, requestId, properties=None):
         """
@@ -966,19 +588,26 @@ class Broker:
         topic.
 
         @param properties: the transport's own attributes of the message
-            (L{Message.properties}), passed through to the subscribers'.
-        @return: the L{Message}.
+            (L{dallal.broker.message.Message.properties}), passed through to
+            the subscribers'.
+        @return: the L{dallal.broker.message.Message}.
         @raise RequestError: the topic or the payload is refused, or the
             broker is shutting down.
         """
         self._checkAccepting(requestId)
+        self._checkPublish(subscriber, topic, payload, requestId)
+        return self.router.publish(topic, payload, subscriber, properties=properties)
+
+    def _checkPublish(self, subscriber, topic, payload, requestId):
+        """
+        Refuse a message its topic, its size or the ACL refuses.
+        """
         self.checkTopic(subscriber, topic, requestId)
         self.checkPayloadSize(subscriber, len(payload), requestId)
-        if self._restricted:
-            session = self._sessions[subscriber]
+        if self.sessions.restricted:
+            session = self.sessions[subscriber]
             if session.permissions is not None and not session.permissions.mayWrite(topic):
-                self._forbid(session, "publish", topic, requestId)
-        return self._route(subscriber, topic, payload, properties)
+                self.sessions.forbid(session, "publish", topic, requestId)
 
     def checkRetainable(self, subscriber, topic, payload, requestId):
         """
@@ -1053,11 +682,12 @@ class Broker:
                 BAD_TOPIC, "topics starting with '$' are reserved for the broker", requestId
             )
         self.checkPayloadSize(subscriber, len(payload), requestId)
-        permissions = self._sessions[subscriber].permissions
+        session = self.sessions[subscriber]
+        permissions = session.permissions
         if permissions is not None and not permissions.mayMatch(topicFilter, WRITE):
-            self._forbid(self._sessions[subscriber], "publish", topicFilter, requestId)
+            self.sessions.forbid(session, "publish", topicFilter, requestId)
         maximum = self.config.maxMatchingTopics
-        topics = {topic for topic, _ in self._namedTopics.match(topicFilter, maximum)}
+        topics = {topic for topic, _ in self.directory.namedTopics.match(topicFilter, maximum)}
         if self.retained is not None:
             topics.update(topic for topic, _ in self.retained.match(topicFilter, maximum))
         if len(topics) > maximum:
@@ -1072,198 +702,47 @@ class Broker:
         if permissions is not None:
             topics = {topic for topic in topics if permissions.mayWrite(topic)}
         for topic in sorted(topics):
-            self._route(subscriber, topic, payload)
+            self.router.publish(topic, payload, subscriber)
         return len(topics)
-
-    def _route(self, subscriber, topic, payload, properties=None):
-        message = Message(
-            self._nextMid,
-            topic,
-            payload,
-            subscriber.peer,
-            self.clock.seconds(),
-            properties=properties,
-            source=subscriber,
-        )
-        self._nextMid += 1
-        counters = self.counters
-        counters["published"] += 1
-        counters["bytes_in"] += len(payload)
-        self._offer(
-            message,
-            self._routeOf(topic),
-            self._sessions[subscriber].sid,
-            subscriber.peer,
-            subscriber.transportName,
-            subscriber,
-        )
-        return message
 
     def publishBridged(self, subscriber, topic, payload, options, requestId):
         """
         Publish a message that came over a bridge (PROTOCOL.md, "Bridges"),
-        unless this broker has routed it already: it is never sent back on
-        the session it came on, its copies that come by other paths are
-        discarded, and so is a message that crossed too many bridges.
+        unless this broker has routed it already
+        (L{dallal.broker.bridging.Bridging.received}).
 
         @param subscriber: the session it came on: another broker's bridge
             connected to this one, or this broker's own bridge to another.
         @param options: the options of the frame that carried it, with its
             origin (L{originFromOptions}).
-        @return: the L{Message}, or C{None} if it was discarded (counted,
-            and logged with the per-message events).
+        @return: the L{dallal.broker.message.Message}, or C{None} if it was
+            discarded (counted, and logged with the per-message events).
         @raise RequestError: refused: a bad origin, topic or payload size, or
             a topic the session may not write (counted in
             C{bridged_refused}); or the broker is shutting down (the bridge
             sends it again to the broker's next run).
         """
         self._checkAccepting(requestId)
-        counters = self.counters
-        session = self._sessions[subscriber]
         try:
             sent = originFromOptions(options, requestId)
-            self.checkTopic(subscriber, topic, requestId)
-            self.checkPayloadSize(subscriber, len(payload), requestId)
-            if session.permissions is not None and not session.permissions.mayWrite(topic):
-                self._forbid(session, "publish", topic, requestId)
+            self._checkPublish(subscriber, topic, payload, requestId)
         except RequestError:
-            counters["bridged_refused"] += 1
+            self.counters.count("bridged_refused")
             raise
-        origin = Origin(sent.broker, sent.messageId, sent.hops + 1)
-        if origin.broker == self.name:
-            discarded = "loop"
-        elif origin.hops > MAX_HOPS:
-            discarded = "hop_limit"
-        elif not self.seen.firstTime(origin, topic, payload):
-            discarded = "duplicate"
-        else:
-            discarded = None
-        if discarded is not None:
-            counters[_DISCARD_COUNTERS[discarded]] += 1
-            if self.events.messageEvents:
-                self.events.emit(
-                    "bridge_discard",
-                    topic=topic,
-                    session=session.sid,
-                    origin=origin.broker,
-                    hops=origin.hops,
-                    reason=discarded,
-                )
-            return None
-        message = Message(
-            self._nextMid, topic, payload, subscriber.peer, self.clock.seconds(), False, origin
-        )
-        self._nextMid += 1
-        counters["published"] += 1
-        counters["bytes_in"] += len(payload)
-        counters["bridged_published"] += 1
-        # Never back on the session it came on.
-        receivers = [
-            subscription
-            for subscription in self._routeOf(topic)
-            if subscription.outbox.subscriber is not subscriber
-        ]
-        self._offer(
-            message, receivers, session.sid, subscriber.peer, subscriber.transportName, subscriber
-        )
-        return message
+        return self.bridging.received(subscriber, topic, payload, sent)
 
     def originOf(self, message):
         """
-        The L{Origin} a message carries over a bridge.
+        The L{dallal.broker.origin.Origin} a message carries over a bridge.
         """
-        if message.origin is None:
-            return Origin(self.name, f"{self.incarnation}.{message.mid}", 0)
-        return message.origin
+        return self.bridging.originOf(message)
 
     def publishOwn(self, topic, payload):
         """
-        Set the value of one of the broker's own topics (C{$SYS/...}), which
-        no client may publish on: keep it as the topic's retained message,
-        in memory only, and publish it to the topic's subscribers.
-
-        A value nobody subscribes to is not published at all: it is no
-        message, and is neither counted nor logged.
+        Set the value of one of the broker's own topics (C{$SYS/...})
+        (L{dallal.broker.owntopics.OwnTopics.publish}).
         """
-        self._ownTopics[topic] = payload
-        receivers = self._routeOf(topic)
-        if not receivers:
-            return
-        message = Message(self._nextMid, topic, payload, OWN_PUBLISHER, self.clock.seconds())
-        self._nextMid += 1
-        counters = self.counters
-        counters["published"] += 1
-        counters["bytes_in"] += len(payload)
-        counters["sys_published"] += 1
-        self._offer(message, receivers, 0, OWN_PUBLISHER, OWN_TRANSPORT)
-
-    def _offer(self, message, receivers, sid, peer, transportName, publisher=None):
-        """
-        Hand a new message to the subscriptions that want it, one per
-        session.
-
-        @param receivers: the subscriptions L{_routeOf} found for its topic.
-        @param sid: the publishing session's id, C{peer} its address and
-            C{transportName} its transport, for the C{publish} event.
-        @param publisher: the publishing session, which a full queue holds
-            back (never its own: a session that publishes to itself must
-            not stop itself reading its acks); C{None} for the broker's own
-            messages.
-        """
-        if self._restricted and receivers:
-            receivers = self._readers(receivers, message.topic)
-        self.topicTraffic.received(message.topic, len(message.payload))
-        events = self.events
-        if events.messageEvents:
-            events.emit(
-                "publish",
-                mid=message.mid,
-                topic=message.topic,
-                bytes=len(message.payload),
-                session=sid,
-                client=peer,
-                transport=transportName,
-                subscribers=len(receivers),
-                origin=self.name if message.origin is None else message.origin.broker,
-                hops=0 if message.origin is None else message.origin.hops,
-            )
-        for subscription in receivers:
-            if subscription.retainedFeed is not None:
-                subscription.retainedFeed.before(message.topic)
-            outbox = subscription.outbox
-            outbox.offer(
-                subscription, message, None if outbox.subscriber is publisher else publisher
-            )
-
-    def _routeOf(self, topic):
-        """
-        The subscriptions a message on C{topic} goes to, one per session:
-        found in the tree, then remembered until the subscriptions change.
-        """
-        receivers = self._routes.get(topic)
-        if receivers is None:
-            shape = self._tree.shape(topic)
-            receivers = self._routesByShape.get(shape)
-            if receivers is None:
-                receivers = list(self._tree.best(topic).values())
-                _remember(self._routesByShape, shape, receivers)
-            _remember(self._routes, topic, receivers)
-        return receivers
-
-    def _readers(self, receivers, topic):
-        """
-        The receiving subscriptions of a message on C{topic} whose session
-        may read it.
-        """
-        sessions = self._sessions
-        readers = []
-        for subscription in receivers:
-            # A share group (no session) asks its members' sessions itself.
-            session = sessions.get(subscription.outbox.subscriber)
-            permissions = None if session is None else session.permissions
-            if permissions is None or permissions.mayRead(topic):
-                readers.append(subscription)
-        return readers
+        self.ownTopics.publish(topic, payload)
 
     # Health
 
@@ -1280,7 +759,7 @@ class Broker:
         self._keepaliveEvent("client_dropped", "clients_dropped", subscriber, missed)
 
     def _keepaliveEvent(self, name, counter, subscriber, missed):
-        self.counters[counter] += 1
+        self.counters.count(counter)
         self.events.emit(
             name,
             LogLevel.warn,
@@ -1297,8 +776,8 @@ class Broker:
         @param logged: whether it may be logged (a datagram that named no
             session may not, beyond L{dallal.server.udp.StrangerErrorLog}'s rate).
         """
-        self.counters["errors"] += 1
-        session = self._sessions.get(subscriber)
+        self.counters.count("errors")
+        session = self.sessions.get(subscriber)
         # A fatal error closes the client: it has no more to log.
         window = session.errorWindow if session is not None and not fatal else None
         if not (logged and self.errorLog.allow(window)):

@@ -660,10 +660,6 @@ class Outbox:
         self._awaitAck(delivery)
 
 
-# The counters of flow control (docs/EVENTS.md describes them).
-FLOW_COUNTERS = ("publishers_paused", "publishers_held", "publishes_busy")
-
-
 class FlowControl:
     """
     Which publishing sessions are held back, and by which outboxes.
@@ -678,6 +674,9 @@ class FlowControl:
     """
 
     def __init__(self, clock, counters):
+        """
+        @param counters: the broker's L{dallal.broker.counters.Counters}.
+        """
         self.clock = clock
         self.counters = counters
         # publisher -> the outboxes holding it back.
@@ -685,15 +684,12 @@ class FlowControl:
         # Publishers let go whose resume is due (a dict: in order).
         self._resuming = {}
         self._resumeCall = None
-        for name in FLOW_COUNTERS:
-            counters[name] = 0
 
     def hold(self, publisher, outbox):
         holders = self._heldBy.get(publisher)
         if holders is None:
             holders = self._heldBy[publisher] = set()
-            self.counters["publishers_paused"] += 1
-            self.counters["publishers_held"] += 1
+            self.counters.publisherHeld()
             # One let go and held again before its resume was made is
             # still paused.
             if self._resuming.pop(publisher, None) is None:
@@ -713,7 +709,7 @@ class FlowControl:
             holders.discard(outbox)
             if not holders:
                 del self._heldBy[publisher]
-                self.counters["publishers_held"] -= 1
+                self.counters.publisherReleased()
                 self._resuming[publisher] = True
         if self._resuming and self._resumeCall is None:
             self._resumeCall = self.clock.callLater(0, self._resume)
@@ -731,31 +727,15 @@ class FlowControl:
         self._resuming.pop(publisher, None)
         holders = self._heldBy.pop(publisher, None)
         if holders is not None:
-            self.counters["publishers_held"] -= 1
+            self.counters.publisherReleased()
             for outbox in holders:
                 outbox.holding.pop(publisher, None)
 
 
-# The counters the ledger keeps (docs/EVENTS.md describes them).
-DELIVERY_COUNTERS = (
-    "matched",
-    "delivered",
-    "fired",
-    "redelivered",
-    "acked",
-    "replaced",
-    "dropped",
-    "inflight",
-    "bridged_delivered",
-    "bridged_dropped",
-    "slow_consumers",
-    *("dropped_" + reason for reason in DROP_REASONS),
-)
-
-
 class Ledger:
     """
-    The broker's accounting of deliveries: counters and per-message events.
+    The broker's accounting of deliveries: what it reports to the
+    counters, and the per-message events.
 
     Every message offered to a subscription is counted as C{matched} and
     C{inflight}; it leaves C{inflight} exactly once, as acked, fired,
@@ -764,6 +744,7 @@ class Ledger:
 
     def __init__(self, counters, events, limits, topicTraffic):
         """
+        @param counters: the broker's L{dallal.broker.counters.Counters}.
         @param limits: the broker's L{dallal.limits.LimitLog}, which a full
             queue reports to.
         @param topicTraffic: the broker's L{dallal.broker.sysstats.TopicTraffic},
@@ -773,23 +754,15 @@ class Ledger:
         self.events = events
         self.limits = limits
         self.topicTraffic = topicTraffic
-        for name in DELIVERY_COUNTERS:
-            counters[name] = 0
 
     def matched(self, message):
-        self.counters["matched"] += 1
-        self.counters["inflight"] += 1
+        self.counters.matched()
 
     def sent(self, sid, subscription, message, seq, attempt):
-        counters = self.counters
-        counters["bytes_out"] += len(message.payload)
-        self.topicTraffic.sent(message.topic, len(message.payload), attempt == 1)
-        if attempt == 1:
-            counters["delivered"] += 1
-            if subscription.bridge:
-                counters["bridged_delivered"] += 1
-        else:
-            counters["redelivered"] += 1
+        size = len(message.payload)
+        first = attempt == 1
+        self.counters.sent(size, first, subscription.bridge)
+        self.topicTraffic.sent(message.topic, size, first)
         events = self.events
         if events.messageEvents:
             events.emit(
@@ -805,12 +778,10 @@ class Ledger:
 
     def fired(self, sid, subscription, message, seq):
         self.sent(sid, subscription, message, seq, 1)
-        self.counters["fired"] += 1
-        self.counters["inflight"] -= 1
+        self.counters.settled("fired")
 
     def acked(self, sid, subscription, message):
-        self.counters["acked"] += 1
-        self.counters["inflight"] -= 1
+        self.counters.settled("acked")
         events = self.events
         if events.messageEvents:
             events.emit(
@@ -822,8 +793,7 @@ class Ledger:
             )
 
     def replaced(self, sid, message, newer):
-        self.counters["replaced"] += 1
-        self.counters["inflight"] -= 1
+        self.counters.settled("replaced")
         events = self.events
         if events.messageEvents:
             events.emit("replace", mid=message.mid, topic=message.topic, session=sid, by=newer.mid)
@@ -833,7 +803,7 @@ class Ledger:
         A subscriber made no progress for C{idle} seconds while its full
         queue (C{queued} messages) held publishers back.
         """
-        self.counters["slow_consumers"] += 1
+        self.counters.count("slow_consumers")
         subscriber = outbox.subscriber
         self.events.emit(
             "slow_consumer",
@@ -854,12 +824,7 @@ class Ledger:
         self.limits.refused(limit, maximum, subscriber.peer, subscriber.transportName, outbox.sid)
 
     def dropped(self, sid, subscription, message, reason):
-        counters = self.counters
-        counters["dropped"] += 1
-        counters["dropped_" + reason] += 1
-        counters["inflight"] -= 1
-        if subscription.bridge:
-            counters["bridged_dropped"] += 1
+        self.counters.dropped(reason, subscription.bridge)
         events = self.events
         if events.messageEvents:
             events.emit(

@@ -19,7 +19,7 @@ class ISubscriber(Interface):
 
     def sendMessage(message, subscriptionId, seq, deliveryId, redelivered):
         """
-        Send a L{dallal.broker.core.Message} to this client.
+        Send a L{dallal.broker.message.Message} to this client.
 
         Only called while the subscriber is attached to the broker.
 

@@ -364,23 +364,28 @@ def encodeMessageHeader(
 COPIED_PAYLOAD_SIZE = 4096
 
 
+# The key of what every MSG frame of a message shares, in its encodings.
+_MSG_PARTS = "dallal.msg"
+
+
 def encodeMessage(message, subscriptionId, seq, deliveryId, redelivered):
     """
-    A whole C{MSG} frame for a L{dallal.broker.core.Message}, as the byte strings
+    A whole C{MSG} frame for a L{dallal.broker.message.Message}, as the byte strings
     to write in order.
 
     What every delivery of the message shares (the topic, the size, the
     payload and the line ends) is encoded on its first delivery and kept in
-    C{message.encoded}; a delivery adds only its C{sub=}, C{seq=} and
+    the message's C{encodings}; a delivery adds only its C{sub=}, C{seq=} and
     C{id=}.  A fan-out to many subscribers costs one formatting per
     subscriber instead of a header, a join and three buffered pieces.
     """
     if redelivered:
         # Rare (an ack timed out): the general encoder.
         return encodeMessageWithOptions(message, subscriptionId, seq, deliveryId, True, None)
-    shared = message.encoded
+    encodings = message.encodings
+    shared = encodings.get(_MSG_PARTS)
     if shared is None:
-        shared = message.encoded = _sharedMessageParts(message)
+        shared = encodings[_MSG_PARTS] = _sharedMessageParts(message)
     start, end, uncopiedPayload = shared
     if deliveryId is None:
         line = b"%s%s seq=%d%s" % (start, subscriptionId.encode("ascii"), seq, end)

@@ -83,12 +83,12 @@ class _DeliveryValve:
         self.protocol = protocol
 
     def pauseProducing(self):
-        if self.protocol._attached:
+        if self.protocol.attached:
             self.protocol.outputFull()
 
     def resumeProducing(self):
         protocol = self.protocol
-        if protocol._attached:
+        if protocol.attached:
             # What waited in the outbox goes out in one write.
             protocol.batch.run(protocol.outputDrained)
 
@@ -159,6 +159,14 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         self._framesBeforeDeadline = 0
         # When this connection's turn began (see TURN_SECONDS).
         self._turnStarted = 0.0
+
+    @property
+    def attached(self):
+        """
+        Whether the connection has its session in the broker: from when it
+        is made until it is lost, or the broker's shutdown ends the session.
+        """
+        return self._attached
 
     def connectionMade(self):
         if self._connections is not None:

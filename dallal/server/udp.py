@@ -332,7 +332,7 @@ class UdpSession(RequestHandler):
         requestId = getattr(request, "id", None)
         answer = self._answers.get(self, requestId)
         if answer is FORGOTTEN:
-            self.broker.counters["duplicates"] += 1
+            self.broker.counters.count("duplicates")
             self.refuse(
                 RequestError(
                     ANSWER_FORGOTTEN,
@@ -343,7 +343,7 @@ class UdpSession(RequestHandler):
             )
             return
         if answer is not None:
-            self.broker.counters["duplicates"] += 1
+            self.broker.counters.count("duplicates")
             if answer is not AWAITING_STORE:
                 self.protocol.sendTo(answer, self.address)
             return
@@ -382,7 +382,7 @@ class UdpSession(RequestHandler):
             ),
             self.address,
         )
-        self.broker.counters["publishes_busy"] += 1
+        self.broker.counters.count("publishes_busy")
         self.broker.protocolError(self, BUSY, False, logged=False)
 
     # RequestHandler
@@ -572,7 +572,7 @@ class BrokerDatagramProtocol(DatagramProtocol):
         if not proven and address not in self._sessionAddresses:
             counts = self._unproven.get(address)
             if counts is None or counts[1] + len(data) > AMPLIFICATION_FACTOR * counts[0]:
-                self.broker.counters["unsent"] += 1
+                self.broker.counters.count("unsent")
                 return
             counts[1] += len(data)
         try:
@@ -581,7 +581,7 @@ class BrokerDatagramProtocol(DatagramProtocol):
             # The socket's buffer is full (or the address unreachable): the
             # datagram is lost, as on the network.  Acked deliveries are
             # resent; the count says how many were lost here.
-            self.broker.counters["unsent"] += 1
+            self.broker.counters.count("unsent")
 
     def _received(self, address, size):
         if address in self._sessionAddresses:
@@ -934,7 +934,7 @@ class BrokerDatagramProtocol(DatagramProtocol):
         leaves the queue unrun, or its answer is dropped.
         """
         del self._loggingIn[attempt]
-        self.broker.counters["logins_abandoned"] += 1
+        self.broker.counters.count("logins_abandoned")
         checking.cancel()
 
     def _loginAnswered(self, hello, address):
