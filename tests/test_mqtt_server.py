@@ -750,7 +750,9 @@ def test_mqttListensWhereTheOptionsSay(tmp_path):
         "tcp:1883:interface=127.0.0.1",
         "ssl:8883:privateKey=k:certKey=c",
     ]
-    with pytest.raises(usage.UsageError, match="^--mqtt: port 70000 is not in 0-65535$"):
+    with pytest.raises(
+        usage.UsageError, match="^--mqtt must be a whole number from 0 to 65535, not .70000.$"
+    ):
         Options().parseOptions(["--mqtt", "70000"])
     config = tmp_path / "dallal.toml"
     config.write_text('mqtt = ["1884"]\n')

@@ -47,6 +47,7 @@ from dallal.client import (
 from dallal.errors import BAD_CREDENTIALS, BAD_TOPIC, CLOSING, NOT_AUTHORIZED
 from dallal.modes import MODES
 from dallal.names import checkUserName
+from dallal.numbers import MAX_PORT, positiveNumber
 from dallal.topics import WILDCARDS, checkTopic
 
 DEFAULT_TIMEOUT = 10.0
@@ -68,14 +69,22 @@ PUBLISH_WINDOW = 100
 _DASHED_MESSAGE = re.compile(r"^-[^-]")
 
 
-def _port(text):
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"port must be a number, got {text!r}") from None
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be 1-65535, got {port}")
-    return port
+def _number(**bounds):
+    """
+    An argparse converter of positive numbers (L{positiveNumber} with
+    C{bounds}): argparse shows its error with the option's name.
+    """
+
+    def convert(text):
+        return positiveNumber(text, error=argparse.ArgumentTypeError, **bounds)
+
+    return convert
+
+
+_port = _number(maximum=MAX_PORT)
+_timeout = _number(kind=float)
+_count = _number()
+_interval = _number(kind=float, zero=True)
 
 
 def _userName(text):
@@ -84,16 +93,6 @@ def _userName(text):
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from error
     return text
-
-
-def _timeout(text):
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"timeout must be a number, got {text!r}") from None
-    if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"timeout must be positive, got {text}")
-    return seconds
 
 
 def buildParser():
@@ -180,7 +179,7 @@ def buildParser():
     )
     publish.add_argument(
         "--count",
-        type=_positiveInt,
+        type=_count,
         default=None,
         metavar="N",
         help="publish the message N times; the success line is printed once "
@@ -188,7 +187,7 @@ def buildParser():
     )
     publish.add_argument(
         "--every",
-        type=_nonNegative,
+        type=_interval,
         default=None,
         metavar="SECONDS",
         help="with --count: wait this long between publishes; 0 (the "
@@ -262,7 +261,7 @@ def buildParser():
     addTimeout(topics)
     topics.add_argument(
         "--limit",
-        type=_positiveInt,
+        type=_count,
         default=None,
         metavar="N",
         help="list at most N topics, in alphabetical order (the broker lists at most 1000)",
@@ -331,26 +330,6 @@ def _plainTopic(text):
     except ValueError as error:
         raise argparse.ArgumentTypeError(f"{text!r}: {error}") from error
     return text
-
-
-def _positiveInt(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _nonNegative(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
-    return value
 
 
 class Deadline:
