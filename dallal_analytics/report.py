@@ -23,7 +23,7 @@ from pathlib import Path
 
 from dallal.numbers import positiveNumber
 from dallal_analytics import htmlreport, incremental, parse, questions
-from dallal_analytics.session import buildSession
+from dallal_analytics.sparksession import buildSession
 
 DEFAULT_WINDOW_SECONDS = 60
 UNPARSED_EXAMPLES = 5

@@ -162,7 +162,7 @@ def test_aRequestCarriedOutEndsTheRun(carriedOut):
     assert not client.closing
 
 
-def test_aUdpSessionEndedAfterConsecutiveErrors():
+def test_aUdpClientEndedAfterConsecutiveErrors():
     """
     Over UDP too: a session whose requests are refused ten times in a row
     (garbage, or requests the broker refuses) gets TOO_MANY_ERRORS after

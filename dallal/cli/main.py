@@ -909,7 +909,7 @@ def _sayBye(client):
 
 async def _consoleCommand(reactor, args, prompt, makeSession):
     """
-    Run a L{dallal.cli.shell.ConsoleSession} on standard input and output.
+    Run a L{dallal.cli.shell.ConsoleClient} on standard input and output.
 
     @param makeSession: called with the client, the console and the
         function that says BYE; returns the session.

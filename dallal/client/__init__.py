@@ -219,7 +219,7 @@ def _ackable(deliveryId):
     )
 
 
-class _ClientSession:
+class _ClientBase:
     """
     What a client does whatever carries its frames: requests matched to
     their answers, messages handed to the application once each and acked,
@@ -620,13 +620,13 @@ class _ClientSession:
     }
 
 
-class DallalClientProtocol(FrameReceiver, _ClientSession):
+class DallalClientProtocol(FrameReceiver, _ClientBase):
     """
     One TCP connection to a broker.
     """
 
     def __init__(self):
-        _ClientSession.__init__(self)
+        _ClientBase.__init__(self)
         self._receiving = None
         # The error the broker closes the connection for, once it sent one.
         self._closedFor = None
@@ -732,12 +732,12 @@ class DallalClientProtocol(FrameReceiver, _ClientSession):
     def _handleError(self, error):
         if error.code in CLOSING:
             self._closedFor = ServerError(error.code, error.reason)
-        _ClientSession._handleError(self, error)
+        _ClientBase._handleError(self, error)
 
-    _replyHandlers = {**_ClientSession._replyHandlers, wire.Error: _handleError}
+    _replyHandlers = {**_ClientBase._replyHandlers, wire.Error: _handleError}
 
 
-class DallalDatagramClient(DatagramProtocol, _ClientSession):
+class DallalDatagramClient(DatagramProtocol, _ClientBase):
     """
     A client of a broker over UDP (see L{connectUDP}).
 
@@ -766,7 +766,7 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
             that takes passwords.
         @raise ValueError: the user name is not one a broker can have.
         """
-        _ClientSession.__init__(self)
+        _ClientBase.__init__(self)
         self._login = {} if credentials is None else loginOptions(credentials)
         self.clock = clock
         self.brokerAddress = brokerAddress
@@ -949,12 +949,12 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
         self._waiting.pop(requestId, None)
         if self._inFlight.pop(requestId, None) is not None:
             self._sendWaiting()
-        return _ClientSession._takePending(self, requestId)
+        return _ClientBase._takePending(self, requestId)
 
     def publish(self, topic, payload, retain=False, options=None):
         """
         Publish C{payload} (bytes) on C{topic}, and with C{retain} keep it as
-        the topic's retained message (see L{_ClientSession.publish}).
+        the topic's retained message (see L{_ClientBase.publish}).
 
         @return: a Deferred that fires with C{None} on the broker's PubAck.
         @raise ValueError: the message does not fit in a datagram.
@@ -966,7 +966,7 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
             )
         if len(topic.encode("utf-8")) > MAX_TOPIC_LENGTH:
             raise ValueError(f"topic is longer than {MAX_TOPIC_LENGTH} bytes")
-        return _ClientSession.publish(self, topic, payload, retain, options)
+        return _ClientBase.publish(self, topic, payload, retain, options)
 
     # Health
 
@@ -1001,7 +1001,7 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
     def _handlePong(self, pong):
         self._awaitingPong = False
         self._missedPongs = 0
-        _ClientSession._handlePong(self, pong)
+        _ClientBase._handlePong(self, pong)
 
     # Closing
 
@@ -1091,10 +1091,10 @@ class DallalDatagramClient(DatagramProtocol, _ClientSession):
             # is taken.
             pass
         else:
-            _ClientSession._handleError(self, error)
+            _ClientBase._handleError(self, error)
 
     _replyHandlers = {
-        **_ClientSession._replyHandlers,
+        **_ClientBase._replyHandlers,
         wire.Error: _handleError,
         wire.Pong: _handlePong,
     }

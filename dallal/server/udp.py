@@ -1,6 +1,6 @@
 """
 The broker over UDP: one L{BrokerDatagramProtocol} per port, one
-L{UdpSession} per client.
+L{UdpClient} per client.
 
 UDP has no connections, so a client is known by the id it gives in its
 C{HELLO}, and reached at the last address it was heard from with a valid
@@ -271,7 +271,7 @@ class AnswerCache:
 
 
 @implementer(ISubscriber, IPingable)
-class UdpSession(RequestHandler):
+class UdpClient(RequestHandler):
     """
     One UDP client, from its C{HELLO} until it expires or says C{BYE}.
 
@@ -488,7 +488,7 @@ class UdpSession(RequestHandler):
 class BrokerDatagramProtocol(DatagramProtocol):
     """
     The broker's UDP port: authenticates datagrams and hands them to their
-    client's L{UdpSession}.
+    client's L{UdpClient}.
 
     @param sweep: the broker's L{PingSweep}; its interval is the one UDP
         clients are told to ping at.
@@ -833,7 +833,7 @@ class BrokerDatagramProtocol(DatagramProtocol):
         if not resumed:
             if self._refusedByClientLimits(hello, address):
                 return
-            session = UdpSession(self, hello.clientId, address)
+            session = UdpClient(self, hello.clientId, address)
             self._sessions[hello.clientId] = session
             self._arrive(address)
             self.broker.attach(session, self.delivery)
