@@ -16,7 +16,6 @@ import stat
 import sys
 import textwrap
 
-from twisted.application.internet import backoffPolicy
 from twisted.internet import defer
 from twisted.internet import error as netError
 from twisted.internet.endpoints import HostnameEndpoint
@@ -42,6 +41,7 @@ from dallal.client import (
     SessionLost,
     connect,
     connectUDP,
+    reconnectDelays,
     tlsEndpoint,
 )
 from dallal.errors import BAD_CREDENTIALS, BAD_TOPIC, CLOSING, NOT_AUTHORIZED
@@ -818,7 +818,7 @@ async def _subscribeAgain(reactor, args, printer, reason):
     @param reason: why the connection was lost, in words.
     @return: the new client, subscribed.
     """
-    delay = backoffPolicy(RECONNECT_INITIAL_DELAY, RECONNECT_MAX_DELAY, RECONNECT_FACTOR)
+    delay = reconnectDelays()
     attempt = 1
     while True:
         seconds = delay(attempt)
