@@ -14,14 +14,12 @@ C{PING}, C{PONG} and C{BYE} until its C{HELLO} logs it in
 from twisted.internet.defer import CancelledError
 from twisted.internet.interfaces import IPushProducer, ISSLTransport
 from twisted.internet.protocol import Protocol, ServerFactory
-from twisted.logger import Logger
 from zope.interface import implementer
 
 from dallal import __version__
 from dallal.broker.interfaces import ISubscriber
 from dallal.errors import (
     BAD_ARGUMENTS,
-    BAD_CREDENTIALS,
     BAD_FRAMING,
     LOGIN_TIMEOUT,
     NO_ID,
@@ -36,9 +34,15 @@ from dallal.limits import (
 )
 from dallal.protocol import wire
 from dallal.protocol.framing import FrameReceiver
-from dallal.security.auth import LoginFailed, TooManyChecks
 from dallal.server.addresses import formatAddress
 from dallal.server.keepalive import IPingable
+from dallal.server.login import (
+    PASSWORD_NEEDED,
+    LoginRefused,
+    checkPassword,
+    loginRequired,
+    userWithoutPassword,
+)
 from dallal.server.requests import RequestHandler, helloLimits
 from dallal.server.streams import (
     CONGESTION,
@@ -114,7 +118,6 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
 
     transportName = "tcp"
     peer = "?"
-    _log = Logger()
     carriesBridges = True
 
     def __init__(self, broker, sweep, gatekeeper=None, batch=None, connections=None, host=None):
@@ -425,13 +428,12 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         except RequestError as error:
             self.refuse(error)
             return
-        gatekeeper = self.gatekeeper
-        if gatekeeper is None:
-            self._answerHello(hello)
-        elif not gatekeeper.loginRequired:
-            # No passwords: credentials are not checked, and the client goes
-            # on anonymously, now with its client id.
-            self.broker.login(self, gatekeeper.anonymous(hello.clientId))
+        user = userWithoutPassword(self.gatekeeper, hello.clientId)
+        if user is not PASSWORD_NEEDED:
+            if user is not None:
+                # No passwords: credentials are not checked, and the client
+                # goes on anonymously, now with its client id.
+                self.broker.login(self, user)
             self._answerHello(hello)
         elif self._loggedIn:
             if credentials is None:
@@ -446,11 +448,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
                     )
                 )
         elif credentials is None:
-            self.refuse(
-                RequestError(
-                    NOT_AUTHORIZED, f"this broker requires a login: {LOGIN_USAGE}", hello.id
-                )
-            )
+            self.refuse(loginRequired(LOGIN_USAGE, hello.id))
         else:
             # Read nothing more until the password is checked: requests
             # pipelined after the HELLO are then served, or not, as the
@@ -458,14 +456,22 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
             # sweep leaves it alone until then.
             self.pauseReading(LOGIN_CHECK)
             self.sweep.remove(self)
-            user, password = credentials
-            checking = self._checking = gatekeeper.login(user, password, hello.clientId, self._host)
-            checking.addCallbacks(
-                self._loginSucceeded,
-                self._loginFailed,
-                callbackArgs=(hello,),
-                errbackArgs=(hello,),
+            checking = self._checking = checkPassword(
+                self.broker,
+                self.gatekeeper,
+                credentials,
+                hello.clientId,
+                self._host,
+                hello.id,
+                self._answering,
             )
+            checking.addCallbacks(self._loginSucceeded, self._loginFailed, callbackArgs=(hello,))
+
+    def _answering(self):
+        """
+        Who answers a refused login: this connection, unless it is gone.
+        """
+        return self if self._attached else None
 
     def _loginSucceeded(self, user, hello):
         self._checking = None
@@ -479,7 +485,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         self.sweep.add(self)
         self.resumeReading(LOGIN_CHECK)
 
-    def _loginFailed(self, failure, hello):
+    def _loginFailed(self, failure):
         """
         Refuse the login and close the connection, as Mosquitto does: a
         client has one try per connection.
@@ -488,28 +494,9 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         if failure.check(CancelledError):
             # The connection was lost while its check waited.
             return
-        if failure.check(TooManyChecks):
-            error = failure.value
-            self._stopLoginDeadline()
-            self.refuse(
-                self.broker.refusedByLimit(
-                    self, error.limit, error.maximum, error.reason, hello.id
-                ),
-                fatal=True,
-            )
-            return
-        refused = failure.check(LoginFailed)
-        if not refused:
-            self._log.failure("checking a password failed", failure)
-        if not self._attached:
-            return
+        failure.trap(LoginRefused)
         self._stopLoginDeadline()
-        if refused:
-            self.broker.loginFailed(self, failure.value.shownUser)
-            reason = "bad user name or password"
-        else:
-            reason = "the broker could not check the password (see its log)"
-        self.refuse(RequestError(BAD_CREDENTIALS, reason, hello.id), fatal=True)
+        self.refuse(failure.value.error, fatal=True)
 
     def _loginTimedOut(self):
         self._loginDeadline = None
