@@ -35,6 +35,7 @@ Where the specifications let a server choose, this does what Mosquitto
 
 import uuid
 
+from twisted.internet.defer import CancelledError
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Protocol, ServerFactory
 from twisted.logger import Logger
@@ -81,8 +82,9 @@ from dallal.protocol.mqtt import (
     encodeProperties,
     encodePublishHeader,
 )
-from dallal.security.auth import LOGIN_TIMEOUT, LoginFailed
+from dallal.security.auth import LOGIN_TIMEOUT
 from dallal.server.addresses import formatAddress
+from dallal.server.login import PASSWORD_NEEDED, LoginRefused, checkPassword, userWithoutPassword
 from dallal.server.streams import CONGESTION, LOGIN_CHECK, OUTPUT_FULL, ReadPause, WriteBatch
 from dallal.topictree import SubscriptionTree
 
@@ -546,11 +548,9 @@ class MQTTProtocol(Protocol):
         )
         self._attached = True
         self.broker.attach(self, config.delivery.replace(maxInflight=window, ackTimeout=None))
-        gatekeeper = self.gatekeeper
-        if gatekeeper is None:
-            self._accept(connect, clientId, assigned, None)
-        elif not gatekeeper.loginRequired:
-            self._accept(connect, clientId, assigned, gatekeeper.anonymous(clientId))
+        user = userWithoutPassword(self.gatekeeper, clientId)
+        if user is not PASSWORD_NEEDED:
+            self._accept(connect, clientId, assigned, user)
         elif connect.username is None:
             # As Mosquitto without allow_anonymous.
             self._refuseConnect(
@@ -561,11 +561,25 @@ class MQTTProtocol(Protocol):
         else:
             # Read nothing more until the password is checked.
             self.pauseReading(LOGIN_CHECK)
-            gatekeeper.login(connect.username, connect.password or b"", clientId).addCallbacks(
+            checkPassword(
+                self.broker,
+                self.gatekeeper,
+                (connect.username, connect.password or b""),
+                clientId,
+                self._host,
+                NO_ID,
+                self._answering,
+            ).addCallbacks(
                 self._loginSucceeded,
                 self._loginFailed,
                 callbackArgs=(connect, clientId, assigned),
             )
+
+    def _answering(self):
+        """
+        Who answers a refused login: this connection, unless it is gone.
+        """
+        return self if self._attached else None
 
     def _loginSucceeded(self, user, connect, clientId, assigned):
         if not self._attached:
@@ -575,25 +589,22 @@ class MQTTProtocol(Protocol):
         self.resumeReading(LOGIN_CHECK)
 
     def _loginFailed(self, failure):
-        refused = failure.check(LoginFailed)
-        if not refused:
-            self._log.failure("checking a password failed", failure)
-        if not self._attached:
+        if failure.check(CancelledError):
+            # The connection was lost while its check waited.
             return
-        if refused:
-            self.broker.loginFailed(self, failure.value.shownUser)
+        failure.trap(LoginRefused)
+        refused = failure.value
+        if refused.checked:
             # Mosquitto (2.0) answers a wrong password as "not authorized",
             # which tells a guesser nothing more.
             self._refuseConnect(
-                ReasonCode.NOT_AUTHORIZED,
-                ConnectReturnCode.NOT_AUTHORIZED,
-                "bad user name or password",
+                ReasonCode.NOT_AUTHORIZED, ConnectReturnCode.NOT_AUTHORIZED, refused.error.reason
             )
         else:
             self._refuseConnect(
                 ReasonCode.SERVER_UNAVAILABLE,
                 ConnectReturnCode.SERVER_UNAVAILABLE,
-                "the broker could not check the password (see its log)",
+                refused.error.reason,
             )
 
     def _refuseConnect(self, reasonCode, returnCode, why):
