@@ -36,7 +36,6 @@ Where the specifications let a server choose, this does what Mosquitto
 import uuid
 
 from twisted.internet.defer import CancelledError
-from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Protocol, ServerFactory
 from twisted.logger import Logger
 from zope.interface import implementer
@@ -85,7 +84,14 @@ from dallal.protocol.mqtt import (
 from dallal.security.auth import LOGIN_TIMEOUT
 from dallal.server.addresses import formatAddress
 from dallal.server.login import PASSWORD_NEEDED, LoginRefused, checkPassword, userWithoutPassword
-from dallal.server.streams import CONGESTION, LOGIN_CHECK, OUTPUT_FULL, ReadPause, WriteBatch
+from dallal.server.streams import (
+    CONGESTION,
+    LOGIN_CHECK,
+    OUTPUT_FULL,
+    BoundedOutput,
+    ReadPause,
+    WriteBatch,
+)
 from dallal.topictree import SubscriptionTree
 
 # What a packet may carry beyond the largest payload the broker takes: its
@@ -239,28 +245,6 @@ class _Outgoing:
         self.released = False
 
 
-@implementer(IPushProducer)
-class _OutputValve:
-    """
-    Registered with the transport, which tells it when the connection's
-    write buffer fills and drains: the protocol itself cannot be the
-    producer, whose C{pauseProducing} would pause its reading.
-    """
-
-    def __init__(self, protocol):
-        self.protocol = protocol
-
-    def pauseProducing(self):
-        self.protocol.outputFull()
-
-    def resumeProducing(self):
-        self.protocol.outputDrained()
-
-    def stopProducing(self):
-        # The connection is closing; connectionLost detaches the session.
-        pass
-
-
 class ProtocolViolation(Exception):
     """
     The client broke a rule of the session (not of a packet's form): the
@@ -273,7 +257,7 @@ class ProtocolViolation(Exception):
 
 
 @implementer(ISubscriber)
-class MQTTProtocol(Protocol):
+class MQTTProtocol(Protocol, BoundedOutput):
     """
     One MQTT client of the broker.
 
@@ -326,7 +310,6 @@ class MQTTProtocol(Protocol):
         # id, None to ack it or the reason it is dropped).
         self._toSettle = []
         self._settleCall = None
-        self._output = []
 
     # Connection
 
@@ -334,7 +317,7 @@ class MQTTProtocol(Protocol):
         self.factory.connections.opened(self._host)
         self.peer = formatAddress(self.transport.getPeer())
         self._lastHeard = self.clock.seconds()
-        self.transport.registerProducer(_OutputValve(self), True)
+        self.startOutput()
         # The spec asks a server to close a connection that sends no
         # CONNECT in a reasonable time (3.1.4).
         self._connectDeadline = self.clock.callLater(self._connectTimeout(), self._connectTimedOut)
@@ -345,7 +328,7 @@ class MQTTProtocol(Protocol):
     def connectionLost(self, reason):
         # Nothing more is written, not even to this client's own will.
         self._closing = True
-        self._output = []
+        self.dropOutput()
         self._cancel("_connectDeadline")
         self._cancel("_keepAliveTimer")
         self._cancel("_settleCall")
@@ -367,29 +350,10 @@ class MQTTProtocol(Protocol):
 
     def _close(self):
         """
-        Close the connection once what was written is sent (see
-        L{dallal.server.tcp.BrokerProtocol._close} for the producer).
+        Close the connection once what was written is sent.
         """
         self._closing = True
-        if not self.transport.disconnecting:
-            self.flushOutput()
-            self.transport.unregisterProducer()
-            self.transport.loseConnection()
-
-    def outputFull(self):
-        """
-        The write buffer is full: hold this client's messages in the
-        broker, and read nothing more from it until it drains.
-        """
-        if self._attached:
-            self.broker.pauseDelivery(self)
-        self.pauseReading(OUTPUT_FULL)
-
-    def outputDrained(self):
-        self.resumeReading(OUTPUT_FULL)
-        if self._attached:
-            # What waited in the outbox goes out in one write.
-            self.batch.run(self.broker.resumeDelivery, self)
+        self.closeAfterOutput()
 
     def pauseReading(self, reason):
         """
@@ -414,23 +378,9 @@ class MQTTProtocol(Protocol):
     def resumePublishing(self):
         self.resumeReading(CONGESTION)
 
-    def _write(self, data):
-        if self._closing or self.transport.disconnecting:
-            return
-        if self.batch.open:
-            if not self._output:
-                self.batch.holdFor(self)
-            self._output.append(data)
-        else:
-            self.transport.write(data)
-
-    def flushOutput(self):
-        """
-        Write what this connection collected during a L{WriteBatch}.
-        """
-        output, self._output = self._output, []
-        if output and not self.transport.disconnecting:
-            self.transport.write(b"".join(output))
+    def _writePacket(self, data):
+        if not (self._closing or self.transport.disconnecting):
+            self._write((data,))
 
     def _send(self, packet):
         encoded = packet.encode(self.version)
@@ -440,7 +390,7 @@ class MQTTProtocol(Protocol):
             # make it larger than the client takes [MQTT-3.1.2-25].
             packet.properties = NO_PROPERTIES
             encoded = packet.encode(self.version)
-        self._write(encoded)
+        self._writePacket(encoded)
 
     # Incoming packets
 
@@ -493,7 +443,7 @@ class MQTTProtocol(Protocol):
         if not self._accepted:
             if reasonCode == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
                 # [MQTT-3.1.2-2]: in the 3.1.1 form, which every client reads.
-                self._write(
+                self._writePacket(
                     ConnAck(reasonCode=ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION).encode(
                         MQTT_3_1_1
                     )
@@ -689,7 +639,7 @@ class MQTTProtocol(Protocol):
         # [MQTT-3.1.2-24]: as if the network failed, so the will goes out.
         self.broker.clientDropped(self, 1)
         self._closeReason = "missed_pings"
-        self._output = []
+        self.dropOutput()
         self.transport.abortConnection()
 
     def _pingReceived(self, packet):
@@ -713,7 +663,7 @@ class MQTTProtocol(Protocol):
             self._close()
         else:
             # A slow consumer's buffer may never drain: don't wait for it.
-            self._output = []
+            self.dropOutput()
             self.transport.abortConnection()
 
     def _publishWill(self):
@@ -982,8 +932,7 @@ class MQTTProtocol(Protocol):
         elif deliveryId is not None:
             # Delivered at QoS 0 for a QoS 1 or 2 subscription: no ack comes.
             self._settleLater(deliveryId, None)
-        self._write(header)
-        self._write(message.payload)
+        self._write((header, message.payload))
 
     def _grantedFor(self, topic, subscriptionId):
         """

@@ -264,7 +264,7 @@ class Options(usage.Options):
             "max-output-bytes",
             None,
             _config.maxOutputBytes,
-            "Bytes written to a TCP client whose socket buffer is already full "
+            "Bytes written to a TCP or MQTT client whose socket buffer is already full "
             "(answers it does not read); over it the connection is closed. The "
             "broker stops reading its requests meanwhile.",
             _number("max-output-bytes"),
