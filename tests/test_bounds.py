@@ -10,10 +10,9 @@ leaves (C{--max-retained}, C{--max-retained-bytes}).
 import tracemalloc
 
 import pytest
-from helpers import PING_INTERVAL, BrokerHarness
+from helpers import PING_INTERVAL, BrokerHarness, UdpHarness
 from test_auth import USERS, PendingChecks, credentialOptions, udpHello
 from test_topics_core import MemoryRetained, document
-from test_udp import UdpHarness
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
