@@ -81,7 +81,8 @@ def test_connectionsPerAddress():
     harness.connect("10.0.0.1"), harness.connect("10.0.0.1")
     refused = harness.connect("10.0.0.1")
     assert refused.received() == (
-        b"ERR - TOO_MANY_CLIENTS the broker has its maximum of 2 connections from 10.0.0.1\r\n"
+        b"ERR - TOO_MANY_CLIENTS the broker has its maximum of 2 connections from 10.0.0.1: "
+        b"try again later\r\n"
     )
     assert refused.closing
     other = harness.connect("10.0.0.2")

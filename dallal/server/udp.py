@@ -67,6 +67,7 @@ from dallal.limits import (
     UDP_ANSWER_BYTES_TOTAL,
     UDP_CLIENTS,
     UDP_CLIENTS_PER_IP,
+    ConnectionTable,
     LogWindow,
     RateTable,
 )
@@ -523,8 +524,14 @@ class BrokerDatagramProtocol(DatagramProtocol):
         # How many sessions are at each address: those addresses have
         # proved they receive.
         self._sessionAddresses = Counter()
-        # How many sessions are at each host, for --max-udp-clients-per-ip.
-        self._sessionHosts = Counter()
+        # How many sessions there are, in all and at each host.
+        config = self.broker.config
+        self._clients = ConnectionTable(
+            config.maxUdpClients,
+            config.maxUdpClientsPerIp,
+            (UDP_CLIENTS, UDP_CLIENTS_PER_IP),
+            "UDP clients",
+        )
         # (host, port) -> [bytes received, bytes sent], for the others.
         self._unproven = OrderedDict()
         # Hellos each source host may still say (each costs an HMAC).
@@ -628,13 +635,13 @@ class BrokerDatagramProtocol(DatagramProtocol):
 
     def _arrive(self, address):
         self._sessionAddresses[address] += 1
-        self._sessionHosts[address[0]] += 1
+        self._clients.opened(address[0])
 
     def _leave(self, address):
-        for counts, key in ((self._sessionAddresses, address), (self._sessionHosts, address[0])):
-            counts[key] -= 1
-            if not counts[key]:
-                del counts[key]
+        self._sessionAddresses[address] -= 1
+        if not self._sessionAddresses[address]:
+            del self._sessionAddresses[address]
+        self._clients.closed(address[0])
 
     def serves(self, session):
         """
@@ -857,32 +864,16 @@ class BrokerDatagramProtocol(DatagramProtocol):
 
         @return: whether it was refused.
         """
-        config = self.broker.config
-        host = address[0]
-        for limit, maximum, held, source in (
-            (UDP_CLIENTS, config.maxUdpClients, len(self._sessions), ""),
-            (
-                UDP_CLIENTS_PER_IP,
-                config.maxUdpClientsPerIp,
-                self._sessionHosts[host],
-                f" from {host}",
-            ),
-        ):
-            if held >= maximum:
-                self._refuse(
-                    self.broker.refusedByLimit(
-                        _Stranger(address),
-                        limit,
-                        maximum,
-                        f"the broker has its maximum of {maximum} UDP clients{source}: "
-                        "try again later",
-                        hello.id,
-                    ),
-                    address,
-                    proven=True,
-                )
-                return True
-        return False
+        refusal = self._clients.refusal(address[0])
+        if refusal is None:
+            return False
+        limit, maximum, reason = refusal
+        self._refuse(
+            self.broker.refusedByLimit(_Stranger(address), limit, maximum, reason, hello.id),
+            address,
+            proven=True,
+        )
+        return True
 
     # Logins
 
