@@ -87,12 +87,24 @@ _count = _number()
 _interval = _number(kind=float, zero=True)
 
 
-def _userName(text):
-    try:
-        checkUserName(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from error
-    return text
+def _checked(check):
+    """
+    An argparse converter that takes a value C{check} passes as it is:
+    argparse shows the ValueError C{check} raises as one line.
+    """
+
+    def convert(text):
+        try:
+            check(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from error
+        return text
+
+    return convert
+
+
+_userName = _checked(checkUserName)
+_name = _checked(checkNickname)
 
 
 def buildParser():
@@ -314,14 +326,6 @@ def buildParser():
 
 def _paragraph(text):
     return textwrap.fill(text, width=79)
-
-
-def _name(text):
-    try:
-        checkNickname(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from error
-    return text
 
 
 def _plainTopic(text):
