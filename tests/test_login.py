@@ -9,9 +9,12 @@ from twisted.internet.defer import CancelledError, Deferred, fail, succeed
 from dallal.errors import BAD_CREDENTIALS, NOT_AUTHORIZED, RequestError
 from dallal.security.auth import LoginFailed, TooManyChecks
 from dallal.server.login import (
+    CHECK_FAILED,
     PASSWORD_NEEDED,
+    TOO_MANY_CHECKS,
     UNCHECKED,
     WRONG_CREDENTIALS,
+    WRONG_PASSWORD,
     LoginRefused,
     checkPassword,
     loginRequired,
@@ -85,11 +88,11 @@ def test_wrongPasswordIsCountedAndAnsweredAsBadCredentials():
     )
     assert failure.check(LoginRefused)
     error = failure.value.error
-    assert (error.code, error.reason, error.requestId, failure.value.checked) == (
+    assert (error.code, error.reason, error.requestId, failure.value.cause) == (
         BAD_CREDENTIALS,
         WRONG_CREDENTIALS,
         "1",
-        True,
+        WRONG_PASSWORD,
     )
     assert broker.failed == [("client", "alice")]
 
@@ -100,7 +103,7 @@ def test_tooManyChecksIsRefusedByItsLimit():
     failure = refusal(
         checkPassword(broker, gatekeeper, ("alice", b"x"), "c", None, "1", lambda: "client")
     )
-    assert (failure.value.error.code, failure.value.checked) == ("LIMIT", False)
+    assert (failure.value.error.code, failure.value.cause) == ("LIMIT", TOO_MANY_CHECKS)
     assert broker.limited == [("client", "pending_logins", 5)]
     assert broker.failed == []
 
@@ -111,7 +114,7 @@ def test_aCheckerThatFailsIsLoggedAndAnsweredUnchecked():
     failure = refusal(
         checkPassword(broker, gatekeeper, ("alice", b"x"), "c", None, "1", lambda: "client")
     )
-    assert (failure.value.error.reason, failure.value.checked) == (UNCHECKED, False)
+    assert (failure.value.error.reason, failure.value.cause) == (UNCHECKED, CHECK_FAILED)
     assert broker.failed == []
 
 

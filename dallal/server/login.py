@@ -4,8 +4,8 @@ and UDP, MQTT): which clients need a password, checking it in the
 L{dallal.security.auth.Gatekeeper}'s queue, and what the broker counts, logs
 and answers when the check refuses it.
 
-The transports differ only in how they ask (C{HELLO}, C{CONNECT}) and
-answer.
+The transports differ only in how they ask (C{HELLO}, C{CONNECT}, HTTP
+Basic credentials) and answer.
 """
 
 from twisted.internet.defer import CancelledError
@@ -52,20 +52,27 @@ def loginRequired(usage, requestId):
     return RequestError(NOT_AUTHORIZED, f"this broker requires a login: {usage}", requestId)
 
 
+# Why a login was refused (L{LoginRefused.cause}): its password was
+# checked and is wrong (or its user unknown), too many logins were waiting
+# for their check, or the checker failed.
+WRONG_PASSWORD = "wrong_password"
+TOO_MANY_CHECKS = "too_many_checks"
+CHECK_FAILED = "check_failed"
+
+
 class LoginRefused(Exception):
     """
     A login the broker refused, counted and logged.
 
     @ivar error: the L{RequestError} to answer it with.
-    @ivar checked: whether the password was checked and found wrong (else
-        the broker could not check it: too many logins waited, or its
-        checker failed).
+    @ivar cause: why: L{WRONG_PASSWORD}, L{TOO_MANY_CHECKS} or
+        L{CHECK_FAILED}.
     """
 
-    def __init__(self, error, checked):
+    def __init__(self, error, cause):
         Exception.__init__(self, error)
         self.error = error
-        self.checked = checked
+        self.cause = cause
 
 
 def checkPassword(broker, gatekeeper, credentials, clientId, host, requestId, answering):
@@ -92,18 +99,22 @@ def checkPassword(broker, gatekeeper, credentials, clientId, host, requestId, an
 def _refused(failure, broker, requestId, answering):
     if failure.check(CancelledError):
         return failure
-    wrong = failure.check(LoginFailed)
-    if not wrong and not failure.check(TooManyChecks):
+    if failure.check(LoginFailed):
+        cause = WRONG_PASSWORD
+    elif failure.check(TooManyChecks):
+        cause = TOO_MANY_CHECKS
+    else:
+        cause = CHECK_FAILED
         _log.failure("checking a password failed", failure)
     client = answering()
     if client is None:
         raise CancelledError("nobody is left to answer the login")
-    if failure.check(TooManyChecks):
+    if cause == TOO_MANY_CHECKS:
         busy = failure.value
         error = broker.refusedByLimit(client, busy.limit, busy.maximum, busy.reason, requestId)
-    elif wrong:
+    elif cause == WRONG_PASSWORD:
         broker.loginFailed(client, failure.value.shownUser)
         error = RequestError(BAD_CREDENTIALS, WRONG_CREDENTIALS, requestId)
     else:
         error = RequestError(BAD_CREDENTIALS, UNCHECKED, requestId)
-    raise LoginRefused(error, checked=bool(wrong))
+    raise LoginRefused(error, cause)

@@ -83,7 +83,13 @@ from dallal.protocol.mqtt import (
 )
 from dallal.security.auth import LOGIN_TIMEOUT
 from dallal.server.addresses import formatAddress
-from dallal.server.login import PASSWORD_NEEDED, LoginRefused, checkPassword, userWithoutPassword
+from dallal.server.login import (
+    PASSWORD_NEEDED,
+    WRONG_PASSWORD,
+    LoginRefused,
+    checkPassword,
+    userWithoutPassword,
+)
 from dallal.server.streams import (
     CONGESTION,
     LOGIN_CHECK,
@@ -544,7 +550,7 @@ class MQTTProtocol(Protocol, BoundedOutput):
             return
         failure.trap(LoginRefused)
         refused = failure.value
-        if refused.checked:
+        if refused.cause == WRONG_PASSWORD:
             # Mosquitto (2.0) answers a wrong password as "not authorized",
             # which tells a guesser nothing more.
             self._refuseConnect(
