@@ -321,37 +321,43 @@ class LimitLog:
 
 class ConnectionTable:
     """
-    The connections of a listener (or several) now, in all and per host,
-    against their limits.
+    The clients of a listener (or several) now, in all and per host,
+    against their limits: the connections of the stream listeners, or the
+    sessions of the UDP port.
+
+    @param limits: the L{Limit}s of the total and of a host's.
+    @param clients: what the refusal says the broker holds its maximum of.
     """
 
-    def __init__(self, maxTotal, maxPerHost):
+    def __init__(
+        self, maxTotal, maxPerHost, limits=(CONNECTIONS, CONNECTIONS_PER_IP), clients="connections"
+    ):
         self.maxTotal = maxTotal
         self.maxPerHost = maxPerHost
+        self.totalLimit, self.perHostLimit = limits
+        self.clients = clients
         self.total = 0
         self.perHost = Counter()
 
     def refusal(self, host):
         """
-        Whether one more connection from C{host} would break a limit.
+        Whether one more client from C{host} would break a limit.
 
         @param host: the client's address, or C{None} for a transport
             without one (a UNIX socket): only the total applies.
         @return: C{(limit, maximum, reason)} if so, else C{None}.
         """
         if self.total >= self.maxTotal:
-            return (
-                CONNECTIONS,
-                self.maxTotal,
-                f"the broker has its maximum of {self.maxTotal} connections: try again later",
-            )
-        if host is not None and self.perHost[host] >= self.maxPerHost:
-            return (
-                CONNECTIONS_PER_IP,
-                self.maxPerHost,
-                f"the broker has its maximum of {self.maxPerHost} connections from {host}",
-            )
-        return None
+            maximum, limit, source = self.maxTotal, self.totalLimit, ""
+        elif host is not None and self.perHost[host] >= self.maxPerHost:
+            maximum, limit, source = self.maxPerHost, self.perHostLimit, f" from {host}"
+        else:
+            return None
+        return (
+            limit,
+            maximum,
+            f"the broker has its maximum of {maximum} {self.clients}{source}: try again later",
+        )
 
     def opened(self, host):
         self.total += 1

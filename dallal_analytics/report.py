@@ -21,8 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
+from dallal.numbers import positiveNumber
 from dallal_analytics import htmlreport, incremental, parse, questions
-from dallal_analytics.session import buildSession
+from dallal_analytics.sparksession import buildSession
 
 DEFAULT_WINDOW_SECONDS = 60
 UNPARSED_EXAMPLES = 5
@@ -94,13 +95,7 @@ def positiveCount(text):
     """
     A whole number above zero, for C{--shuffle-partitions}.
     """
-    try:
-        count = int(text)
-    except ValueError:
-        count = 0
-    if count < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number above 0, got {text!r}")
-    return count
+    return positiveNumber(text, error=argparse.ArgumentTypeError)
 
 
 class Progress:

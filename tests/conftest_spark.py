@@ -25,7 +25,7 @@ def spark(tmp_path_factory):
     A local[2] SparkSession with its scratch files under pytest's tmp path.
     """
     requireJava()
-    from dallal_analytics.session import buildSession
+    from dallal_analytics.sparksession import buildSession
 
     session = buildSession(
         master="local[2]",

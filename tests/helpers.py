@@ -29,6 +29,7 @@ from dallal.protocol import wire
 from dallal.security.acl import parseAcl
 from dallal.security.auth import BrokerRealm, Gatekeeper, PasswordFileChecker
 from dallal.security.passwords import PasswordHash
+from dallal.server import udp
 from dallal.server.service import DallalService
 
 REPO = Path(__file__).resolve().parent.parent
@@ -590,16 +591,18 @@ def dallal(*arguments, timeout=COMMAND_TIMEOUT, executable=DALLAL, env=None, inp
     )
 
 
-def subscriber(port, *topics, host="127.0.0.1", prefix=(), mode=None):
+def subscriber(port, *topics, host="127.0.0.1", prefix=(), mode=None, udp=False):
     """
     Start C{dallal subscribe} (with C{--mode}, if given) and wait until it
     says it is subscribed.
 
     @param prefix: a command that runs it (C{ip netns exec ...}).
+    @param udp: whether it subscribes over UDP (C{dallal --udp}).
     """
     modeOption = [] if mode is None else ["--mode", mode]
+    udpOption = ["--udp"] if udp else []
     process = OutputCollector(
-        [*prefix, DALLAL, host, port, "subscribe", *modeOption, *topics], None
+        [*prefix, DALLAL, *udpOption, host, port, "subscribe", *modeOption, *topics], None
     )
     try:
         process.waitFor(re.escape(b"subscribing on " + " ".join(topics).encode() + b"\n"))
@@ -709,3 +712,99 @@ class Subscriber:
         if self.collector.process.poll() is None:
             self.signal(signal.SIGCONT)
         return self.collector.terminate()
+
+
+# The broker over UDP
+
+UDP_SECRET = b"a fixed secret for the tests...."
+UDP_BROKER = ("127.0.0.1", 1234)
+TOKEN = re.compile(rb"token=(\S+)")
+KEY = re.compile(rb" key=([A-Za-z0-9_-]{22})(?: |\r\n)")
+
+
+class UdpHarness(BrokerHarness):
+    """
+    A L{BrokerHarness} (broker core, ping sweep and TCP factory on a Clock)
+    with a UDP port on the same core.
+    """
+
+    def __init__(self, *arguments, **keywords):
+        BrokerHarness.__init__(self, *arguments, **keywords)
+        self.udp = udp.BrokerDatagramProtocol(
+            self.broker, self.sweep, ackTimeout=1.0, secret=UDP_SECRET, gatekeeper=self.gatekeeper
+        )
+        self.transport = FakeDatagramTransport(UDP_BROKER)
+        self.udp.makeConnection(self.transport)
+
+    def peer(self, port, host="127.0.0.1"):
+        return Peer(self, (host, port))
+
+    @property
+    def answers(self):
+        return self.udp.answers
+
+    def bytesSentTo(self, address):
+        return sum(len(data) for data, to in self.transport.written if to == address)
+
+    def counter(self, name):
+        return self.broker.stats()[name]
+
+
+class Peer:
+    """
+    An address datagrams come from, typed by hand as a person with
+    C{nc -u} would, and what the broker sent back to it.
+    """
+
+    def __init__(self, harness, address):
+        self.harness = harness
+        self.address = address
+        self.sentBytes = 0
+        self.token = None
+        self.clientId = None
+        self.key = None
+        self._seen = 0
+
+    def send(self, data):
+        self.sentBytes += len(data)
+        self.harness.udp.datagramReceived(data, self.address)
+
+    def received(self):
+        """
+        The datagrams the broker sent here since the last call.
+        """
+        mine = [data for data, to in self.harness.transport.written if to == self.address]
+        new, self._seen = mine[self._seen :], len(mine)
+        return new
+
+    def hello(self, clientId="client-1", key=None):
+        """
+        Both HELLOs: get a token, then start (or resume) the session, and
+        keep the session's key the broker answers.
+
+        @param key: the session key to echo, to resume a session from here.
+        @return: the broker's answer to the second.
+        """
+        self.send(b"HELLO 1 %s\r\n" % clientId.encode())
+        [answer] = self.received()
+        self.token = TOKEN.search(answer).group(1)
+        self.clientId = clientId
+        keyOption = b"" if key is None else b" key=" + key
+        self.send(b"HELLO 2 %s token=%s%s\r\n" % (clientId.encode(), self.token, keyOption))
+        [answer] = self.received()
+        found = KEY.search(answer)
+        if found is not None:
+            self.key = found.group(1)
+        return answer
+
+    def request(self, line, payload=None):
+        """
+        Send a request with this peer's identity.
+        """
+        data = line + b" client=%s token=%s\r\n" % (self.clientId.encode(), self.token)
+        if payload is not None:
+            data += payload + b"\r\n"
+        self.send(data)
+
+    def publish(self, requestId, topic, payload):
+        self.request(b"PUB %s %s %d" % (requestId, topic, len(payload)), payload)

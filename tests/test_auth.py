@@ -14,13 +14,14 @@ import pytest_twisted
 from helpers import (
     CHEAP_SCRYPT,
     PING_INTERVAL,
+    TOKEN,
     BrokerHarness,
+    UdpHarness,
     decodeFrames,
     makeGatekeeper,
     messages,
 )
 from test_topics_core import MemoryRetained
-from test_udp import TOKEN, UdpHarness
 from twisted.cred.checkers import ANONYMOUS
 from twisted.cred.credentials import UsernamePassword
 from twisted.cred.error import UnauthorizedLogin
@@ -309,7 +310,7 @@ def test_nothingButHelloPingAndByeBeforeLogin(secured, sent, answer):
 
 
 # The error codes of logins and permissions, on the side (open or closed)
-# PROTOCOL.md gives them; test_tcp_protocol checks the table against this.
+# PROTOCOL.md gives them; test_server_tcp checks the table against this.
 # (what is sent, having logged in as, seconds waited, the ERR, whether the
 # connection closes)
 AUTH_ERRORS = [

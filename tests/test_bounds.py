@@ -10,16 +10,17 @@ leaves (C{--max-retained}, C{--max-retained-bytes}).
 import tracemalloc
 
 import pytest
-from helpers import PING_INTERVAL, BrokerHarness
+from helpers import PING_INTERVAL, BrokerHarness, UdpHarness
 from test_auth import USERS, PendingChecks, credentialOptions, udpHello
 from test_topics_core import MemoryRetained, document
-from test_udp import UdpHarness
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from dallal.broker.core import BrokerConfig
+from dallal.protocol.mqtt import MQTT_3_1_1, ConnAck, Connect, PingReq, PingResp
 from dallal.security.auth import FAILURE_DELAY, MAX_CONCURRENT_CHECKS, CheckQueue
-from dallal.server.tcp import OUTPUT_SOFT_MARK, TURN_SECONDS
+from dallal.server.streams import OUTPUT_SOFT_MARK
+from dallal.server.tcp import TURN_SECONDS
 from dallal.server.udp import ANSWER_BOOKKEEPING, LOGIN_RESEND_TIMEOUT, AnswerCache
 
 
@@ -126,6 +127,29 @@ def test_outputWhileFullUpToTheBound():
     assert disconnect["reason"] == "output_limit"
 
 
+def test_mqttOutputWhileFullUpToTheBound():
+    """
+    MQTT connections are bounded by --max-output-bytes too: here a client
+    whose transport is full is answered the PINGREQs it sent before (a
+    PINGRESP is 2 bytes) up to the bound, and is closed over it, counted
+    and logged.
+    """
+    harness = BrokerHarness(BrokerConfig(maxOutputBytes=2, messageEvents=True))
+    client = harness.connect(transport=FillingTransport(), factory=harness.service.mqttFactory)
+    client.send(Connect("c", MQTT_3_1_1).encode(MQTT_3_1_1))
+    assert client.received() == ConnAck().encode(MQTT_3_1_1)
+    client.transport.producer.pauseProducing()
+    client.send(PingReq().encode(MQTT_3_1_1))
+    assert client.received() == PingResp().encode(MQTT_3_1_1)
+    assert not client.closing
+    client.send(PingReq().encode(MQTT_3_1_1))
+    assert client.closing
+    client.lose()
+    assertRefusedBy(harness, "output_bytes", 2)
+    [disconnect] = harness.fields("disconnect")
+    assert (disconnect["transport"], disconnect["reason"]) == ("mqtt", "output_limit")
+
+
 # A stream of errors
 
 
@@ -162,7 +186,7 @@ def test_aRequestCarriedOutEndsTheRun(carriedOut):
     assert not client.closing
 
 
-def test_aUdpSessionEndedAfterConsecutiveErrors():
+def test_aUdpClientEndedAfterConsecutiveErrors():
     """
     Over UDP too: a session whose requests are refused ten times in a row
     (garbage, or requests the broker refuses) gets TOO_MANY_ERRORS after

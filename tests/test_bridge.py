@@ -761,7 +761,7 @@ def test_parseBridge():
         ("hub=tcp:h:1,colour=red", "hub: unknown option 'colour=red'"),
         ("hub=tcp:h:1,user=leaf-1", "hub: user= and one of password-file= or password-env="),
         ("hub=tcp:h:1,password-env=HUB_PW", "hub: user= and one of password-file= or"),
-        ("hub=tcp:h:1,user=le af,password-env=HUB_PW", "hub: bad user name 'le af'"),
+        ("hub=tcp:h:1,user=le af,password-env=HUB_PW", "hub: user name 'le af' must be"),
         ("hub=tcp:h:1,user=l,password-env=NONE", "the environment has no variable 'NONE'"),
         ("hub=tcp:h:1,user=l,password-env=EMPTY", "the password in EMPTY is empty"),
         ("hub=tcp:h:1,user=l,password-file=/no/pw", "cannot read the password from /no/pw"),

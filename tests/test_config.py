@@ -113,7 +113,7 @@ def test_optionsThatAreNotSettingsAreNoKeys(tmp_path, name):
             'sys-interval = "soon"',
             "dallal.toml: sys-interval must be a number, positive or 0, not 'soon'",
         ),
-        ("udp = 70000", "dallal.toml: udp: port 70000 is not in 0-65535"),
+        ("udp = 70000", "dallal.toml: udp must be a whole number from 0 to 65535, not '70000'"),
         ("max-queued = true", "dallal.toml: max-queued takes a string or a number, not true"),
         ("max-queued = [1, 2]", "dallal.toml: max-queued takes a string or a number, not a list"),
         ("max-queued = {a = 1}", "dallal.toml: max-queued takes a string or a number, not a table"),
@@ -124,7 +124,7 @@ def test_optionsThatAreNotSettingsAreNoKeys(tmp_path, name):
             "dallal.toml: message-events is a flag: true or false, not 'yes'",
         ),
         # Values checked once all options are read.
-        ('tcp = ["70000"]', "dallal.toml: tcp: port 70000 is not in 0-65535"),
+        ('tcp = ["70000"]', "dallal.toml: tcp must be a whole number from 0 to 65535, not '70000'"),
         ('name = "a b"', "dallal.toml: name: "),
         ('bridge = ["nothing"]', "dallal.toml: bridge "),
         (

@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from helpers import DALLAL, BrokerProcess, OutputCollector, dallal, subscriber
+from helpers import BrokerProcess, dallal, subscriber
 
 pytestmark = pytest.mark.e2e
 
@@ -46,23 +46,6 @@ def broker(tmp_path):
         server.process.stop()
 
 
-def udpSubscriber(port, *arguments):
-    """
-    Start C{dallal --udp ... subscribe} and wait until it says it is
-    subscribed.
-    """
-    topics = [argument for argument in arguments if not argument.startswith("-")]
-    if "--mode" in arguments:
-        topics.remove(arguments[arguments.index("--mode") + 1])
-    process = OutputCollector([DALLAL, "--udp", "127.0.0.1", port, "subscribe", *arguments], None)
-    try:
-        process.waitFor(re.escape(b"subscribing on " + " ".join(topics).encode() + b"\n"))
-    except BaseException:
-        process.kill()
-        raise
-    return process
-
-
 def stopSubscriber(process):
     """
     Stop a subscriber as a person would, with SIGTERM: it exits with 0.
@@ -88,7 +71,7 @@ def test_udpPublishReachesATcpSubscriber(broker):
 
 
 def test_tcpPublishReachesAUdpSubscriber(broker):
-    listener = udpSubscriber(broker.udpPort, "news", "sport")
+    listener = subscriber(broker.udpPort, "news", "sport", udp=True)
     try:
         result = dallal("127.0.0.1", broker.tcpPort, "publish", "sport", "from tcp")
         assert (result.stdout, result.returncode) == (PUBLISHED, 0)
@@ -100,7 +83,7 @@ def test_tcpPublishReachesAUdpSubscriber(broker):
 
 def test_60KBPayloadArrivesIntact(broker):
     payload = "".join(random.Random(7).choices(string.ascii_letters + string.digits, k=60_000))
-    listener = udpSubscriber(broker.udpPort, "big")
+    listener = subscriber(broker.udpPort, "big", udp=True)
     try:
         result = udpPublish(broker.udpPort, "big", payload)
         assert (result.stdout, result.returncode) == (PUBLISHED, 0)
@@ -124,7 +107,7 @@ def test_pingIntervalFromTheBrokerKeepsTheClientAlive(tmp_path):
     """
     server = UdpBroker(tmp_path, "--ping-interval", "1")
     try:
-        listener = udpSubscriber(server.udpPort, "news")
+        listener = subscriber(server.udpPort, "news", udp=True)
         try:
             time.sleep(4)
             connect = re.search(
@@ -157,7 +140,7 @@ def test_subscriberReportsMissingPongsAndKeepsGoing(tmp_path):
     """
     server = UdpBroker(tmp_path, "--ping-interval", "1")
     try:
-        listener = udpSubscriber(server.udpPort, "news")
+        listener = subscriber(server.udpPort, "news", udp=True)
         try:
             os.kill(server.process.process.pid, signal.SIGSTOP)
             try:
@@ -237,7 +220,7 @@ def test_lossyRelayAllModeShowsEveryAckedMessageOnce(broker):
     """
     relay = LossyRelay(broker.udpPort)
     try:
-        listener = udpSubscriber(relay.port, "--mode", "all", "lossy")
+        listener = subscriber(relay.port, "lossy", mode="all", udp=True)
         try:
             acked = []
             for number in range(8):

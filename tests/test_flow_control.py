@@ -10,7 +10,8 @@ BUSY} its client resends -- over in-memory transports.
 """
 
 import pytest
-from helpers import PING_INTERVAL, decodeFrames
+from helpers import PING_INTERVAL, UdpHarness, decodeFrames
+from test_client_udp import FakeBroker
 from test_delivery import (
     Bench,
     assertAccountsAgree,
@@ -21,7 +22,6 @@ from test_delivery import (
     payloads,
 )
 from test_limits import parsed
-from test_udp import FakeBroker, UdpHarness
 from twisted.python import usage
 
 from dallal.broker.core import BrokerConfig

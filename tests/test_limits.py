@@ -18,11 +18,11 @@ from helpers import (
     BrokerHarness,
     BrokerProcess,
     OutputCollector,
+    UdpHarness,
     dallal,
     subscriber,
 )
 from test_events_catalogue import catalogue
-from test_udp import UdpHarness
 from twisted.internet import reactor
 from twisted.internet.address import UNIXAddress
 from twisted.internet.testing import StringTransport
@@ -36,7 +36,7 @@ from dallal.server.tap import Options, brokerConfig, makeService
 from dallal.server.tcp import REFUSAL_GRACE, RefusedConnection
 
 # The beginnings of the errors these limits answer with, which
-# tests/test_tcp_protocol.py counts as tested.
+# tests/test_server_tcp.py counts as tested.
 TOO_MANY_CLIENTS_ERROR = b"ERR - TOO_MANY_CLIENTS "
 TOO_MANY_SUBSCRIPTIONS_ERROR = b"ERR 3 TOO_MANY_SUBSCRIPTIONS "
 
@@ -81,7 +81,8 @@ def test_connectionsPerAddress():
     harness.connect("10.0.0.1"), harness.connect("10.0.0.1")
     refused = harness.connect("10.0.0.1")
     assert refused.received() == (
-        b"ERR - TOO_MANY_CLIENTS the broker has its maximum of 2 connections from 10.0.0.1\r\n"
+        b"ERR - TOO_MANY_CLIENTS the broker has its maximum of 2 connections from 10.0.0.1: "
+        b"try again later\r\n"
     )
     assert refused.closing
     other = harness.connect("10.0.0.2")

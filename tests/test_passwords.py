@@ -13,7 +13,6 @@ import sys
 import pytest
 from helpers import CHEAP_SCRYPT, COMMAND_TIMEOUT, Conversation, environmentWithout
 
-from dallal.names import checkUserName
 from dallal.security.passwords import (
     DEFAULT_N,
     PasswordFile,
@@ -73,19 +72,6 @@ def test_badHashes(text, reason):
         PasswordHash.parse(text)
 
 
-@pytest.mark.parametrize("name", ["alice", "a", "bob.smith@example.com", "dev-7_x", "9" * 64])
-def test_goodUserNames(name):
-    checkUserName(name)
-
-
-@pytest.mark.parametrize(
-    "name", ["", "-x", ".x", "a b", "a:b", "a/b", "a+b", "a#b", "a=b", "é", "x" * 65]
-)
-def test_badUserNames(name):
-    with pytest.raises(ValueError, match="bad user name"):
-        checkUserName(name)
-
-
 # The file
 
 
@@ -116,7 +102,7 @@ def test_fileKeepsCommentsAndOrder(tmp_path):
     "text, error",
     [
         ("alice\n", ":1: expected <user>:<hash>"),
-        ("# c\nal ice:x\n", ":2: bad user name 'al ice'"),
+        ("# c\nal ice:x\n", ":2: user name 'al ice' must be"),
         ("alice:nope\n", ":1: the hash is not $scrypt$"),
         ("alice:{h}\nbob:{h}\nalice:{h}\n", ":3: user alice is listed twice"),
     ],
@@ -181,7 +167,7 @@ def test_passwdAddsChangesAndDeletes(tmp_path):
     "arguments, password, error",
     [
         (["-D", "{path}", "carol"], None, "{path} has no user carol; nothing changed"),
-        (["{path}", "bad name"], "x", "bad user name 'bad name'"),
+        (["{path}", "bad name"], "x", "user name 'bad name' must be"),
         (["{path}", "carol"], "", "an empty password is refused; nothing changed"),
         (["{path}", "carol"], None, "no terminal to type the password on: set DALLAL_PASSWORD"),
         (["{folder}/nowhere/passwords", "carol"], "x", "cannot write {folder}/nowhere/passwords"),

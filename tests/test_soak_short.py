@@ -12,8 +12,7 @@ import re
 import sys
 
 import pytest
-from helpers import REPO
-from test_udp import UdpHarness
+from helpers import REPO, UdpHarness
 
 from dallal.broker.core import BrokerConfig
 

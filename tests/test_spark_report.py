@@ -570,7 +570,7 @@ def test_bad_shuffle_partitions(text, capsys):
 
     with pytest.raises(SystemExit):
         reportModule.parseArguments(["logs", "--out", "out", "--shuffle-partitions", text])
-    assert f"expected a whole number above 0, got {text!r}" in capsys.readouterr().err
+    assert f"must be a whole number of at least 1, not {text!r}" in capsys.readouterr().err
 
 
 def test_progress_lines_are_written_whole():

@@ -21,6 +21,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from dallal.errors import BAD_ARGUMENTS, RequestError
+from dallal.names import BROKER_NAME, checkBrokerName
 from dallal.numbers import wholeNumber
 
 # Bridges a message may cross; a full mesh of this many brokers plus one
@@ -36,22 +37,7 @@ SEEN_CAPACITY = 100_000
 # The file in the data directory that keeps a broker's generated name.
 NAME_FILE = "broker-name"
 
-# A broker's name: it is an option value on the control line and a level
-# of $SYS topics.
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 _MESSAGE_ID = re.compile(r"[!-~]{1,64}\Z")
-
-
-def checkBrokerName(name, what="broker name"):
-    """
-    @raise ValueError: C{name} is not 1 to 64 letters, digits, C{.}, C{_} or
-        C{-}, starting with a letter or digit.
-    """
-    if not NAME.match(name):
-        raise ValueError(
-            f"{what} {name!r} must be 1 to 64 letters, digits, '.', '_' or '-', "
-            "starting with a letter or a digit"
-        )
 
 
 def generatedName():
@@ -131,7 +117,7 @@ def originFromOptions(options, requestId):
         return None
     messageId = options.get("oid", "")
     hops = wholeNumber(options.get("hops", ""), 3)
-    if not NAME.match(broker) or not _MESSAGE_ID.match(messageId) or hops is None:
+    if not BROKER_NAME.match(broker) or not _MESSAGE_ID.match(messageId) or hops is None:
         raise RequestError(
             BAD_ARGUMENTS,
             "a bridged message needs origin=<broker name> oid=<1 to 64 printable "

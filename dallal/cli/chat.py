@@ -16,7 +16,7 @@ from collections import Counter
 
 from twisted.internet.error import ConnectionDone, ConnectionLost
 
-from dallal.cli.shell import ConsoleSession, describeError
+from dallal.cli.shell import ConsoleClient, describeError
 from dallal.modes import ALL
 
 
@@ -40,13 +40,13 @@ def checkNickname(name):
         raise ValueError(f"a name must be printable and not blank, not {name!r}")
 
 
-class Chat(ConsoleSession):
+class Chat(ConsoleClient):
     """
     One person's side of a chat on a topic.
     """
 
     def __init__(self, clock, client, console, timeout, sayBye, topic, name):
-        ConsoleSession.__init__(self, clock, client, console, timeout, sayBye)
+        ConsoleClient.__init__(self, clock, client, console, timeout, sayBye)
         self.topic = topic
         self.name = name
         # Payloads published and not yet received back, by count.

@@ -16,7 +16,6 @@ import stat
 import sys
 import textwrap
 
-from twisted.application.internet import backoffPolicy
 from twisted.internet import defer
 from twisted.internet import error as netError
 from twisted.internet.endpoints import HostnameEndpoint
@@ -42,11 +41,13 @@ from dallal.client import (
     SessionLost,
     connect,
     connectUDP,
+    reconnectDelays,
     tlsEndpoint,
 )
 from dallal.errors import BAD_CREDENTIALS, BAD_TOPIC, CLOSING, NOT_AUTHORIZED
 from dallal.modes import MODES
 from dallal.names import checkUserName
+from dallal.numbers import MAX_PORT, positiveNumber
 from dallal.topics import WILDCARDS, checkTopic
 
 DEFAULT_TIMEOUT = 10.0
@@ -68,32 +69,42 @@ PUBLISH_WINDOW = 100
 _DASHED_MESSAGE = re.compile(r"^-[^-]")
 
 
-def _port(text):
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"port must be a number, got {text!r}") from None
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be 1-65535, got {port}")
-    return port
+def _number(**bounds):
+    """
+    An argparse converter of positive numbers (L{positiveNumber} with
+    C{bounds}): argparse shows its error with the option's name.
+    """
+
+    def convert(text):
+        return positiveNumber(text, error=argparse.ArgumentTypeError, **bounds)
+
+    return convert
 
 
-def _userName(text):
-    try:
-        checkUserName(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from error
-    return text
+_port = _number(maximum=MAX_PORT)
+_timeout = _number(kind=float)
+_count = _number()
+_interval = _number(kind=float, zero=True)
 
 
-def _timeout(text):
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"timeout must be a number, got {text!r}") from None
-    if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"timeout must be positive, got {text}")
-    return seconds
+def _checked(check):
+    """
+    An argparse converter that takes a value C{check} passes as it is:
+    argparse shows the ValueError C{check} raises as one line.
+    """
+
+    def convert(text):
+        try:
+            check(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from error
+        return text
+
+    return convert
+
+
+_userName = _checked(checkUserName)
+_name = _checked(checkNickname)
 
 
 def buildParser():
@@ -180,7 +191,7 @@ def buildParser():
     )
     publish.add_argument(
         "--count",
-        type=_positiveInt,
+        type=_count,
         default=None,
         metavar="N",
         help="publish the message N times; the success line is printed once "
@@ -188,7 +199,7 @@ def buildParser():
     )
     publish.add_argument(
         "--every",
-        type=_nonNegative,
+        type=_interval,
         default=None,
         metavar="SECONDS",
         help="with --count: wait this long between publishes; 0 (the "
@@ -262,7 +273,7 @@ def buildParser():
     addTimeout(topics)
     topics.add_argument(
         "--limit",
-        type=_positiveInt,
+        type=_count,
         default=None,
         metavar="N",
         help="list at most N topics, in alphabetical order (the broker lists at most 1000)",
@@ -317,40 +328,12 @@ def _paragraph(text):
     return textwrap.fill(text, width=79)
 
 
-def _name(text):
-    try:
-        checkNickname(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from error
-    return text
-
-
 def _plainTopic(text):
     try:
         checkTopic(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(f"{text!r}: {error}") from error
     return text
-
-
-def _positiveInt(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _nonNegative(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
-    return value
 
 
 class Deadline:
@@ -839,7 +822,7 @@ async def _subscribeAgain(reactor, args, printer, reason):
     @param reason: why the connection was lost, in words.
     @return: the new client, subscribed.
     """
-    delay = backoffPolicy(RECONNECT_INITIAL_DELAY, RECONNECT_MAX_DELAY, RECONNECT_FACTOR)
+    delay = reconnectDelays()
     attempt = 1
     while True:
         seconds = delay(attempt)
@@ -930,7 +913,7 @@ def _sayBye(client):
 
 async def _consoleCommand(reactor, args, prompt, makeSession):
     """
-    Run a L{dallal.cli.shell.ConsoleSession} on standard input and output.
+    Run a L{dallal.cli.shell.ConsoleClient} on standard input and output.
 
     @param makeSession: called with the client, the console and the
         function that says BYE; returns the session.

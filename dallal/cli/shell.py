@@ -106,7 +106,7 @@ def formatTopics(document):
     return lines
 
 
-class ConsoleSession:
+class ConsoleClient:
     """
     A client connection driven from a console: one line at a time, each
     done (answered, failed or timed out) before the next starts; leaving
@@ -279,7 +279,7 @@ def parseCommand(line):
     return command, arguments
 
 
-class Shell(ConsoleSession):
+class Shell(ConsoleClient):
     """
     The slash commands of C{dallal shell}.
     """

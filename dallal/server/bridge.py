@@ -37,7 +37,7 @@ and C{$SYS/broker/bridges/<name>/...}.
 import os
 from dataclasses import dataclass, field
 
-from twisted.application.internet import ClientService, backoffPolicy
+from twisted.application.internet import ClientService
 from twisted.application.service import Service
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError
 from twisted.internet.endpoints import clientFromString
@@ -56,13 +56,7 @@ from zope.interface import implementer
 from dallal.broker.delivery import BRIDGE_REFUSED, DROP_OLDEST
 from dallal.broker.interfaces import ISubscriber
 from dallal.broker.origin import checkBrokerName
-from dallal.client import (
-    RECONNECT_FACTOR,
-    RECONNECT_INITIAL_DELAY,
-    RECONNECT_MAX_DELAY,
-    DallalClientProtocol,
-    ServerError,
-)
+from dallal.client import DallalClientProtocol, ServerError, reconnectDelays
 from dallal.errors import NO_ID, SHUTTING_DOWN, RequestError
 from dallal.modes import ALL
 from dallal.names import checkUserName
@@ -314,9 +308,7 @@ class BridgeLink(Service):
         self._held = False
         if endpoint is None:
             endpoint = clientFromString(clock, spec.endpoint)
-        self._backoff = retryPolicy or backoffPolicy(
-            RECONNECT_INITIAL_DELAY, RECONNECT_MAX_DELAY, RECONNECT_FACTOR
-        )
+        self._backoff = retryPolicy or reconnectDelays()
         factory = Factory.forProtocol(DallalClientProtocol)
         # The link logs its own events; "Starting factory" at each attempt
         # would be noise.

@@ -44,8 +44,7 @@ Where the specifications let a server choose, this does what Mosquitto
 
 import uuid
 
-from twisted.internet.defer import succeed
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.defer import CancelledError, succeed
 from twisted.internet.protocol import Protocol, ServerFactory
 from twisted.logger import Logger, LogLevel
 from zope.interface import implementer
@@ -94,8 +93,15 @@ from dallal.protocol.mqtt import (
     Unsubscribe,
     encodePublishHeader,
 )
-from dallal.security.auth import LOGIN_TIMEOUT, LoginFailed
+from dallal.security.auth import LOGIN_TIMEOUT
 from dallal.server.addresses import formatAddress
+from dallal.server.login import (
+    PASSWORD_NEEDED,
+    WRONG_PASSWORD,
+    LoginRefused,
+    checkPassword,
+    userWithoutPassword,
+)
 from dallal.server.mqttsession import (
     NEVER_EXPIRES,
     PLAIN,
@@ -111,7 +117,14 @@ from dallal.server.mqttsession import (
     sessionExpiry,
     sharing,
 )
-from dallal.server.streams import CONGESTION, LOGIN_CHECK, OUTPUT_FULL, ReadPause, WriteBatch
+from dallal.server.streams import (
+    CONGESTION,
+    LOGIN_CHECK,
+    OUTPUT_FULL,
+    BoundedOutput,
+    ReadPause,
+    WriteBatch,
+)
 
 # What a packet may carry beyond the largest payload the broker takes: its
 # topic (at most 65,535 bytes) and properties.  A larger packet is refused
@@ -138,28 +151,6 @@ _SUBSCRIBE_REASONS = {
 }
 
 
-@implementer(IPushProducer)
-class _OutputValve:
-    """
-    Registered with the transport, which tells it when the connection's
-    write buffer fills and drains: the protocol itself cannot be the
-    producer, whose C{pauseProducing} would pause its reading.
-    """
-
-    def __init__(self, protocol):
-        self.protocol = protocol
-
-    def pauseProducing(self):
-        self.protocol.outputFull()
-
-    def resumeProducing(self):
-        self.protocol.outputDrained()
-
-    def stopProducing(self):
-        # The connection is closing; connectionLost detaches the session.
-        pass
-
-
 class ProtocolViolation(Exception):
     """
     The client broke a rule of the session (not of a packet's form): the
@@ -172,7 +163,7 @@ class ProtocolViolation(Exception):
 
 
 @implementer(ISubscriber)
-class MQTTProtocol(Protocol):
+class MQTTProtocol(Protocol, BoundedOutput):
     """
     One MQTT client of the broker.
 
@@ -213,7 +204,6 @@ class MQTTProtocol(Protocol):
         self._lastHeard = 0.0
         self._keepAliveTimer = None
         self._connectDeadline = None
-        self._output = []
 
     # Connection
 
@@ -221,7 +211,7 @@ class MQTTProtocol(Protocol):
         self.factory.connections.opened(self._host)
         self.peer = formatAddress(self.transport.getPeer())
         self._lastHeard = self.clock.seconds()
-        self.transport.registerProducer(_OutputValve(self), True)
+        self.startOutput()
         # The spec asks a server to close a connection that sends no
         # CONNECT in a reasonable time (3.1.4).
         self._connectDeadline = self.clock.callLater(self._connectTimeout(), self._connectTimedOut)
@@ -232,7 +222,7 @@ class MQTTProtocol(Protocol):
     def connectionLost(self, reason):
         # Nothing more is written, not even to this client's own will.
         self._closing = True
-        self._output = []
+        self.dropOutput()
         cancelDelayed(self, "_connectDeadline")
         cancelDelayed(self, "_keepAliveTimer")
         self.factory.connections.closed(self._host)
@@ -257,29 +247,17 @@ class MQTTProtocol(Protocol):
 
     def _close(self):
         """
-        Close the connection once what was written is sent (see
-        L{dallal.server.tcp.BrokerProtocol._close} for the producer).
+        Close the connection once what was written is sent.
         """
         self._closing = True
-        if not self.transport.disconnecting:
-            self.flushOutput()
-            self.transport.unregisterProducer()
-            self.transport.loseConnection()
+        self.closeAfterOutput()
 
-    def outputFull(self):
+    def outputSubscriber(self):
         """
-        The write buffer is full: hold this client's messages in the
-        broker, and read nothing more from it until it drains.
+        Whose deliveries a full write buffer holds: its session's, while
+        this connection carries it.
         """
-        if self._carriesSession():
-            self.broker.pauseDelivery(self.session)
-        self.pauseReading(OUTPUT_FULL)
-
-    def outputDrained(self):
-        self.resumeReading(OUTPUT_FULL)
-        if self._carriesSession():
-            # What waited in the outbox goes out in one write.
-            self.batch.run(self.broker.resumeDelivery, self.session)
+        return self.session if self._carriesSession() else None
 
     def pauseReading(self, reason):
         """
@@ -304,23 +282,9 @@ class MQTTProtocol(Protocol):
     def resumePublishing(self):
         self.resumeReading(CONGESTION)
 
-    def _write(self, data):
-        if self._closing or self.transport.disconnecting:
-            return
-        if self.batch.open:
-            if not self._output:
-                self.batch.holdFor(self)
-            self._output.append(data)
-        else:
-            self.transport.write(data)
-
-    def flushOutput(self):
-        """
-        Write what this connection collected during a L{WriteBatch}.
-        """
-        output, self._output = self._output, []
-        if output and not self.transport.disconnecting:
-            self.transport.write(b"".join(output))
+    def _writePacket(self, data):
+        if not (self._closing or self.transport.disconnecting):
+            self._write((data,))
 
     def _send(self, packet):
         encoded = packet.encode(self.version)
@@ -330,7 +294,7 @@ class MQTTProtocol(Protocol):
             # make it larger than the client takes [MQTT-3.1.2-25].
             packet.properties = NO_PROPERTIES
             encoded = packet.encode(self.version)
-        self._write(encoded)
+        self._writePacket(encoded)
 
     # Incoming packets
 
@@ -383,7 +347,7 @@ class MQTTProtocol(Protocol):
         if not self._accepted:
             if reasonCode == ReasonCode.UNSUPPORTED_PROTOCOL_VERSION:
                 # [MQTT-3.1.2-2]: in the 3.1.1 form, which every client reads.
-                self._write(
+                self._writePacket(
                     ConnAck(reasonCode=ConnectReturnCode.UNACCEPTABLE_PROTOCOL_VERSION).encode(
                         MQTT_3_1_1
                     )
@@ -443,11 +407,9 @@ class MQTTProtocol(Protocol):
         # less at a time (L{hasRoom}).
         self.session = MQTTSession(self.factory, clientId, self.peer, self._receiveMaximum)
         self.session.protocol = self
-        gatekeeper = self.gatekeeper
-        if gatekeeper is None:
-            self._accept(connect, clientId, assigned, None)
-        elif not gatekeeper.loginRequired:
-            self._accept(connect, clientId, assigned, gatekeeper.anonymous(clientId))
+        user = userWithoutPassword(self.gatekeeper, clientId)
+        if user is not PASSWORD_NEEDED:
+            self._accept(connect, clientId, assigned, user)
         elif connect.username is None:
             # As Mosquitto without allow_anonymous.
             self._refuseConnect(
@@ -458,11 +420,26 @@ class MQTTProtocol(Protocol):
         else:
             # Read nothing more until the password is checked.
             self.pauseReading(LOGIN_CHECK)
-            gatekeeper.login(connect.username, connect.password or b"", clientId).addCallbacks(
+            checkPassword(
+                self.broker,
+                self.gatekeeper,
+                (connect.username, connect.password or b""),
+                clientId,
+                self._host,
+                NO_ID,
+                self._answering,
+            ).addCallbacks(
                 self._loginSucceeded,
                 self._loginFailed,
                 callbackArgs=(connect, clientId, assigned),
             )
+
+    def _answering(self):
+        """
+        Who answers a refused login: this connection's session, unless the
+        connection is gone.
+        """
+        return self.session if self._carriesSession() else None
 
     def _loginSucceeded(self, user, connect, clientId, assigned):
         if not self._carriesSession():
@@ -472,25 +449,22 @@ class MQTTProtocol(Protocol):
         self.resumeReading(LOGIN_CHECK)
 
     def _loginFailed(self, failure):
-        refused = failure.check(LoginFailed)
-        if not refused:
-            self._log.failure("checking a password failed", failure)
-        if not self._carriesSession():
+        if failure.check(CancelledError):
+            # The connection was lost while its check waited.
             return
-        if refused:
-            self.broker.loginFailed(self.session, failure.value.shownUser)
+        failure.trap(LoginRefused)
+        refused = failure.value
+        if refused.cause == WRONG_PASSWORD:
             # Mosquitto (2.0) answers a wrong password as "not authorized",
             # which tells a guesser nothing more.
             self._refuseConnect(
-                ReasonCode.NOT_AUTHORIZED,
-                ConnectReturnCode.NOT_AUTHORIZED,
-                "bad user name or password",
+                ReasonCode.NOT_AUTHORIZED, ConnectReturnCode.NOT_AUTHORIZED, refused.error.reason
             )
         else:
             self._refuseConnect(
                 ReasonCode.SERVER_UNAVAILABLE,
                 ConnectReturnCode.SERVER_UNAVAILABLE,
-                "the broker could not check the password (see its log)",
+                refused.error.reason,
             )
 
     def _refuseConnect(self, reasonCode, returnCode, why):
@@ -598,7 +572,7 @@ class MQTTProtocol(Protocol):
         # [MQTT-3.1.2-24]: as if the network failed, so the will goes out.
         self.broker.clientDropped(self.session, 1)
         self._closeReason = "missed_pings"
-        self._output = []
+        self.dropOutput()
         self.transport.abortConnection()
 
     def _pingReceived(self, packet):
@@ -633,7 +607,7 @@ class MQTTProtocol(Protocol):
             self._close()
         else:
             # A slow consumer's buffer may never drain: don't wait for it.
-            self._output = []
+            self.dropOutput()
             self.transport.abortConnection()
 
     # PUBLISH from the client
@@ -934,8 +908,8 @@ class MQTTProtocol(Protocol):
             and len(header) + len(message.payload) > self._clientMaxPacket
         ):
             return False
-        self._write(header)
-        self._write(message.payload)
+        if not (self._closing or self.transport.disconnecting):
+            self._write((header, message.payload))
         return True
 
     def subscriptionRevoked(self, subscriptionId, reason):

@@ -1,8 +1,13 @@
 """
 What the broker's stream protocols (Dallal's over TCP, MQTT) share: the
-frames of one read written in one write, and the reasons a connection's
-reading is paused.
+frames of one read written in one write, the bound on what a client that
+does not read is written, and the reasons a connection's reading is paused.
 """
+
+from twisted.internet.interfaces import IPushProducer
+from zope.interface import implementer
+
+from dallal.limits import OUTPUT_BYTES
 
 # Why a connection's reading is paused (L{ReadPause}): its password is being
 # checked, a subscriber it publishes to has a full queue, its transport is
@@ -11,6 +16,12 @@ LOGIN_CHECK = "login_check"
 CONGESTION = "congestion"
 OUTPUT_FULL = "output_full"
 TURN_OVER = "turn_over"
+
+# Bytes a connection may collect in one read's batch before they are written
+# at once: Twisted's transport buffers as much (its bufferSize) before it
+# says it is full, which stops the broker reading the connection's requests
+# until its client has read the answers.
+OUTPUT_SOFT_MARK = 65536
 
 
 class ReadPause:
@@ -67,7 +78,7 @@ class WriteBatch:
     connection writes goes through its own list while a batch is open.
 
     A connection whose share grows past L{OUTPUT_SOFT_MARK} writes it at
-    once (L{BrokerProtocol.sendFrame}), so that its transport can say it is
+    once (L{BoundedOutput._write}), so that its transport can say it is
     full before the read is over.
     """
 
@@ -96,3 +107,150 @@ class WriteBatch:
         C{protocol} has started collecting output in this batch.
         """
         self._writers.append(protocol)
+
+
+@implementer(IPushProducer)
+class _OutputValve:
+    """
+    Registered with the transport, which tells it when the connection's
+    write buffer fills and drains (L{BoundedOutput.outputFull},
+    L{BoundedOutput.outputDrained}).
+
+    The protocol itself cannot be the producer: its C{pauseProducing}
+    pauses I{reading} from the client, which is only part of what a full
+    buffer calls for.
+    """
+
+    def __init__(self, protocol):
+        self.protocol = protocol
+
+    def pauseProducing(self):
+        self.protocol.outputFull()
+
+    def resumeProducing(self):
+        # What waited in the outbox goes out in one write.
+        self.protocol.batch.run(self.protocol.outputDrained)
+
+    def stopProducing(self):
+        # The connection is closing; connectionLost detaches the session.
+        pass
+
+
+class BoundedOutput:
+    """
+    What the broker writes to one stream connection: the frames of a read
+    held in its L{WriteBatch} and written at once, and the bound on a client
+    that does not read them.
+
+    The transport buffers up to its bufferSize (64 KiB), then says it is
+    full.  From then on, the broker holds this client's messages in its
+    bounded outbox, stops reading its requests, and counts what it still
+    writes (the answers to requests read before, pings) against
+    C{--max-output-bytes}: a client that does not read its answers makes
+    the broker hold no more than that for it, then is disconnected.
+
+    The protocol has C{broker}, C{batch} (a L{WriteBatch}), C{transport},
+    C{outputSubscriber()} (whose deliveries to hold: its session in the
+    broker, or C{None}), C{pauseReading} and C{resumeReading} (of L{ReadPause}'s reasons) and
+    C{disconnect(reason)}; it calls L{startOutput} once connected.
+    """
+
+    def startOutput(self):
+        """
+        The connection is made: be told when its write buffer fills.
+        """
+        # Frames written while a batch is open, in order, and their size.
+        self._output = []
+        self._batched = 0
+        # Whether the transport's buffer is full, and the bytes written to
+        # it since then.
+        self._full = False
+        self._overflow = 0
+        self.transport.registerProducer(_OutputValve(self), True)
+
+    def dropOutput(self):
+        """
+        Forget what was held: nothing more is written.
+        """
+        self._output = []
+        self._batched = 0
+
+    def _write(self, chunks):
+        """
+        Write C{chunks} (byte strings) with the current read's batch, if one
+        is open.
+        """
+        size = 0
+        for chunk in chunks:
+            size += len(chunk)
+        if self.batch.open:
+            if not self._output:
+                self.batch.holdFor(self)
+            self._output.extend(chunks)
+            self._batched += size
+            if self._batched > OUTPUT_SOFT_MARK:
+                self.flushOutput()
+            return
+        full = self._full
+        if len(chunks) == 1:
+            self.transport.write(chunks[0])
+        else:
+            self.transport.writeSequence(chunks)
+        if full:
+            self._writtenWhileFull(size)
+
+    def flushOutput(self):
+        """
+        Write what this connection collected during a L{WriteBatch}.
+        """
+        output, self._output = self._output, []
+        size, self._batched = self._batched, 0
+        if output and not self.transport.disconnecting:
+            full = self._full
+            self.transport.write(b"".join(output))
+            if full:
+                self._writtenWhileFull(size)
+
+    def outputFull(self):
+        """
+        The transport's buffer is full: hold messages, stop reading.
+        """
+        self._full = True
+        subscriber = self.outputSubscriber()
+        if subscriber is not None:
+            self.broker.pauseDelivery(subscriber)
+        self.pauseReading(OUTPUT_FULL)
+
+    def outputDrained(self):
+        """
+        The transport has written everything it held.
+        """
+        self._full = False
+        self._overflow = 0
+        subscriber = self.outputSubscriber()
+        if subscriber is not None:
+            self.broker.resumeDelivery(subscriber)
+        if not self._full:
+            self.resumeReading(OUTPUT_FULL)
+
+    def _writtenWhileFull(self, size):
+        self._overflow += size
+        maximum = self.broker.config.maxOutputBytes
+        if self._overflow > maximum and not self.transport.disconnecting:
+            self.broker.refusedByLimit(self, OUTPUT_BYTES, maximum)
+            self.disconnect("output_limit")
+
+    def closeAfterOutput(self):
+        """
+        Close the connection once what was written is sent.
+
+        The valve is unregistered first: over TLS (L{twisted.protocols.tls})
+        a connection with a producer registered does not close until the
+        producer is unregistered, so the client would stay connected after
+        the broker's last word (a fatal ERR, BYE, a refusing CONNACK).
+        """
+        if not self.transport.disconnecting:
+            # The frames held for this read go out first.
+            self.flushOutput()
+            self.transport.unregisterProducer()
+            self.transport.loseConnection()

@@ -2,7 +2,6 @@
 C{twistd dallal}: command-line options and the service they build.
 """
 
-import math
 import os
 import resource
 import sys
@@ -29,6 +28,7 @@ from dallal.limits import (
     MIN_CONTROL_LINE,
     fitToDescriptors,
 )
+from dallal.numbers import MAX_PORT, positiveNumber
 from dallal.security.acl import AclError
 from dallal.security.auth import Gatekeeper
 from dallal.security.passwords import PasswordFileError
@@ -72,62 +72,27 @@ RELOADABLE_OPTIONS = frozenset(
 )
 
 
-def _positive(option, kind, zeroTurnsOff=False):
+def _number(option, kind=int, zero=False, minimum=None, maximum=None, doc=None):
     """
-    A converter of positive numbers of C{kind} for one option; with
-    C{zeroTurnsOff}, 0 too, meaning the feature is off.  Anything else stops
-    twistd with one line naming the option.
+    A converter of C{--option}'s value (L{positiveNumber}): a whole number
+    (C{kind} C{int}) from C{minimum} (1 by default) to C{maximum}, or a
+    positive C{float}; with C{zero}, 0 too, meaning the feature is off.
+    Anything else stops twistd with one line naming the option: a
+    L{usage.UsageError}, as twistd shows a ValueError as "Parameter type
+    enforcement failed", without the option's name.
     """
-    least = "positive or 0" if zeroTurnsOff else "positive"
 
     def convert(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if (
-            value is None
-            or not math.isfinite(value)
-            or value < 0
-            or (value == 0 and not zeroTurnsOff)
-        ):
-            raise usage.UsageError(f"--{option} must be a number, {least}, not {text!r}")
-        return value
+        return positiveNumber(text, kind, zero, minimum, maximum, f"--{option}", usage.UsageError)
 
-    convert.coerceDoc = "0 turns it off." if zeroTurnsOff else "Must be positive."
-    return convert
-
-
-def _whole(option, minimum=1, maximum=None):
-    """
-    A whole number from C{minimum} to C{maximum} (if given), for one option:
-    anything else stops twistd with one line naming the option.
-    """
-    bounds = f"of at least {minimum}" if maximum is None else f"from {minimum} to {maximum}"
-
-    def convert(text):
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum or (maximum is not None and value > maximum):
-            # A UsageError, not a ValueError: twistd would show the latter as
-            # "Parameter type enforcement failed", without the option's name.
-            raise usage.UsageError(f"--{option} must be a whole number {bounds}, not {text!r}")
-        return value
-
-    convert.coerceDoc = f"A whole number {bounds}."
-    return convert
-
-
-def _port(option):
-    def convert(text):
-        port = int(text)
-        if not 0 <= port <= 65535:
-            raise ValueError(f"{option}: port {port} is not in 0-65535")
-        return port
-
-    convert.coerceDoc = "A port number, 0 for any free port."
+    if doc is None:
+        if kind is float:
+            doc = "0 turns it off." if zero else "Must be positive."
+        elif maximum is None:
+            doc = f"A whole number of at least {minimum or 1}."
+        else:
+            doc = f"A whole number from {minimum or 1} to {maximum}."
+    convert.coerceDoc = doc
     return convert
 
 
@@ -165,7 +130,7 @@ class Options(usage.Options):
             None,
             None,
             "Also serve UDP clients on this port (the specification's is 1234)",
-            _port("--udp"),
+            _number("udp", zero=True, maximum=MAX_PORT, doc="A port number, 0 for any free port."),
         ],
         [
             "http",
@@ -183,7 +148,7 @@ class Options(usage.Options):
             "Seconds to wait for a UDP client's ack before sending a message "
             "again (UDP loses datagrams: resend sooner than over TCP, for as "
             "long).",
-            _positive("udp-ack-timeout", float),
+            _number("udp-ack-timeout", float),
         ],
         [
             "ping-interval",
@@ -192,7 +157,7 @@ class Options(usage.Options):
             "Seconds between the server's pings to TCP clients, and between "
             "UDP clients' pings to it; a client that misses 3 in a row is "
             "dropped.",
-            _positive("ping-interval", float),
+            _number("ping-interval", float),
         ],
         [
             "name",
@@ -209,7 +174,7 @@ class Options(usage.Options):
             "Seconds between updates of the broker's statistics on its "
             "$SYS/broker/... topics, and between the logged summaries of its "
             "traffic per topic.",
-            _positive("sys-interval", float, zeroTurnsOff=True),
+            _number("sys-interval", float, zero=True),
         ],
         [
             "shutdown-grace",
@@ -218,7 +183,7 @@ class Options(usage.Options):
             "Seconds a stopping broker waits for the messages in flight to be "
             "acked (it takes no new connections, publishes or subscriptions "
             "meanwhile); 0 closes every connection at once.",
-            _positive("shutdown-grace", float, zeroTurnsOff=True),
+            _number("shutdown-grace", float, zero=True),
         ],
     ]
 
@@ -232,21 +197,21 @@ class Options(usage.Options):
             _config.maxConnections,
             "TCP connections at once; more are answered ERR TOO_MANY_CLIENTS and "
             "closed. Lowered to what the descriptor limit (ulimit -n) allows.",
-            _whole("max-connections"),
+            _number("max-connections"),
         ],
         [
             "max-connections-per-ip",
             None,
             _config.maxConnectionsPerIp,
             "TCP connections at once from one IP address (local clients all come from 127.0.0.1).",
-            _whole("max-connections-per-ip"),
+            _number("max-connections-per-ip"),
         ],
         [
             "max-udp-clients",
             None,
             _config.maxUdpClients,
             "UDP client sessions at once; a HELLO for one more is answered ERR TOO_MANY_CLIENTS.",
-            _whole("max-udp-clients"),
+            _number("max-udp-clients"),
         ],
         [
             "max-udp-clients-per-ip",
@@ -254,7 +219,7 @@ class Options(usage.Options):
             _config.maxUdpClientsPerIp,
             "UDP client sessions at once whose client is at one IP address; a "
             "HELLO for one more from it is answered ERR TOO_MANY_CLIENTS.",
-            _whole("max-udp-clients-per-ip"),
+            _number("max-udp-clients-per-ip"),
         ],
         [
             "max-hellos-per-second",
@@ -262,14 +227,14 @@ class Options(usage.Options):
             _config.maxHellosPerSecond,
             "UDP HELLOs per second from one IP address (as many at once after "
             "a quiet second); more are dropped unanswered.",
-            _whole("max-hellos-per-second"),
+            _number("max-hellos-per-second"),
         ],
         [
             "max-subscriptions",
             None,
             _config.maxSubscriptions,
             "Subscriptions per client.",
-            _whole("max-subscriptions"),
+            _number("max-subscriptions"),
         ],
         [
             "max-topic-length",
@@ -277,21 +242,21 @@ class Options(usage.Options):
             _config.maxTopicLength,
             f"Longest topic or filter, in bytes (at most {MAX_TOPIC_LENGTH}: a UDP "
             "datagram has room for no longer).",
-            _whole("max-topic-length", maximum=MAX_TOPIC_LENGTH),
+            _number("max-topic-length", maximum=MAX_TOPIC_LENGTH),
         ],
         [
             "max-topic-levels",
             None,
             _config.maxTopicLevels,
             "Most levels in a topic or filter (a/b/c has 3).",
-            _whole("max-topic-levels"),
+            _number("max-topic-levels"),
         ],
         [
             "max-payload",
             None,
             _config.maxPayload,
             "Largest payload accepted, in bytes.",
-            _whole("max-payload"),
+            _number("max-payload"),
         ],
         [
             "max-line",
@@ -299,16 +264,16 @@ class Options(usage.Options):
             _config.maxControlLine,
             "Longest control line, in bytes; a longer one is answered ERR "
             "LINE_TOO_LONG and closes the connection.",
-            _whole("max-line", MIN_CONTROL_LINE, MAX_CONTROL_LINE),
+            _number("max-line", minimum=MIN_CONTROL_LINE, maximum=MAX_CONTROL_LINE),
         ],
         [
             "max-output-bytes",
             None,
             _config.maxOutputBytes,
-            "Bytes written to a TCP client whose socket buffer is already full "
+            "Bytes written to a TCP or MQTT client whose socket buffer is already full "
             "(answers it does not read); over it the connection is closed. The "
             "broker stops reading its requests meanwhile.",
-            _whole("max-output-bytes"),
+            _number("max-output-bytes"),
         ],
         [
             "max-consecutive-errors",
@@ -317,7 +282,7 @@ class Options(usage.Options):
             "Requests refused in a row on one TCP connection or UDP session; the "
             "last is answered ERR - TOO_MANY_ERRORS and the connection closed (the "
             "session ended).",
-            _whole("max-consecutive-errors"),
+            _number("max-consecutive-errors"),
         ],
         [
             "max-frame-seconds",
@@ -326,7 +291,7 @@ class Options(usage.Options):
             "Seconds a TCP client has to complete a frame (a control line, a "
             "payload) once it has sent part of it; then it is answered ERR - "
             "FRAME_TIMEOUT and closed.",
-            _whole("max-frame-seconds"),
+            _number("max-frame-seconds"),
         ],
         [
             "max-pending-logins",
@@ -334,7 +299,7 @@ class Options(usage.Options):
             _config.maxPendingLogins,
             "Logins waiting for their password check at once (with --passwords); "
             "one more is answered ERR TOO_MANY_CLIENTS.",
-            _whole("max-pending-logins"),
+            _number("max-pending-logins"),
         ],
         [
             "max-pending-logins-per-ip",
@@ -343,7 +308,7 @@ class Options(usage.Options):
             "Logins waiting for their password check at once from one IP address; "
             "addresses take turns, so a crowd from one delays another's login by "
             "a few checks at most.",
-            _whole("max-pending-logins-per-ip"),
+            _number("max-pending-logins-per-ip"),
         ],
         [
             "max-udp-answer-bytes",
@@ -352,14 +317,14 @@ class Options(usage.Options):
             "Bytes a UDP session's remembered answers (which answer retried "
             "requests) may take, each counted with 256 of bookkeeping; the "
             "oldest are forgotten first.",
-            _whole("max-udp-answer-bytes"),
+            _number("max-udp-answer-bytes"),
         ],
         [
             "max-udp-answer-bytes-total",
             None,
             _config.maxUdpAnswerBytesTotal,
             "Bytes the remembered answers of all UDP sessions may take.",
-            _whole("max-udp-answer-bytes-total"),
+            _number("max-udp-answer-bytes-total"),
         ],
         [
             "max-matching-topics",
@@ -367,7 +332,7 @@ class Options(usage.Options):
             _config.maxMatchingTopics,
             "Topics one publish to every matching topic (to-matching=1) may "
             "reach; a filter matching more is refused (ERR TOO_MANY_TOPICS).",
-            _whole("max-matching-topics"),
+            _number("max-matching-topics"),
         ],
         [
             "max-listed",
@@ -375,7 +340,7 @@ class Options(usage.Options):
             _config.maxListed,
             "Topics one TOPICS answer lists at most, whatever limit= it asks "
             "for; the answer says truncated.",
-            _whole("max-listed"),
+            _number("max-listed"),
         ],
         [
             "max-retained",
@@ -383,21 +348,21 @@ class Options(usage.Options):
             _config.maxRetained,
             "Retained messages kept; a retained publish on one more topic is "
             "refused (ERR STORE_FAILED) and not published.",
-            _whole("max-retained"),
+            _number("max-retained"),
         ],
         [
             "max-retained-bytes",
             None,
             _config.maxRetainedBytes,
             "Payload bytes of all the retained messages kept, likewise.",
-            _whole("max-retained-bytes"),
+            _number("max-retained-bytes"),
         ],
         [
             "max-offline-sessions",
             None,
             DEFAULT_MAX_OFFLINE_SESSIONS,
             "MQTT sessions kept while their clients are away; one more ends with its connection.",
-            _whole("max-offline-sessions"),
+            _number("max-offline-sessions"),
         ],
     ]
     del _config
@@ -409,21 +374,21 @@ class Options(usage.Options):
             None,
             _delivery.maxInflight,
             "Unacked messages in flight per client, in 'all' mode.",
-            _whole("max-inflight"),
+            _number("max-inflight"),
         ],
         [
             "max-queued",
             None,
             _delivery.maxQueued,
             "Messages queued per client behind those in flight.",
-            _whole("max-queued"),
+            _number("max-queued"),
         ],
         [
             "max-queued-bytes",
             None,
             _delivery.maxQueuedBytes,
             "Payload bytes queued per client behind those in flight.",
-            _whole("max-queued-bytes"),
+            _number("max-queued-bytes"),
         ],
         [
             "slow-consumer",
@@ -440,21 +405,21 @@ class Options(usage.Options):
             "Seconds a client with a full queue may make no progress (no ack, "
             "no drained socket) before it is a slow consumer; until then its "
             "publishers are slowed down, not its messages dropped.",
-            _positive("stall-timeout", float),
+            _number("stall-timeout", float),
         ],
         [
             "ack-timeout",
             None,
             _delivery.ackTimeout,
             "Seconds to wait for an ack before sending a message again.",
-            _positive("ack-timeout", float),
+            _number("ack-timeout", float),
         ],
         [
             "max-attempts",
             None,
             _delivery.maxAttempts,
             "Sends of one message to one client before it is dropped unacked.",
-            _whole("max-attempts"),
+            _number("max-attempts"),
         ],
     ]
     del _delivery
@@ -623,9 +588,9 @@ class Options(usage.Options):
         C{--interface}) or of a description, given to C{option}.
         """
         if value.isdigit():
-            port = int(value)
-            if not 0 <= port <= 65535:
-                raise usage.UsageError(f"{option}: port {port} is not in 0-65535")
+            port = positiveNumber(
+                value, zero=True, maximum=MAX_PORT, name=option, error=usage.UsageError
+            )
             interface = self["interface"].replace(":", "\\:")
             return f"tcp:{port}:interface={interface}"
         if ":" not in value:

@@ -12,16 +12,14 @@ C{PING}, C{PONG} and C{BYE} until its C{HELLO} logs it in
 """
 
 from twisted.internet.defer import CancelledError
-from twisted.internet.interfaces import IPushProducer, ISSLTransport
+from twisted.internet.interfaces import ISSLTransport
 from twisted.internet.protocol import Protocol, ServerFactory
-from twisted.logger import Logger
 from zope.interface import implementer
 
 from dallal import __version__
 from dallal.broker.interfaces import ISubscriber
 from dallal.errors import (
     BAD_ARGUMENTS,
-    BAD_CREDENTIALS,
     BAD_FRAMING,
     LOGIN_TIMEOUT,
     NO_ID,
@@ -31,20 +29,25 @@ from dallal.errors import (
 from dallal.limits import (
     FRAME_SECONDS,
     LINE,
-    OUTPUT_BYTES,
     ConnectionTable,
 )
 from dallal.protocol import wire
 from dallal.protocol.framing import FrameReceiver
-from dallal.security.auth import LoginFailed, TooManyChecks
 from dallal.server.addresses import formatAddress
 from dallal.server.keepalive import IPingable
+from dallal.server.login import (
+    PASSWORD_NEEDED,
+    LoginRefused,
+    checkPassword,
+    loginRequired,
+    userWithoutPassword,
+)
 from dallal.server.requests import RequestHandler, helloLimits
 from dallal.server.streams import (
     CONGESTION,
     LOGIN_CHECK,
-    OUTPUT_FULL,
     TURN_OVER,
+    BoundedOutput,
     ReadPause,
     WriteBatch,
 )
@@ -52,49 +55,11 @@ from dallal.server.streams import (
 # Seconds a refused connection is given to read its ERR and close.
 REFUSAL_GRACE = 2.0
 
-# Bytes a connection may collect in one read's batch before they are written
-# at once: Twisted's transport buffers as much (its bufferSize) before it
-# says it is full, which stops the broker reading the connection's requests
-# until its client has read the answers.
-OUTPUT_SOFT_MARK = 65536
-
 # Seconds of work one connection's pipelined requests get in a turn of the
 # reactor: then the rest waits for the next turn, after the other
 # connections' reads, so that a client pipelining costly requests delays
 # the others by this much rather than by a whole read's worth.
 TURN_SECONDS = 0.01
-
-
-@implementer(IPushProducer)
-class _DeliveryValve:
-    """
-    Registered with the transport so that the broker stops writing to a
-    client whose write buffer is full, and holds what waits in its own
-    bounded queues instead (L{dallal.broker.delivery.Outbox}); it also stops
-    reading the client's requests until the buffer has drained
-    (L{BrokerProtocol.outputFull}).
-
-    The protocol itself cannot be the producer: as a L{LineReceiver} its
-    C{pauseProducing} pauses I{reading} from the client, which is only
-    part of what a full buffer calls for.
-    """
-
-    def __init__(self, protocol):
-        self.protocol = protocol
-
-    def pauseProducing(self):
-        if self.protocol.attached:
-            self.protocol.outputFull()
-
-    def resumeProducing(self):
-        protocol = self.protocol
-        if protocol.attached:
-            # What waited in the outbox goes out in one write.
-            protocol.batch.run(protocol.outputDrained)
-
-    def stopProducing(self):
-        # The connection is closing; connectionLost detaches the session.
-        pass
 
 
 # What a client may send before it has logged in.
@@ -104,7 +69,7 @@ LOGIN_USAGE = "HELLO <id> <client-id> user=<name> password=<the password in base
 
 
 @implementer(ISubscriber, IPingable)
-class BrokerProtocol(FrameReceiver, RequestHandler):
+class BrokerProtocol(FrameReceiver, RequestHandler, BoundedOutput):
     """
     One TCP client of the broker.
 
@@ -114,7 +79,6 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
 
     transportName = "tcp"
     peer = "?"
-    _log = Logger()
     carriesBridges = True
 
     def __init__(self, broker, sweep, gatekeeper=None, batch=None, connections=None, host=None):
@@ -140,13 +104,6 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         # passwords; then from a successful login on.
         self._loggedIn = gatekeeper is None or not gatekeeper.loginRequired
         self._userName = None
-        # Frames written while a batch is open, in order, and their size.
-        self._output = []
-        self._batched = 0
-        # Whether the transport's buffer is full, and the bytes written to
-        # it since then (L{BrokerConfig.maxOutputBytes} bounds them).
-        self._full = False
-        self._overflow = 0
         self._loginDeadline = None
         # Why reading from the client is paused: it reads again when no
         # reason is left.
@@ -160,13 +117,13 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         # When this connection's turn began (see TURN_SECONDS).
         self._turnStarted = 0.0
 
-    @property
-    def attached(self):
+    def outputSubscriber(self):
         """
-        Whether the connection has its session in the broker: from when it
-        is made until it is lost, or the broker's shutdown ends the session.
+        Whose deliveries a full write buffer holds: this connection's, from
+        when it is made until it is lost, or the broker's shutdown ends its
+        session.
         """
-        return self._attached
+        return self if self._attached else None
 
     def connectionMade(self):
         if self._connections is not None:
@@ -175,7 +132,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         self._attached = True
         self.broker.attach(self)
         self.sweep.add(self)
-        self.transport.registerProducer(_DeliveryValve(self), True)
+        self.startOutput()
         if self.gatekeeper is not None and not self.gatekeeper.loginRequired:
             # Anonymous under the ACL; a HELLO may give the client id its
             # %c patterns need.
@@ -186,8 +143,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
             )
 
     def connectionLost(self, reason):
-        self._output = []
-        self._batched = 0
+        self.dropOutput()
         # However the connection ended, it frees its place (the broker's
         # shutdown detaches the session first).
         connections, self._connections = self._connections, None
@@ -209,75 +165,11 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         if self._attached and not self.transport.disconnecting:
             self._write(chunks)
 
-    def _write(self, chunks):
-        size = 0
-        for chunk in chunks:
-            size += len(chunk)
-        if self.batch.open:
-            if not self._output:
-                self.batch.holdFor(self)
-            self._output.extend(chunks)
-            self._batched += size
-            if self._batched > OUTPUT_SOFT_MARK:
-                self.flushOutput()
-            return
-        full = self._full
-        if len(chunks) == 1:
-            self.transport.write(chunks[0])
-        else:
-            self.transport.writeSequence(chunks)
-        if full:
-            self._writtenWhileFull(size)
-
-    def flushOutput(self):
-        """
-        Write what this connection collected during a L{WriteBatch}.
-        """
-        output, self._output = self._output, []
-        size, self._batched = self._batched, 0
-        if output and not self.transport.disconnecting:
-            full = self._full
-            self.transport.write(b"".join(output))
-            if full:
-                self._writtenWhileFull(size)
-
-    # Output: the transport buffers up to its bufferSize (64 KiB), then says
-    # it is full.  From then on, the broker holds this client's messages in
-    # its bounded outbox, stops reading its requests, and counts what it
-    # still writes (the answers to requests read before, pings) against
-    # maxOutputBytes: a client that does not read its answers makes the
-    # broker hold no more than that for it.
-
-    def outputFull(self):
-        """
-        The transport's buffer is full: hold messages, stop reading.
-        """
-        self._full = True
-        self.broker.pauseDelivery(self)
-        self.pauseReading(OUTPUT_FULL)
-
-    def outputDrained(self):
-        """
-        The transport has written everything it held.
-        """
-        self._full = False
-        self._overflow = 0
-        self.broker.resumeDelivery(self)
-        if not self._full:
-            self.resumeReading(OUTPUT_FULL)
-
-    def _writtenWhileFull(self, size):
-        self._overflow += size
-        maximum = self.broker.config.maxOutputBytes
-        if self._overflow > maximum and not self.transport.disconnecting:
-            self.broker.refusedByLimit(self, OUTPUT_BYTES, maximum)
-            self.disconnect("output_limit")
-
     def refuse(self, error, fatal=False):
         RequestHandler.refuse(self, error, fatal)
         if fatal:
             self._closeReason = "protocol_error"
-            self._close()
+            self.closeAfterOutput()
             return
         if self.errorStreakOver(error) and not self.transport.disconnecting:
             self.refuse(self.tooManyErrors(), fatal=True)
@@ -297,21 +189,6 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
 
     def pongReceived(self):
         self.sweep.pongReceived(self)
-
-    def _close(self):
-        """
-        Close the connection once what was written is sent.
-
-        The delivery valve is unregistered first: over TLS
-        (L{twisted.protocols.tls}) a connection with a producer registered
-        does not close until the producer is unregistered, so the client
-        would stay connected after the broker's fatal ERR or BYE.
-        """
-        if not self.transport.disconnecting:
-            # The frames held for this read (an ERR, a BYE) go out first.
-            self.flushOutput()
-            self.transport.unregisterProducer()
-            self.transport.loseConnection()
 
     # Incoming frames
 
@@ -433,13 +310,12 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         except RequestError as error:
             self.refuse(error)
             return
-        gatekeeper = self.gatekeeper
-        if gatekeeper is None:
-            self._answerHello(hello)
-        elif not gatekeeper.loginRequired:
-            # No passwords: credentials are not checked, and the client goes
-            # on anonymously, now with its client id.
-            self.broker.login(self, gatekeeper.anonymous(hello.clientId))
+        user = userWithoutPassword(self.gatekeeper, hello.clientId)
+        if user is not PASSWORD_NEEDED:
+            if user is not None:
+                # No passwords: credentials are not checked, and the client
+                # goes on anonymously, now with its client id.
+                self.broker.login(self, user)
             self._answerHello(hello)
         elif self._loggedIn:
             if credentials is None:
@@ -454,11 +330,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
                     )
                 )
         elif credentials is None:
-            self.refuse(
-                RequestError(
-                    NOT_AUTHORIZED, f"this broker requires a login: {LOGIN_USAGE}", hello.id
-                )
-            )
+            self.refuse(loginRequired(LOGIN_USAGE, hello.id))
         else:
             # Read nothing more until the password is checked: requests
             # pipelined after the HELLO are then served, or not, as the
@@ -466,14 +338,22 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
             # sweep leaves it alone until then.
             self.pauseReading(LOGIN_CHECK)
             self.sweep.remove(self)
-            user, password = credentials
-            checking = self._checking = gatekeeper.login(user, password, hello.clientId, self._host)
-            checking.addCallbacks(
-                self._loginSucceeded,
-                self._loginFailed,
-                callbackArgs=(hello,),
-                errbackArgs=(hello,),
+            checking = self._checking = checkPassword(
+                self.broker,
+                self.gatekeeper,
+                credentials,
+                hello.clientId,
+                self._host,
+                hello.id,
+                self._answering,
             )
+            checking.addCallbacks(self._loginSucceeded, self._loginFailed, callbackArgs=(hello,))
+
+    def _answering(self):
+        """
+        Who answers a refused login: this connection, unless it is gone.
+        """
+        return self if self._attached else None
 
     def _loginSucceeded(self, user, hello):
         self._checking = None
@@ -487,7 +367,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         self.sweep.add(self)
         self.resumeReading(LOGIN_CHECK)
 
-    def _loginFailed(self, failure, hello):
+    def _loginFailed(self, failure):
         """
         Refuse the login and close the connection, as Mosquitto does: a
         client has one try per connection.
@@ -496,28 +376,9 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         if failure.check(CancelledError):
             # The connection was lost while its check waited.
             return
-        if failure.check(TooManyChecks):
-            error = failure.value
-            self._stopLoginDeadline()
-            self.refuse(
-                self.broker.refusedByLimit(
-                    self, error.limit, error.maximum, error.reason, hello.id
-                ),
-                fatal=True,
-            )
-            return
-        refused = failure.check(LoginFailed)
-        if not refused:
-            self._log.failure("checking a password failed", failure)
-        if not self._attached:
-            return
+        failure.trap(LoginRefused)
         self._stopLoginDeadline()
-        if refused:
-            self.broker.loginFailed(self, failure.value.shownUser)
-            reason = "bad user name or password"
-        else:
-            reason = "the broker could not check the password (see its log)"
-        self.refuse(RequestError(BAD_CREDENTIALS, reason, hello.id), fatal=True)
+        self.refuse(failure.value.error, fatal=True)
 
     def _loginTimedOut(self):
         self._loginDeadline = None
@@ -556,7 +417,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         A graceful disconnect: answer BYE, then close once it is written.
         """
         self.sendFrame(wire.BYE_FRAME)
-        self._close()
+        self.closeAfterOutput()
 
     def _publishReceived(self, request):
         try:
@@ -626,10 +487,10 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
             # The broker has already detached this session.
             self._attached = False
             self.sweep.remove(self)
-            self._close()
+            self.closeAfterOutput()
         else:
             # A slow consumer's buffer may never drain: don't wait for it.
-            self._output = []
+            self.dropOutput()
             self.transport.abortConnection()
 
     # IPingable
@@ -651,7 +512,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler):
         self._closeReason = "missed_pings"
         # The peer is not answering, so it may not be reading either: do not
         # wait for the write buffer to drain.
-        self._output = []
+        self.dropOutput()
         self.transport.abortConnection()
 
 

@@ -1,6 +1,6 @@
 """
 The broker over UDP: one L{BrokerDatagramProtocol} per port, one
-L{UdpSession} per client.
+L{UdpClient} per client.
 
 UDP has no connections, so a client is known by the id it gives in its
 C{HELLO}, and reached at the last address it was heard from with a valid
@@ -45,14 +45,12 @@ from math import ceil
 from twisted.internet.defer import CancelledError
 from twisted.internet.error import MessageLengthError
 from twisted.internet.protocol import DatagramProtocol
-from twisted.logger import Logger
 from zope.interface import implementer
 
 from dallal import __version__
 from dallal.broker.interfaces import ISubscriber
 from dallal.errors import (
     ANSWER_FORGOTTEN,
-    BAD_CREDENTIALS,
     BAD_TOKEN,
     BUSY,
     NO_ID,
@@ -69,14 +67,21 @@ from dallal.limits import (
     UDP_ANSWER_BYTES_TOTAL,
     UDP_CLIENTS,
     UDP_CLIENTS_PER_IP,
+    ConnectionTable,
     LogWindow,
     RateTable,
 )
 from dallal.numbers import wholeNumber
 from dallal.protocol import datagram, wire
-from dallal.security.auth import LoginFailed, TooManyChecks
 from dallal.server.addresses import formatDatagramAddress
 from dallal.server.keepalive import IPingable
+from dallal.server.login import (
+    PASSWORD_NEEDED,
+    LoginRefused,
+    checkPassword,
+    loginRequired,
+    userWithoutPassword,
+)
 from dallal.server.requests import RequestHandler, helloLimits
 
 DEFAULT_ACK_TIMEOUT = 1.0
@@ -108,6 +113,8 @@ SESSION_KEY_BYTES = 16
 # resent: a client resends at least every second (dallal.client), so one
 # silent this long is gone, and its check is dropped.
 LOGIN_RESEND_TIMEOUT = 3.0
+# How a login is written in a UDP client's HELLO.
+LOGIN_USAGE = "HELLO <id> <client-id> token=<token> user=<name> password=<the password in base64>"
 # Refusals of datagrams that named no session logged per second, at most.
 STRANGER_ERRORS_LOGGED_PER_SECOND = 10
 
@@ -271,7 +278,7 @@ class AnswerCache:
 
 
 @implementer(ISubscriber, IPingable)
-class UdpSession(RequestHandler):
+class UdpClient(RequestHandler):
     """
     One UDP client, from its C{HELLO} until it expires or says C{BYE}.
 
@@ -488,7 +495,7 @@ class UdpSession(RequestHandler):
 class BrokerDatagramProtocol(DatagramProtocol):
     """
     The broker's UDP port: authenticates datagrams and hands them to their
-    client's L{UdpSession}.
+    client's L{UdpClient}.
 
     @param sweep: the broker's L{PingSweep}; its interval is the one UDP
         clients are told to ping at.
@@ -498,7 +505,6 @@ class BrokerDatagramProtocol(DatagramProtocol):
 
     # The broker logs its own listening event; Twisted's would be noise.
     noisy = False
-    _log = Logger()
 
     def __init__(self, broker, sweep, ackTimeout=DEFAULT_ACK_TIMEOUT, secret=None, gatekeeper=None):
         """
@@ -518,8 +524,14 @@ class BrokerDatagramProtocol(DatagramProtocol):
         # How many sessions are at each address: those addresses have
         # proved they receive.
         self._sessionAddresses = Counter()
-        # How many sessions are at each host, for --max-udp-clients-per-ip.
-        self._sessionHosts = Counter()
+        # How many sessions there are, in all and at each host.
+        config = self.broker.config
+        self._clients = ConnectionTable(
+            config.maxUdpClients,
+            config.maxUdpClientsPerIp,
+            (UDP_CLIENTS, UDP_CLIENTS_PER_IP),
+            "UDP clients",
+        )
         # (host, port) -> [bytes received, bytes sent], for the others.
         self._unproven = OrderedDict()
         # Hellos each source host may still say (each costs an HMAC).
@@ -623,13 +635,13 @@ class BrokerDatagramProtocol(DatagramProtocol):
 
     def _arrive(self, address):
         self._sessionAddresses[address] += 1
-        self._sessionHosts[address[0]] += 1
+        self._clients.opened(address[0])
 
     def _leave(self, address):
-        for counts, key in ((self._sessionAddresses, address), (self._sessionHosts, address[0])):
-            counts[key] -= 1
-            if not counts[key]:
-                del counts[key]
+        self._sessionAddresses[address] -= 1
+        if not self._sessionAddresses[address]:
+            del self._sessionAddresses[address]
+        self._clients.closed(address[0])
 
     def serves(self, session):
         """
@@ -775,13 +787,13 @@ class BrokerDatagramProtocol(DatagramProtocol):
         except RequestError as error:
             self._refuse(error, address, proven=True)
             return
-        gatekeeper = self.gatekeeper
-        loginRequired = gatekeeper is not None and gatekeeper.loginRequired
         session = self._sessions.get(hello.clientId)
         if session is not None and session.mayMoveTo(address, hello.options.get("key")):
             # The session's own address, or its key: it resumes as it is.
             self._startSession(hello, address)
-        elif session is not None and not (loginRequired and credentials is not None):
+            return
+        passwordNeeded = self.gatekeeper is not None and self.gatekeeper.loginRequired
+        if session is not None and not (passwordNeeded and credentials is not None):
             # Only its key, or a login as its user, moves a session: its
             # client id is no secret.
             self._refuse(
@@ -794,25 +806,14 @@ class BrokerDatagramProtocol(DatagramProtocol):
                 address,
                 proven=True,
             )
-        elif gatekeeper is None:
-            self._startSession(hello, address)
-        elif not loginRequired:
-            # No passwords: credentials are not checked, the client is
-            # anonymous.
-            self._startSession(hello, address, gatekeeper.anonymous(hello.clientId))
+            return
+        user = userWithoutPassword(self.gatekeeper, hello.clientId)
+        if user is not PASSWORD_NEEDED:
+            self._startSession(hello, address, user)
         elif credentials is None:
-            self._refuse(
-                RequestError(
-                    NOT_AUTHORIZED,
-                    "this broker requires a login: HELLO <id> <client-id> token=<token> "
-                    "user=<name> password=<the password in base64>",
-                    hello.id,
-                ),
-                address,
-                proven=True,
-            )
+            self._refuse(loginRequired(LOGIN_USAGE, hello.id), address, proven=True)
         else:
-            self._logIn(hello, address, *credentials)
+            self._logIn(hello, address, credentials)
 
     def _startSession(self, hello, address, user=None, fingerprint=None):
         """
@@ -833,7 +834,7 @@ class BrokerDatagramProtocol(DatagramProtocol):
         if not resumed:
             if self._refusedByClientLimits(hello, address):
                 return
-            session = UdpSession(self, hello.clientId, address)
+            session = UdpClient(self, hello.clientId, address)
             self._sessions[hello.clientId] = session
             self._arrive(address)
             self.broker.attach(session, self.delivery)
@@ -863,32 +864,16 @@ class BrokerDatagramProtocol(DatagramProtocol):
 
         @return: whether it was refused.
         """
-        config = self.broker.config
-        host = address[0]
-        for limit, maximum, held, source in (
-            (UDP_CLIENTS, config.maxUdpClients, len(self._sessions), ""),
-            (
-                UDP_CLIENTS_PER_IP,
-                config.maxUdpClientsPerIp,
-                self._sessionHosts[host],
-                f" from {host}",
-            ),
-        ):
-            if held >= maximum:
-                self._refuse(
-                    self.broker.refusedByLimit(
-                        _Stranger(address),
-                        limit,
-                        maximum,
-                        f"the broker has its maximum of {maximum} UDP clients{source}: "
-                        "try again later",
-                        hello.id,
-                    ),
-                    address,
-                    proven=True,
-                )
-                return True
-        return False
+        refusal = self._clients.refusal(address[0])
+        if refusal is None:
+            return False
+        limit, maximum, reason = refusal
+        self._refuse(
+            self.broker.refusedByLimit(_Stranger(address), limit, maximum, reason, hello.id),
+            address,
+            proven=True,
+        )
+        return True
 
     # Logins
 
@@ -897,11 +882,11 @@ class BrokerDatagramProtocol(DatagramProtocol):
             self._secret, b"login|%s|%s" % (user.encode("utf-8"), password), hashlib.sha256
         ).digest()
 
-    def _logIn(self, hello, address, user, password):
+    def _logIn(self, hello, address, credentials):
         """
         Check a client's credentials, then start or resume its session.
         """
-        fingerprint = self._fingerprint(user, password)
+        fingerprint = self._fingerprint(*credentials)
         session = self._sessions.get(hello.clientId)
         if session is not None and session.loginFingerprint is not None:
             if hmac.compare_digest(session.loginFingerprint, fingerprint):
@@ -916,7 +901,15 @@ class BrokerDatagramProtocol(DatagramProtocol):
             # there, and the first gets the answer.
             senderGone.reset(LOGIN_RESEND_TIMEOUT)
             return
-        checking = self.gatekeeper.login(user, password, hello.clientId, address[0])
+        checking = checkPassword(
+            self.broker,
+            self.gatekeeper,
+            credentials,
+            hello.clientId,
+            address[0],
+            hello.id,
+            lambda: self._answering(hello, address),
+        )
         self._loggingIn[attempt] = self.broker.clock.callLater(
             LOGIN_RESEND_TIMEOUT, self._loginAbandoned, attempt, checking
         )
@@ -964,33 +957,24 @@ class BrokerDatagramProtocol(DatagramProtocol):
             return
         self._startSession(hello, address, user, fingerprint)
 
+    def _answering(self, hello, address):
+        """
+        Who answers a refused login: the session of its client id if the
+        login came from the session's address, else whoever sent it; nobody
+        once the port has stopped.
+        """
+        if self.transport is None:
+            return None
+        session = self._sessions.get(hello.clientId)
+        if session is None or session.address != address:
+            # The log names a session only for an attempt from its address.
+            return _Stranger(address)
+        return session
+
     def _loginFailed(self, failure, hello, address):
         self._loginAnswered(hello, address)
         if failure.check(CancelledError):
-            # Abandoned: nobody to answer.
+            # Abandoned, or the port stopped: nobody to answer.
             return
-        if failure.check(TooManyChecks):
-            error = failure.value
-            self._refuse(
-                self.broker.refusedByLimit(
-                    _Stranger(address), error.limit, error.maximum, error.reason, hello.id
-                ),
-                address,
-                proven=True,
-            )
-            return
-        refused = failure.check(LoginFailed)
-        if refused:
-            reason = "bad user name or password"
-        else:
-            self._log.failure("checking a password failed", failure)
-            reason = "the broker could not check the password (see its log)"
-        if self.transport is None:
-            return
-        if refused:
-            client = self._sessions.get(hello.clientId)
-            if client is None or client.address != address:
-                # The log names a session only for an attempt from its address.
-                client = _Stranger(address)
-            self.broker.loginFailed(client, failure.value.shownUser)
-        self._refuse(RequestError(BAD_CREDENTIALS, reason, hello.id), address, proven=True)
+        failure.trap(LoginRefused)
+        self._refuse(failure.value.error, address, proven=True)

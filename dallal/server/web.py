@@ -40,9 +40,10 @@ from twisted.web.util import DeferredResource
 from zope.interface import implementer
 
 from dallal.broker.delivery import DROP_REASONS
+from dallal.errors import NO_ID
 from dallal.limits import LIMITS
-from dallal.security.auth import LoginFailed, TooManyChecks
 from dallal.server.addresses import formatAddress
+from dallal.server.login import TOO_MANY_CHECKS, WRONG_PASSWORD, LoginRefused, checkPassword
 
 # The realm browsers show when they ask for a user name and password.
 AUTH_REALM = "dallal"
@@ -581,8 +582,6 @@ class WebLogins:
     key of this process's.
     """
 
-    _log = Logger()
-
     def __init__(self, gatekeeper, broker, remember=LOGIN_REMEMBERED):
         self.gatekeeper = gatekeeper
         self.broker = broker
@@ -609,14 +608,13 @@ class WebLogins:
             if checkedAgainst is users and self.broker.clock.seconds() < until:
                 return resource
         client = WebClient(request)
-        checking = self.gatekeeper.login(user, password, None, client.host)
+        checking = checkPassword(
+            self.broker, self.gatekeeper, credentials, None, client.host, NO_ID, lambda: client
+        )
         # A client gone while its check waits leaves the queue.
         request.notifyFinish().addErrback(lambda _: checking.cancel())
         checking.addCallbacks(
-            self._passedCheck,
-            self._failedCheck,
-            callbackArgs=(key, users, resource),
-            errbackArgs=(client,),
+            self._passedCheck, self._failedCheck, callbackArgs=(key, users, resource)
         )
         return DeferredResource(checking)
 
@@ -626,17 +624,15 @@ class WebLogins:
         self._passed[key] = (users, self.broker.clock.seconds() + self.remember)
         return resource
 
-    def _failedCheck(self, failure, client):
-        if failure.check(LoginFailed):
-            self.broker.loginFailed(client, failure.value.shownUser)
-            return LoginRequired()
-        if failure.check(TooManyChecks):
-            error = failure.value
-            self.broker.refusedByLimit(client, error.limit, error.maximum, error.reason)
-            return _Busy(error.reason)
+    def _failedCheck(self, failure):
         if failure.check(CancelledError):
             return _Gone()
-        self._log.failure("checking a web client's password failed", failure)
+        failure.trap(LoginRefused)
+        refused = failure.value
+        if refused.cause == WRONG_PASSWORD:
+            return LoginRequired()
+        if refused.cause == TOO_MANY_CHECKS:
+            return _Busy(refused.error.reason)
         return pages.errorPage(500, "Error", "The broker could not check the password.")
 
 

@@ -381,7 +381,7 @@ def test_loginRefused(connection):
 
 def test_loginRefusesABadUserNameBeforeSending(connection):
     client, transport = connection
-    with pytest.raises(ValueError, match="bad user name 'a b'"):
+    with pytest.raises(ValueError, match="user name 'a b' must be"):
         client.login(("a b", "pw"))
     assert transport.value() == b""
 

@@ -10,7 +10,7 @@ import struct
 
 import pytest
 from helpers import BrokerHarness
-from test_mqtt_server import MQTTClient
+from test_server_mqtt import MQTTClient
 from twisted.internet.testing import StringTransport
 
 from dallal.broker.core import BrokerConfig

@@ -174,6 +174,35 @@ def test_aLoginIsCheckedByTheBrokersCheckers():
     assert harness.broker.counters["logins_failed"] == 1
 
 
+def test_mqttLoginsWaitWithinTheBoundPerAddress():
+    """
+    MQTT logins take their turn in the same check queue as Dallal's, by
+    the client's address: one over --max-pending-logins-per-ip is refused
+    at once as "server unavailable", counted as the limit's refusal, while
+    another address is still served.
+    """
+    checks = PendingChecks()
+    harness = BrokerHarness(
+        BrokerConfig(maxPendingLoginsPerIp=1, messageEvents=True),
+        users={"alice": b"pw"},
+        runHash=checks,
+    )
+    waiting = MQTTClient(harness)
+    assert waiting.connect("a", username="alice", password=b"pw") == []
+    refused = MQTTClient(harness, MQTT_5)
+    (answer,) = refused.connect("b", username="alice", password=b"pw")
+    assert answer.reasonCode == ReasonCode.SERVER_UNAVAILABLE
+    assert "maximum of 1 logins from 127.0.0.1" in answer.properties[Property.REASON_STRING]
+    assert refused.closing
+    assert harness.broker.stats()["refused_pending_logins_per_ip"] == 1
+    other = MQTTClient(harness)
+    other.connection = harness.connectMQTT(host="10.0.0.2")
+    assert other.connect("c", username="alice", password=b"pw") == []
+    while checks.waiting:
+        checks.runAll()
+    assert waiting.received() == other.received() == [ConnAck()]
+
+
 def test_theAclAppliesWithTheClientIdAsPercentC():
     harness = BrokerHarness(acl="pattern readwrite devices/%c/#\n")
     client = connected(harness, "d1", MQTT_5)
@@ -758,7 +787,9 @@ def test_mqttListensWhereTheOptionsSay(tmp_path):
         "tcp:1883:interface=127.0.0.1",
         "ssl:8883:privateKey=k:certKey=c",
     ]
-    with pytest.raises(usage.UsageError, match="^--mqtt: port 70000 is not in 0-65535$"):
+    with pytest.raises(
+        usage.UsageError, match="^--mqtt must be a whole number from 0 to 65535, not .70000.$"
+    ):
         Options().parseOptions(["--mqtt", "70000"])
     config = tmp_path / "dallal.toml"
     config.write_text('mqtt = ["1884"]\n')
