@@ -271,17 +271,28 @@ def test_encodeMessage(size, deliveryId, redelivered, retained):
         assert frame[1] is payload
 
 
-def test_encodeMessageKeepsWhatDeliveriesShareInTheMessagesEncodings():
+def test_encodeMessageKeepsWhatDeliveriesShareAsTheMessagesEncoding():
     """
     The parts every C{MSG} frame of a message shares are encoded once, on
-    its first delivery, and kept in the message's C{encodings} beside what
-    other transports keep there, which the codec leaves alone.
+    its first delivery, and kept as the message's C{encoding}.
     """
     message = Message(1, "a/b", b"hello", "127.0.0.1:1", 0.0)
-    message.encodings["other"] = "another transport's"
     wire.encodeMessage(message, "s1", 1, None, False)
-    (key,) = set(message.encodings) - {"other"}
-    shared = message.encodings[key]
-    wire.encodeMessage(message, "s2", 1, "5", False)
-    assert message.encodings == {"other": "another transport's", key: shared}
-    assert message.encodings[key] is shared
+    shared = message.encoding
+    assert shared is not None
+    second = wire.encodeMessage(message, "s2", 2, "5", False)
+    assert message.encoding is shared
+    assert second == (b"MSG a/b 5 sub=s2 seq=2 id=5\r\nhello\r\n",)
+
+
+def test_encodeMessageLeavesAnotherTransportsEncodingAlone():
+    """
+    A message another transport encoded first is encoded all the same, and
+    what that transport kept stays.
+    """
+    message = Message(1, "a/b", b"hello", "127.0.0.1:1", 0.0)
+    message.encoding = ("another transport's",)
+    for _ in range(2):
+        frame = wire.encodeMessage(message, "s1", 1, None, False)
+        assert frame == (b"MSG a/b 5 sub=s1 seq=1\r\nhello\r\n",)
+    assert message.encoding == ("another transport's",)

@@ -14,9 +14,13 @@ class Message:
         frame that carries it.
     @ivar retained: whether it comes from the retained store, sent to a new
         subscription, rather than from a publish as it happened.
-    @ivar encodings: what the transports computed once for all their
-        deliveries of it, each under a key of its own (the Dallal codec
-        keeps what all its C{MSG} frames share): opaque to the broker.
+    @ivar encoding: what a transport encoded once for all its deliveries
+        of it (the Dallal codec: what all its C{MSG} frames share), or
+        C{None}.  It is opaque to the broker: the transport that fills it
+        knows its own value from another's, and one that finds another's
+        encodes for itself.  (One slot rather than a dict per transport: a
+        dict more per message costs several per cent of the broker's CPU in
+        C{bench/firehose.py --mode all}.)
     @ivar origin: for a message that came over a bridge, the
         L{dallal.broker.origin.Origin} it came with, its C{hops} counting
         that bridge; C{None} for a message published here.
@@ -36,7 +40,7 @@ class Message:
         "publisher",
         "published",
         "retained",
-        "encodings",
+        "encoding",
         "origin",
         "properties",
         "source",
@@ -61,7 +65,7 @@ class Message:
         self.publisher = publisher
         self.published = published
         self.retained = retained
-        self.encodings = {}
+        self.encoding = None
         self.origin = origin
         self.properties = properties
         self.source = source

@@ -364,7 +364,7 @@ def encodeMessageHeader(
 COPIED_PAYLOAD_SIZE = 4096
 
 
-# The key of what every MSG frame of a message shares, in its encodings.
+# Tags what every MSG frame of a message shares, in the message's encoding.
 _MSG_PARTS = "dallal.msg"
 
 
@@ -374,19 +374,20 @@ def encodeMessage(message, subscriptionId, seq, deliveryId, redelivered):
     to write in order.
 
     What every delivery of the message shares (the topic, the size, the
-    payload and the line ends) is encoded on its first delivery and kept in
-    the message's C{encodings}; a delivery adds only its C{sub=}, C{seq=} and
+    payload and the line ends) is encoded on its first delivery and kept as
+    the message's C{encoding}; a delivery adds only its C{sub=}, C{seq=} and
     C{id=}.  A fan-out to many subscribers costs one formatting per
     subscriber instead of a header, a join and three buffered pieces.
     """
     if redelivered:
         # Rare (an ack timed out): the general encoder.
         return encodeMessageWithOptions(message, subscriptionId, seq, deliveryId, True, None)
-    encodings = message.encodings
-    shared = encodings.get(_MSG_PARTS)
-    if shared is None:
-        shared = encodings[_MSG_PARTS] = _sharedMessageParts(message)
-    start, end, uncopiedPayload = shared
+    shared = message.encoding
+    if shared is None or shared[0] is not _MSG_PARTS:
+        shared = _sharedMessageParts(message)
+        if message.encoding is None:
+            message.encoding = shared
+    _, start, end, uncopiedPayload = shared
     if deliveryId is None:
         line = b"%s%s seq=%d%s" % (start, subscriptionId.encode("ascii"), seq, end)
     else:
@@ -405,16 +406,17 @@ def encodeMessage(message, subscriptionId, seq, deliveryId, redelivered):
 def _sharedMessageParts(message):
     """
     The parts of a message's C{MSG} frame that are the same for every
-    delivery: C{(start, end, payload)}, where the delivery's C{sub=},
-    C{seq=} and C{id=} go between C{start} and C{end}; C{end} holds a small
-    payload and its line end, and C{payload} is then C{None}.
+    delivery, tagged as the codec's: C{(_MSG_PARTS, start, end, payload)},
+    where the delivery's C{sub=}, C{seq=} and C{id=} go between C{start}
+    and C{end}; C{end} holds a small payload and its line end, and
+    C{payload} is then C{None}.
     """
     payload = message.payload
     start = b"MSG %s %d sub=" % (message.wireTopic, len(payload))
     end = (b" retained=1" if message.retained else b"") + CRLF
     if len(payload) <= COPIED_PAYLOAD_SIZE:
-        return start, end + payload + CRLF, None
-    return start, end, payload
+        return _MSG_PARTS, start, end + payload + CRLF, None
+    return _MSG_PARTS, start, end, payload
 
 
 def encodeMessageWithOptions(message, subscriptionId, seq, deliveryId, redelivered, options):
