@@ -28,7 +28,7 @@ from dallal.broker.counters import Counters
 from dallal.broker.delivery import DeliveryConfig, FlowControl, Ledger, Subscription
 from dallal.broker.directory import TopicDirectory
 from dallal.broker.events import EventLog
-from dallal.broker.origin import generatedName, originFromOptions
+from dallal.broker.origin import checkOrigin, generatedName
 from dallal.broker.owntopics import OwnTopics
 from dallal.broker.retained import StoreError
 from dallal.broker.router import TOPICS_REMEMBERED, Router
@@ -705,7 +705,7 @@ class Broker:
             self.router.publish(topic, payload, subscriber)
         return len(topics)
 
-    def publishBridged(self, subscriber, topic, payload, options, requestId):
+    def publishBridged(self, subscriber, topic, payload, sent, requestId):
         """
         Publish a message that came over a bridge (PROTOCOL.md, "Bridges"),
         unless this broker has routed it already
@@ -713,8 +713,8 @@ class Broker:
 
         @param subscriber: the session it came on: another broker's bridge
             connected to this one, or this broker's own bridge to another.
-        @param options: the options of the frame that carried it, with its
-            origin (L{originFromOptions}).
+        @param sent: the L{dallal.broker.origin.Origin} it was sent with,
+            as received (L{dallal.server.origins.originFromOptions}).
         @return: the L{dallal.broker.message.Message}, or C{None} if it was
             discarded (counted, and logged with the per-message events).
         @raise RequestError: refused: a bad origin, topic or payload size, or
@@ -724,7 +724,7 @@ class Broker:
         """
         self._checkAccepting(requestId)
         try:
-            sent = originFromOptions(options, requestId)
+            checkOrigin(sent, requestId)
             self._checkPublish(subscriber, topic, payload, requestId)
         except RequestError:
             self.counters.count("bridged_refused")

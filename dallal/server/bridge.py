@@ -62,6 +62,7 @@ from dallal.modes import ALL
 from dallal.names import checkUserName
 from dallal.server.addresses import formatAddress
 from dallal.server.keepalive import IPingable
+from dallal.server.origins import originFromOptions, originOptions
 from dallal.topics import TopicError
 from dallal.topictree import MULTI_LEVEL, RESERVED_PREFIX, checkFilter
 
@@ -471,7 +472,9 @@ class BridgeLink(Service):
             return Deferred()
         self.received += 1
         try:
-            self.broker.publishBridged(self, message.topic, message.payload, message.options, NO_ID)
+            self.broker.publishBridged(
+                self, message.topic, message.payload, originFromOptions(message.options), NO_ID
+            )
         except RequestError as error:
             if error.code == SHUTTING_DOWN:
                 # Never acked: the remote keeps it for the next connection,
@@ -498,7 +501,7 @@ class BridgeLink(Service):
         self.protocol.publish(
             message.topic,
             message.payload,
-            options=self.broker.originOf(message).options(),
+            options=originOptions(self.broker.originOf(message)),
         ).addCallbacks(
             self._remoteAcked,
             self._remoteFailed,
