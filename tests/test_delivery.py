@@ -22,11 +22,10 @@ from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from dallal.broker.core import BrokerConfig
-from dallal.broker.counters import DELIVERY_COUNTERS
+from dallal.broker.counters import DELIVERY_COUNTERS, DROP_REASONS
 from dallal.broker.delivery import (
     ALL,
     DISCONNECT,
-    DROP_REASONS,
     FIRE,
     LATEST,
     DeliveryConfig,

@@ -53,7 +53,8 @@ from twisted.internet.protocol import Factory
 from twisted.logger import Logger, LogLevel
 from zope.interface import implementer
 
-from dallal.broker.delivery import BRIDGE_REFUSED, DROP_OLDEST
+from dallal.broker.counters import BRIDGE_REFUSED
+from dallal.broker.delivery import DROP_OLDEST
 from dallal.broker.interfaces import ISubscriber
 from dallal.broker.origin import checkBrokerName
 from dallal.client import DallalClientProtocol, ServerError, reconnectDelays

@@ -39,7 +39,7 @@ from twisted.web.server import NOT_DONE_YET, Site
 from twisted.web.util import DeferredResource
 from zope.interface import implementer
 
-from dallal.broker.delivery import DROP_REASONS
+from dallal.broker.counters import DROP_REASONS
 from dallal.errors import NO_ID
 from dallal.limits import LIMITS
 from dallal.server.addresses import formatAddress
