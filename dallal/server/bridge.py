@@ -245,8 +245,8 @@ class _ObservedEndpoint:
         return f"<bridge {self.link.name} to {self.link.spec.endpoint}>"
 
     def connect(self, factory):
-        self.link._attempting()
-        return self.endpoint.connect(factory).addErrback(self.link._attemptFailed)
+        self.link.connecting()
+        return self.endpoint.connect(factory).addErrback(self.link.connectFailed)
 
 
 @implementer(ISubscriber, IPingable)
@@ -366,11 +366,18 @@ class BridgeLink(Service):
         self.state = state
         self.broker.events.emit(event, level, bridge=self.name, **fields)
 
-    def _attempting(self):
+    def connecting(self):
+        """
+        A connection attempt begins (L{_ObservedEndpoint}).
+        """
         self._attempts += 1
         self._setState(CONNECTING, "bridge_connecting", attempt=self._attempts)
 
-    def _attemptFailed(self, failure):
+    def connectFailed(self, failure):
+        """
+        A connection attempt failed (L{_ObservedEndpoint}): log why, and
+        return C{failure} for L{ClientService} to retry.
+        """
         reason = "stopped" if self._stopping else _reasonFor(failure)
         self._setState(DOWN, "bridge_down", LogLevel.warn, reason=reason)
         self._log.info(
