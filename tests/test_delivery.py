@@ -23,15 +23,10 @@ from zope.interface.verify import verifyObject
 
 from dallal.broker.core import BrokerConfig
 from dallal.broker.counters import DELIVERY_COUNTERS, DROP_REASONS
-from dallal.broker.delivery import (
-    ALL,
-    DISCONNECT,
-    FIRE,
-    LATEST,
-    DeliveryConfig,
-)
+from dallal.broker.delivery import DISCONNECT, DeliveryConfig
 from dallal.broker.interfaces import ISubscriber
 from dallal.client import DallalClientProtocol, ReceivedMessage
+from dallal.modes import ALL, FIRE, LATEST
 
 TOPIC = "news"
 ACK_TIMEOUT = 2.0

@@ -56,11 +56,10 @@ from zope.interface import implementer
 from dallal.broker.counters import BRIDGE_REFUSED
 from dallal.broker.delivery import DROP_OLDEST
 from dallal.broker.interfaces import ISubscriber
-from dallal.broker.origin import checkBrokerName
 from dallal.client import DallalClientProtocol, ServerError, reconnectDelays
 from dallal.errors import NO_ID, SHUTTING_DOWN, RequestError
 from dallal.modes import ALL
-from dallal.names import checkUserName
+from dallal.names import checkBrokerName, checkUserName
 from dallal.server.addresses import formatAddress
 from dallal.server.keepalive import IPingable
 from dallal.server.origins import originFromOptions, originOptions
