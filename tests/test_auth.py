@@ -21,7 +21,7 @@ from helpers import (
     makeGatekeeper,
     messages,
 )
-from test_topics_core import MemoryRetained
+from test_topic_requests import MemoryRetained
 from twisted.cred.checkers import ANONYMOUS
 from twisted.cred.credentials import UsernamePassword
 from twisted.cred.error import UnauthorizedLogin

@@ -12,7 +12,7 @@ import tracemalloc
 import pytest
 from helpers import PING_INTERVAL, BrokerHarness, UdpHarness
 from test_auth import USERS, PendingChecks, credentialOptions, udpHello
-from test_topics_core import MemoryRetained, document
+from test_topic_requests import MemoryRetained, document
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 

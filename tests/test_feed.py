@@ -6,7 +6,7 @@ broker's TCP protocol on a clock.
 
 import pytest
 from helpers import BrokerHarness
-from test_topics_core import MemoryRetained, messages, messagesIn
+from test_topic_requests import MemoryRetained, messages, messagesIn
 
 from dallal.broker.core import BrokerConfig
 from dallal.broker.delivery import DeliveryConfig

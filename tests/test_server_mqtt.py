@@ -8,7 +8,7 @@ from helpers import BrokerHarness, countersAddUp, messages
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_auth import PendingChecks
-from test_topics_core import harnessWithRetained
+from test_topic_requests import harnessWithRetained
 from twisted.internet.address import IPv4Address
 from twisted.python import usage
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_events_catalogue import MQTT_SESSION_EVENTS, catalogue
 from test_server_mqtt import MQTTClient, _packets, connected
-from test_topics_core import harnessWithRetained
+from test_topic_requests import harnessWithRetained
 from twisted.internet import reactor
 from twisted.internet.defer import fail, maybeDeferred
 

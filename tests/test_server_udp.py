@@ -9,7 +9,7 @@ import re
 import pytest
 from helpers import KEY, PING_INTERVAL, TOKEN, UdpHarness, messages, resultOf
 from hypothesis import given, settings, strategies
-from test_topics_core import MemoryRetained
+from test_topic_requests import MemoryRetained
 from twisted.internet.defer import Deferred
 
 from dallal import __version__

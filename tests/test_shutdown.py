@@ -6,7 +6,7 @@ closes every session and logs its final counters.
 """
 
 from helpers import BrokerHarness, FakeDatagramTransport, decodeFrames, resultOf
-from test_topics_core import MemoryRetained
+from test_topic_requests import MemoryRetained
 from twisted.internet.defer import Deferred
 from twisted.internet.testing import MemoryReactorClock
 
