@@ -1,10 +1,11 @@
 """
-The broker core: who is subscribed to what, and who gets each message.
+The broker's facade: what its transports call to publish, subscribe, log
+in and be counted.
 
 It is transport-independent: clients reach it as L{ISubscriber} providers
-(a TCP connection, a UDP address), it hands them
-L{dallal.broker.message.Message}s, and it knows nothing of sockets, frames
-or ports.  Time comes from an injected C{IReactorTime}, so tests drive it
+(a TCP connection, a UDP client, an MQTT connection or session, a bridge),
+it hands them L{dallal.broker.message.Message}s, and it knows nothing of
+sockets, frames or ports.  Time comes from an injected C{IReactorTime}, so tests drive it
 with C{task.Clock}.
 
 L{Broker} is the facade the transports call.  It checks their requests
