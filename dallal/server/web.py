@@ -157,7 +157,6 @@ GAUGES = {
 LABELLED = {"dropped_" + reason: ("reason", reason) for reason in DROP_REASONS} | {
     limit.counter: ("limit", limit.name) for limit in LIMITS
 }
-SUMS = frozenset({"dropped", "connections"})
 
 # A bridge's status field -> (metric name, whether a counter, help).
 BRIDGE_METRICS = {
