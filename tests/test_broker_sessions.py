@@ -24,7 +24,7 @@ def test_attachAndDetachCountSessionsAndTheirSubscriptions():
     counters = broker.counters
     assert (counters["connections"], counters["connections_total"]) == (1, 2)
     assert counters["subscriptions"] == 0
-    assert broker.sessions.sessionNumber(first) == 0
+    assert broker.sessionId(first) == 0
 
 
 def test_aNamedLoginIsCountedAndAnAclRestrictsTheBroker():

@@ -247,7 +247,11 @@ class Broker:
         self.sessions.close(session, reason)
 
     def sessionId(self, subscriber):
-        return self.sessions[subscriber].sid
+        """
+        The session id of a client, as the log shows it
+        (L{dallal.broker.sessions.SessionTable.sessionId}).
+        """
+        return self.sessions.sessionId(subscriber)
 
     def login(self, subscriber, user):
         """
@@ -409,7 +413,7 @@ class Broker:
             maximum,
             subscriber.peer,
             subscriber.transportName,
-            self.sessions.sessionNumber(subscriber),
+            self.sessions.sessionId(subscriber),
             reason,
             requestId,
         )
