@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from twisted.internet.address import IPv4Address
-from twisted.internet.defer import maybeDeferred
+from twisted.internet.defer import maybeDeferred, succeed
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock, deferLater
 from twisted.internet.testing import StringTransport
@@ -25,12 +25,14 @@ from twisted.python.failure import Failure
 
 from dallal.broker.core import BrokerConfig
 from dallal.broker.events import NAMESPACE, EventLog
+from dallal.broker.retained import RetainedStats
 from dallal.protocol import wire
 from dallal.security.acl import parseAcl
 from dallal.security.auth import BrokerRealm, Gatekeeper, PasswordFileChecker
 from dallal.security.passwords import PasswordHash
 from dallal.server import udp
 from dallal.server.service import DallalService
+from dallal.topictree import TopicMap
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -204,6 +206,52 @@ class BrokerHarness:
             for event in self.events
             if event.get("dallal_event") == name
         ]
+
+
+class MemoryRetained:
+    """
+    The retained store's interface, in memory: writes are durable at once.
+    """
+
+    def __init__(self):
+        self.messages = TopicMap()
+        self.changed = None
+
+    def set(self, topic, payload):
+        held = topic in self.messages
+        if payload:
+            self.messages[topic] = payload
+        else:
+            self.messages.pop(topic, None)
+        if self.changed is not None and held != bool(payload):
+            self.changed(topic, bool(payload))
+        return succeed(None)
+
+    def topics(self):
+        return iter(self.messages)
+
+    def watch(self, changed):
+        self.changed = changed
+
+    def get(self, topic):
+        return self.messages.get(topic)
+
+    def match(self, topicFilter, limit=None):
+        return self.messages.match(topicFilter, limit)
+
+    @property
+    def stats(self):
+        return RetainedStats(len(self.messages), sum(map(len, self.messages.values())))
+
+
+def harnessWithRetained():
+    """
+    A L{BrokerHarness} whose broker keeps retained messages in a
+    L{MemoryRetained}.
+    """
+    harness = BrokerHarness()
+    harness.broker.retained = MemoryRetained()
+    return harness
 
 
 class FakeDatagramTransport:
