@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import namedtuple
 from pathlib import Path
 
 from twisted.internet.address import IPv4Address
@@ -22,9 +23,11 @@ from twisted.internet.task import Clock, deferLater
 from twisted.internet.testing import StringTransport
 from twisted.logger import Logger, formatEvent
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from dallal.broker.core import BrokerConfig
 from dallal.broker.events import NAMESPACE, EventLog
+from dallal.broker.interfaces import ISubscriber
 from dallal.broker.retained import RetainedStats
 from dallal.protocol import wire
 from dallal.security.acl import parseAcl
@@ -252,6 +255,63 @@ def harnessWithRetained():
     harness = BrokerHarness()
     harness.broker.retained = MemoryRetained()
     return harness
+
+
+# The broker core with fake subscribers.
+
+Sent = namedtuple("Sent", "payload sub seq id redelivered")
+
+
+@implementer(ISubscriber)
+class RecordingSubscriber:
+    """
+    A session as the core sees it, recording what the core does to it.
+
+    @ivar sent: the L{Sent} messages not yet taken by L{take}.
+    @ivar disconnected: the reasons the core asked it to disconnect for.
+    @ivar revoked: C{(subscription id, reason)} of each subscription the
+        core ended.
+    """
+
+    transportName = "tcp"
+
+    def __init__(self, peer):
+        self.peer = peer
+        self.sid = None
+        self.sent = []
+        self.disconnected = []
+        self.revoked = []
+        # Whether the core told it to stop publishing, and how many times.
+        self.publishingPaused = False
+        self.pauses = 0
+
+    def sendMessage(self, message, subscriptionId, seq, deliveryId, redelivered):
+        self.sent.append(Sent(message.payload, subscriptionId, seq, deliveryId, redelivered))
+
+    def disconnect(self, reason):
+        self.disconnected.append(reason)
+
+    def subscriptionRevoked(self, subscriptionId, reason):
+        self.revoked.append((subscriptionId, reason))
+
+    def pausePublishing(self):
+        assert not self.publishingPaused
+        self.publishingPaused = True
+        self.pauses += 1
+
+    def resumePublishing(self):
+        assert self.publishingPaused
+        self.publishingPaused = False
+
+    def take(self):
+        """
+        What was sent since the last call.
+        """
+        sent, self.sent = self.sent, []
+        return sent
+
+    def takePayloads(self):
+        return [sent.payload for sent in self.take()]
 
 
 class FakeDatagramTransport:

@@ -5,7 +5,7 @@ messages that crossed too many bridges are counted and discarded.
 """
 
 import pytest
-from test_delivery import RecordingSubscriber
+from helpers import RecordingSubscriber
 from twisted.internet.task import Clock
 
 from dallal.broker.core import Broker, BrokerConfig

@@ -3,7 +3,7 @@ The router (L{dallal.broker.router}): which subscriptions a message goes
 to, and the one path that makes and counts every published message.
 """
 
-from test_delivery import RecordingSubscriber
+from helpers import RecordingSubscriber
 from twisted.internet.task import Clock
 
 from dallal.broker.core import Broker, BrokerConfig

@@ -3,7 +3,7 @@ The session table (L{dallal.broker.sessions}): clients attached, logged in,
 and their permissions revised when the ACL changes.
 """
 
-from test_delivery import RecordingSubscriber
+from helpers import RecordingSubscriber
 from twisted.internet.task import Clock
 
 from dallal.broker.core import Broker
