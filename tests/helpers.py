@@ -13,24 +13,29 @@ import subprocess
 import sys
 import threading
 import time
+from collections import namedtuple
 from pathlib import Path
 
 from twisted.internet.address import IPv4Address
-from twisted.internet.defer import maybeDeferred
+from twisted.internet.defer import maybeDeferred, succeed
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock, deferLater
 from twisted.internet.testing import StringTransport
 from twisted.logger import Logger, formatEvent
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from dallal.broker.core import BrokerConfig
 from dallal.broker.events import NAMESPACE, EventLog
+from dallal.broker.interfaces import ISubscriber
+from dallal.broker.retained import RetainedStats
 from dallal.protocol import wire
 from dallal.security.acl import parseAcl
 from dallal.security.auth import BrokerRealm, Gatekeeper, PasswordFileChecker
 from dallal.security.passwords import PasswordHash
 from dallal.server import udp
 from dallal.server.service import DallalService
+from dallal.topictree import TopicMap
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -204,6 +209,109 @@ class BrokerHarness:
             for event in self.events
             if event.get("dallal_event") == name
         ]
+
+
+class MemoryRetained:
+    """
+    The retained store's interface, in memory: writes are durable at once.
+    """
+
+    def __init__(self):
+        self.messages = TopicMap()
+        self.changed = None
+
+    def set(self, topic, payload):
+        held = topic in self.messages
+        if payload:
+            self.messages[topic] = payload
+        else:
+            self.messages.pop(topic, None)
+        if self.changed is not None and held != bool(payload):
+            self.changed(topic, bool(payload))
+        return succeed(None)
+
+    def topics(self):
+        return iter(self.messages)
+
+    def watch(self, changed):
+        self.changed = changed
+
+    def get(self, topic):
+        return self.messages.get(topic)
+
+    def match(self, topicFilter, limit=None):
+        return self.messages.match(topicFilter, limit)
+
+    @property
+    def stats(self):
+        return RetainedStats(len(self.messages), sum(map(len, self.messages.values())))
+
+
+def harnessWithRetained():
+    """
+    A L{BrokerHarness} whose broker keeps retained messages in a
+    L{MemoryRetained}.
+    """
+    harness = BrokerHarness()
+    harness.broker.retained = MemoryRetained()
+    return harness
+
+
+# The broker core with fake subscribers.
+
+Sent = namedtuple("Sent", "payload sub seq id redelivered")
+
+
+@implementer(ISubscriber)
+class RecordingSubscriber:
+    """
+    A session as the core sees it, recording what the core does to it.
+
+    @ivar sent: the L{Sent} messages not yet taken by L{take}.
+    @ivar disconnected: the reasons the core asked it to disconnect for.
+    @ivar revoked: C{(subscription id, reason)} of each subscription the
+        core ended.
+    """
+
+    transportName = "tcp"
+
+    def __init__(self, peer):
+        self.peer = peer
+        self.sid = None
+        self.sent = []
+        self.disconnected = []
+        self.revoked = []
+        # Whether the core told it to stop publishing, and how many times.
+        self.publishingPaused = False
+        self.pauses = 0
+
+    def sendMessage(self, message, subscriptionId, seq, deliveryId, redelivered):
+        self.sent.append(Sent(message.payload, subscriptionId, seq, deliveryId, redelivered))
+
+    def disconnect(self, reason):
+        self.disconnected.append(reason)
+
+    def subscriptionRevoked(self, subscriptionId, reason):
+        self.revoked.append((subscriptionId, reason))
+
+    def pausePublishing(self):
+        assert not self.publishingPaused
+        self.publishingPaused = True
+        self.pauses += 1
+
+    def resumePublishing(self):
+        assert self.publishingPaused
+        self.publishingPaused = False
+
+    def take(self):
+        """
+        What was sent since the last call.
+        """
+        sent, self.sent = self.sent, []
+        return sent
+
+    def takePayloads(self):
+        return [sent.payload for sent in self.take()]
 
 
 class FakeDatagramTransport:

@@ -16,12 +16,12 @@ from helpers import (
     PING_INTERVAL,
     TOKEN,
     BrokerHarness,
+    MemoryRetained,
     UdpHarness,
     decodeFrames,
     makeGatekeeper,
     messages,
 )
-from test_topics_core import MemoryRetained
 from twisted.cred.checkers import ANONYMOUS
 from twisted.cred.credentials import UsernamePassword
 from twisted.cred.error import UnauthorizedLogin

@@ -10,9 +10,9 @@ leaves (C{--max-retained}, C{--max-retained-bytes}).
 import tracemalloc
 
 import pytest
-from helpers import PING_INTERVAL, BrokerHarness, UdpHarness
+from helpers import PING_INTERVAL, BrokerHarness, MemoryRetained, UdpHarness
 from test_auth import USERS, PendingChecks, credentialOptions, udpHello
-from test_topics_core import MemoryRetained, document
+from test_topic_requests import document
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 

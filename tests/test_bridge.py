@@ -471,6 +471,24 @@ def test_inboundMessagesArePublishedHereThenAcked():
     assert harness.link.status()["received"] == 1
 
 
+def test_anInboundMessageWithoutAnOriginIsRefusedAndCounted():
+    """
+    A remote that sends a bridge subscription's message without its origin
+    has it refused for good (acked, so never sent again), counted and not
+    published here.
+    """
+    harness = LinkHarness()
+    local = harness.local.connect()
+    local.send(b"SUB 1 news mode=fire\r\n")
+    local.received()
+    remote, _ = harness.connect()
+    remote.send(b"MSG news 5 sub=1 seq=5 id=5\r\nhello\r\n")
+    assert remote.received() == b"ACK 5\r\n"
+    assert local.received() == b""
+    stats = harness.local.broker.stats()
+    assert (stats["bridged_refused"], stats["published"]) == (1, 0)
+
+
 def test_noAckUntilTheLocalBrokerAccepted():
     """
     If publishing here fails, the remote gets no ack and sends the message

@@ -5,7 +5,7 @@ messages that crossed too many bridges are counted and discarded.
 """
 
 import pytest
-from test_delivery import RecordingSubscriber
+from helpers import RecordingSubscriber
 from twisted.internet.task import Clock
 
 from dallal.broker.core import Broker, BrokerConfig
@@ -28,13 +28,13 @@ def mesh():
     return broker, sessions
 
 
-def options(broker="far", messageId="x.1", hops=0):
-    return Origin(broker, messageId, hops).options()
+def sentOrigin(broker="far", messageId="x.1", hops=0):
+    return Origin(broker, messageId, hops)
 
 
 def test_aBridgedMessageGoesEverywhereButWhereItCameFrom(mesh):
     broker, (bridge, other, local) = mesh
-    message = broker.publishBridged(bridge, "news", b"m", options(), "p")
+    message = broker.publishBridged(bridge, "news", b"m", sentOrigin(), "p")
     assert (bridge.takePayloads(), other.takePayloads(), local.takePayloads()) == (
         [],
         [b"m"],
@@ -47,8 +47,8 @@ def test_aBridgedMessageGoesEverywhereButWhereItCameFrom(mesh):
 @pytest.mark.parametrize(
     "sent, counter",
     [
-        (options("here"), "bridged_duplicates"),
-        (options(hops=MAX_HOPS), "bridged_hop_limit"),
+        (sentOrigin("here"), "bridged_duplicates"),
+        (sentOrigin(hops=MAX_HOPS), "bridged_hop_limit"),
     ],
     ids=["loop", "hop_limit"],
 )
@@ -61,16 +61,26 @@ def test_aLoopOrATooLongPathIsDiscarded(mesh, sent, counter):
 
 def test_aCopyByAnotherPathIsDiscarded(mesh):
     broker, (bridge, other, local) = mesh
-    broker.publishBridged(bridge, "news", b"m", options(hops=1), "p")
-    assert broker.publishBridged(other, "news", b"m", options(hops=2), "q") is None
+    broker.publishBridged(bridge, "news", b"m", sentOrigin(hops=1), "p")
+    assert broker.publishBridged(other, "news", b"m", sentOrigin(hops=2), "q") is None
     assert local.takePayloads() == [b"m"]
     assert (broker.counters["bridged_duplicates"], broker.counters["published"]) == (1, 1)
 
 
-def test_aBadOriginIsRefusedAndCounted(mesh):
+@pytest.mark.parametrize(
+    "sent",
+    [
+        Origin("", "x.1", 0),
+        Origin("le/af", "x.1", 0),
+        Origin("far", "", 0),
+        Origin("far", "x.1", None),
+    ],
+    ids=["no_broker", "bad_broker", "no_id", "hops_no_number"],
+)
+def test_aBadOriginIsRefusedAndCounted(mesh, sent):
     broker, (bridge, _, _) = mesh
     with pytest.raises(RequestError) as refused:
-        broker.publishBridged(bridge, "news", b"m", {"origin": "far"}, "p")
+        broker.publishBridged(bridge, "news", b"m", sent, "p")
     assert refused.value.code == BAD_ARGUMENTS
     assert (broker.counters["bridged_refused"], broker.counters["published"]) == (1, 0)
 

@@ -4,7 +4,7 @@ lists, subscribed to or retained, and the named topics a publish to every
 matching topic reaches.
 """
 
-from test_topics_core import MemoryRetained
+from helpers import MemoryRetained
 
 from dallal.broker.directory import TopicDirectory
 

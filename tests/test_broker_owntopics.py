@@ -3,7 +3,7 @@ The broker's own topics (L{dallal.broker.owntopics}): their last values,
 published to their subscribers and offered to new ones.
 """
 
-from test_delivery import RecordingSubscriber
+from helpers import RecordingSubscriber
 from twisted.internet.task import Clock
 
 from dallal.broker.core import Broker

@@ -3,7 +3,7 @@ The router (L{dallal.broker.router}): which subscriptions a message goes
 to, and the one path that makes and counts every published message.
 """
 
-from test_delivery import RecordingSubscriber
+from helpers import RecordingSubscriber
 from twisted.internet.task import Clock
 
 from dallal.broker.core import Broker, BrokerConfig
@@ -43,7 +43,7 @@ def test_everyWayOfPublishingCountsEachMessageOnce():
     assert published(broker) == {"published": 1, "bytes_in": 2}
     assert broker.publishToMatching(publisher, "+", b"345", "p2") == 2
     assert published(broker) == {"published": 3, "bytes_in": 8}
-    sent = Origin("far", "x.1", 0).options()
+    sent = Origin("far", "x.1", 0)
     broker.publishBridged(publisher, "a", b"6789", sent, "p3")
     assert published(broker) == {"published": 4, "bytes_in": 12}
     broker.publishOwn("$SYS/broker/x", b"0")

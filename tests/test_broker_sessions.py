@@ -3,7 +3,7 @@ The session table (L{dallal.broker.sessions}): clients attached, logged in,
 and their permissions revised when the ACL changes.
 """
 
-from test_delivery import RecordingSubscriber
+from helpers import RecordingSubscriber
 from twisted.internet.task import Clock
 
 from dallal.broker.core import Broker
@@ -24,7 +24,7 @@ def test_attachAndDetachCountSessionsAndTheirSubscriptions():
     counters = broker.counters
     assert (counters["connections"], counters["connections_total"]) == (1, 2)
     assert counters["subscriptions"] == 0
-    assert broker.sessions.sessionNumber(first) == 0
+    assert broker.sessionId(first) == 0
 
 
 def test_aNamedLoginIsCountedAndAnAclRestrictsTheBroker():

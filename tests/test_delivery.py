@@ -11,28 +11,21 @@ that the events tell the same story.
 """
 
 import json
-from collections import Counter, namedtuple
+from collections import Counter
 from itertools import count
 
 import pytest
-from helpers import BrokerHarness, decodeFrames
+from helpers import BrokerHarness, RecordingSubscriber, Sent, decodeFrames
 from twisted.internet.defer import Deferred
 from twisted.internet.testing import StringTransport
-from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from dallal.broker.core import BrokerConfig
-from dallal.broker.counters import DELIVERY_COUNTERS
-from dallal.broker.delivery import (
-    ALL,
-    DISCONNECT,
-    DROP_REASONS,
-    FIRE,
-    LATEST,
-    DeliveryConfig,
-)
+from dallal.broker.counters import DELIVERY_COUNTERS, DROP_REASONS
+from dallal.broker.delivery import DISCONNECT, DeliveryConfig
 from dallal.broker.interfaces import ISubscriber
 from dallal.client import DallalClientProtocol, ReceivedMessage
+from dallal.modes import ALL, FIRE, LATEST
 
 TOPIC = "news"
 ACK_TIMEOUT = 2.0
@@ -94,60 +87,6 @@ def assertAccountsAgree(harness):
 
 
 # The core with fake subscribers.
-
-Sent = namedtuple("Sent", "payload sub seq id redelivered")
-
-
-@implementer(ISubscriber)
-class RecordingSubscriber:
-    """
-    A session as the core sees it, recording what the core does to it.
-
-    @ivar sent: the L{Sent} messages not yet taken by L{take}.
-    @ivar disconnected: the reasons the core asked it to disconnect for.
-    @ivar revoked: C{(subscription id, reason)} of each subscription the
-        core ended.
-    """
-
-    transportName = "tcp"
-
-    def __init__(self, peer):
-        self.peer = peer
-        self.sid = None
-        self.sent = []
-        self.disconnected = []
-        self.revoked = []
-        # Whether the core told it to stop publishing, and how many times.
-        self.publishingPaused = False
-        self.pauses = 0
-
-    def sendMessage(self, message, subscriptionId, seq, deliveryId, redelivered):
-        self.sent.append(Sent(message.payload, subscriptionId, seq, deliveryId, redelivered))
-
-    def disconnect(self, reason):
-        self.disconnected.append(reason)
-
-    def subscriptionRevoked(self, subscriptionId, reason):
-        self.revoked.append((subscriptionId, reason))
-
-    def pausePublishing(self):
-        assert not self.publishingPaused
-        self.publishingPaused = True
-        self.pauses += 1
-
-    def resumePublishing(self):
-        assert self.publishingPaused
-        self.publishingPaused = False
-
-    def take(self):
-        """
-        What was sent since the last call.
-        """
-        sent, self.sent = self.sent, []
-        return sent
-
-    def takePayloads(self):
-        return [sent.payload for sent in self.take()]
 
 
 class Bench:

@@ -10,7 +10,7 @@ import time
 import pytest
 from helpers import BrokerProcess, dallal
 from test_e2e_auth import PASSWORDS, SecuredBroker, as_
-from test_fuzz_network import vmRSS
+from test_e2e_fuzz_network import vmRSS
 
 from dallal.protocol import wire
 

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 from helpers import COMMAND_TIMEOUT, TWISTD
-from test_tac import readmeTac
+from test_e2e_tac import readmeTac
 from twisted.logger import Logger, LogPublisher
 
 from dallal.server.tap import reportStartFailures

@@ -42,7 +42,7 @@ SERVICE_EVENTS = {
 # The traffic of the topics past the busiest, which takes more topics than
 # the scenario has (tests/test_sysstats.py checks its fields).
 TRAFFIC_OVERFLOW_EVENTS = {"topic_traffic_other"}
-# The MQTT sessions that outlive their connections (tests/test_mqtt_sessions.py
+# The MQTT sessions that outlive their connections (tests/test_server_mqttsession.py
 # checks their fields).
 MQTT_SESSION_EVENTS = {
     "session_resumed",

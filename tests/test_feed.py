@@ -5,8 +5,8 @@ broker's TCP protocol on a clock.
 """
 
 import pytest
-from helpers import BrokerHarness
-from test_topics_core import MemoryRetained, messages, messagesIn
+from helpers import BrokerHarness, MemoryRetained
+from test_topic_requests import messages, messagesIn
 
 from dallal.broker.core import BrokerConfig
 from dallal.broker.delivery import DeliveryConfig

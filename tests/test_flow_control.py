@@ -25,9 +25,10 @@ from test_limits import parsed
 from twisted.python import usage
 
 from dallal.broker.core import BrokerConfig
-from dallal.broker.delivery import ALL, DISCONNECT, FIRE, DeliveryConfig
+from dallal.broker.delivery import DISCONNECT, DeliveryConfig
+from dallal.modes import ALL, FIRE
+from dallal.server.streams import CONGESTION, LOGIN_CHECK
 from dallal.server.tap import brokerConfig
-from dallal.server.tcp import CONGESTION, LOGIN_CHECK
 
 STALL = 5.0
 

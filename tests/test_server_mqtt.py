@@ -4,11 +4,10 @@ clock: packets in, packets out, and what the broker core makes of them.
 """
 
 import pytest
-from helpers import BrokerHarness, countersAddUp, messages
+from helpers import BrokerHarness, countersAddUp, harnessWithRetained, messages
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_auth import PendingChecks
-from test_topics_core import harnessWithRetained
 from twisted.internet.address import IPv4Address
 from twisted.python import usage
 

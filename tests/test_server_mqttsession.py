@@ -8,12 +8,11 @@ import sqlite3
 
 import pytest
 import pytest_twisted
-from helpers import STOP_TIMEOUT, BrokerHarness, countersAddUp
+from helpers import STOP_TIMEOUT, BrokerHarness, countersAddUp, harnessWithRetained
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_events_catalogue import MQTT_SESSION_EVENTS, catalogue
 from test_server_mqtt import MQTTClient, _packets, connected
-from test_topics_core import harnessWithRetained
 from twisted.internet import reactor
 from twisted.internet.defer import fail, maybeDeferred
 

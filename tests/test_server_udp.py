@@ -7,9 +7,8 @@ import json
 import re
 
 import pytest
-from helpers import KEY, PING_INTERVAL, TOKEN, UdpHarness, messages, resultOf
+from helpers import KEY, PING_INTERVAL, TOKEN, MemoryRetained, UdpHarness, messages, resultOf
 from hypothesis import given, settings, strategies
-from test_topics_core import MemoryRetained
 from twisted.internet.defer import Deferred
 
 from dallal import __version__

@@ -5,8 +5,7 @@ C{SHUTTING_DOWN}, lets what is in flight be acked for a bounded grace, then
 closes every session and logs its final counters.
 """
 
-from helpers import BrokerHarness, FakeDatagramTransport, decodeFrames, resultOf
-from test_topics_core import MemoryRetained
+from helpers import BrokerHarness, FakeDatagramTransport, MemoryRetained, decodeFrames, resultOf
 from twisted.internet.defer import Deferred
 from twisted.internet.testing import MemoryReactorClock
 

@@ -676,7 +676,7 @@ def test_suppressed_refusals_count_as_errors(spark, logLines, tmp_path):
 
 
 def test_every_drop_reason_of_the_broker_is_counted():
-    from dallal.broker.delivery import DROP_REASONS
+    from dallal.broker.counters import DROP_REASONS
     from dallal_analytics import questions
 
     assert set(questions.DROP_REASONS) == set(DROP_REASONS)

@@ -99,3 +99,43 @@ def test_markedTestsRunAndUnmarkedOnesFailEvenIfTheyCatchTheError(pytester, monk
     )
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["*test_unmarkedCatching*not marked e2e*"])
+
+
+# The test modules that span several modules, by what each covers.
+SPANNING = {
+    "architecture": "the import contracts (pyproject.toml)",
+    "bench_compare": "the pure logic of bench/compare.py",
+    "bounds": "what one client may make the broker hold, across transports",
+    "events_catalogue": "docs/EVENTS.md against the events the broker emits",
+    "flow_control": "publishers held back by full queues, through the TCP protocol",
+    "parser_properties": "property tests of every parser of network bytes",
+    "reload": "SIGHUP: files read again by a running broker",
+    "shutdown": "a broker that stops, through its service",
+    "soak_short": "bench/soak.py, short",
+    "style": "ruff",
+    "suite_shape": "this module",
+    "tls": "TLS listeners, the command and the client",
+    "topic_requests": "filters, retained messages, LIST, TOPICS and to-matching publishes",
+}
+
+
+def test_eachTestModuleNamesWhatItTests():
+    """
+    A test module is named after the module it tests (C{test_<module>}, or
+    C{test_<package>_<module>} where the name alone is ambiguous), or is an
+    end-to-end suite (C{test_e2e_*}), an analytics suite (C{test_spark_*}),
+    or one of L{SPANNING}: a reader finds a module's tests by its name.
+    """
+    modules = set()
+    for path in (REPO / "dallal").rglob("*.py"):
+        if not path.stem.startswith("__"):
+            parts = path.relative_to(REPO / "dallal").with_suffix("").parts
+            modules.update({parts[-1], "_".join(parts)})
+    misnamed = [
+        path.name
+        for path in sorted((REPO / "tests").glob("test_*.py"))
+        if not path.stem.startswith(("test_e2e_", "test_spark_"))
+        and path.stem.removeprefix("test_") not in modules | SPANNING.keys()
+    ]
+    assert misnamed == []
+    assert all((REPO / "tests" / f"test_{name}.py").exists() for name in SPANNING)

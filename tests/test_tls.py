@@ -308,8 +308,9 @@ def test_caFileWithoutCertificate(tmp_path):
     assert result.stderr == b"dallal: the CA file %s holds no PEM certificate\n" % bytes(notPem)
 
 
-# Closing over TLS (a regression: the broker's delivery valve, a registered
-# producer, kept TLS from ever closing the connection)
+# Closing over TLS: Twisted's TLS transport does not close while a producer
+# is registered, and the broker registers one for each connection
+# (dallal.server.streams' output valve), which it must unregister first.
 
 
 def rawTls(pki, port):

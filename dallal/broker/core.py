@@ -1,10 +1,11 @@
 """
-The broker core: who is subscribed to what, and who gets each message.
+The broker's facade: what its transports call to publish, subscribe, log
+in and be counted.
 
 It is transport-independent: clients reach it as L{ISubscriber} providers
-(a TCP connection, a UDP address), it hands them
-L{dallal.broker.message.Message}s, and it knows nothing of sockets, frames
-or ports.  Time comes from an injected C{IReactorTime}, so tests drive it
+(a TCP connection, a UDP client, an MQTT connection or session, a bridge),
+it hands them L{dallal.broker.message.Message}s, and it knows nothing of
+sockets, frames or ports.  Time comes from an injected C{IReactorTime}, so tests drive it
 with C{task.Clock}.
 
 L{Broker} is the facade the transports call.  It checks their requests
@@ -28,7 +29,7 @@ from dallal.broker.counters import Counters
 from dallal.broker.delivery import DeliveryConfig, FlowControl, Ledger, Subscription
 from dallal.broker.directory import TopicDirectory
 from dallal.broker.events import EventLog
-from dallal.broker.origin import generatedName, originFromOptions
+from dallal.broker.origin import checkOrigin, generatedName
 from dallal.broker.owntopics import OwnTopics
 from dallal.broker.retained import StoreError
 from dallal.broker.router import TOPICS_REMEMBERED, Router
@@ -246,7 +247,11 @@ class Broker:
         self.sessions.close(session, reason)
 
     def sessionId(self, subscriber):
-        return self.sessions[subscriber].sid
+        """
+        The session id of a client, as the log shows it
+        (L{dallal.broker.sessions.SessionTable.sessionId}).
+        """
+        return self.sessions.sessionId(subscriber)
 
     def login(self, subscriber, user):
         """
@@ -408,7 +413,7 @@ class Broker:
             maximum,
             subscriber.peer,
             subscriber.transportName,
-            self.sessions.sessionNumber(subscriber),
+            self.sessions.sessionId(subscriber),
             reason,
             requestId,
         )
@@ -705,7 +710,7 @@ class Broker:
             self.router.publish(topic, payload, subscriber)
         return len(topics)
 
-    def publishBridged(self, subscriber, topic, payload, options, requestId):
+    def publishBridged(self, subscriber, topic, payload, sent, requestId):
         """
         Publish a message that came over a bridge (PROTOCOL.md, "Bridges"),
         unless this broker has routed it already
@@ -713,8 +718,8 @@ class Broker:
 
         @param subscriber: the session it came on: another broker's bridge
             connected to this one, or this broker's own bridge to another.
-        @param options: the options of the frame that carried it, with its
-            origin (L{originFromOptions}).
+        @param sent: the L{dallal.broker.origin.Origin} it was sent with,
+            as received (L{dallal.server.origins.originFromOptions}).
         @return: the L{dallal.broker.message.Message}, or C{None} if it was
             discarded (counted, and logged with the per-message events).
         @raise RequestError: refused: a bad origin, topic or payload size, or
@@ -724,7 +729,7 @@ class Broker:
         """
         self._checkAccepting(requestId)
         try:
-            sent = originFromOptions(options, requestId)
+            checkOrigin(sent, requestId)
             self._checkPublish(subscriber, topic, payload, requestId)
         except RequestError:
             self.counters.count("bridged_refused")

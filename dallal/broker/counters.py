@@ -14,8 +14,27 @@ in one place: C{matched = acked + fired + replaced + dropped + inflight}.
 
 from collections.abc import Mapping
 
-from dallal.broker.delivery import DROP_REASONS
 from dallal.limits import LIMITS
+
+# Why a message is dropped, as counted (dropped_<reason>) and logged.
+QUEUE_FULL = "queue_full"
+SLOW_CONSUMER = "slow_consumer"
+DISCONNECTED = "disconnected"
+REDELIVERY_LIMIT = "redelivery_limit"
+SUPERSEDED = "superseded"
+TOO_LARGE = "too_large"
+BRIDGE_REFUSED = "bridge_refused"
+EXPIRED = "expired"
+DROP_REASONS = (
+    QUEUE_FULL,
+    SLOW_CONSUMER,
+    DISCONNECTED,
+    REDELIVERY_LIMIT,
+    SUPERSEDED,
+    TOO_LARGE,
+    BRIDGE_REFUSED,
+    EXPIRED,
+)
 
 # The counters of connections, requests and health, in the order listed.
 BROKER_COUNTERS = (
@@ -166,7 +185,7 @@ class Counters(Mapping):
     def dropped(self, reason, bridge):
         """
         A delivery left C{inflight} dropped for C{reason} (one of
-        L{dallal.broker.delivery.DROP_REASONS}).
+        L{DROP_REASONS}).
         """
         values = self._values
         values["dropped"] += 1

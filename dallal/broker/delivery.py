@@ -35,32 +35,20 @@ from collections import deque
 
 from twisted.logger import LogLevel
 
+from dallal.broker.counters import (
+    DISCONNECTED,
+    QUEUE_FULL,
+    REDELIVERY_LIMIT,
+    SLOW_CONSUMER,
+    SUPERSEDED,
+    TOO_LARGE,
+)
 from dallal.limits import QUEUED_BYTES, QUEUED_MESSAGES
 from dallal.modes import ALL, FIRE, LATEST
 
 DROP_OLDEST = "drop-oldest"
 DISCONNECT = "disconnect"
 SLOW_CONSUMER_POLICIES = (DROP_OLDEST, DISCONNECT)
-
-# Why a message is dropped, as counted (dropped_<reason>) and logged.
-QUEUE_FULL = "queue_full"
-SLOW_CONSUMER = "slow_consumer"
-DISCONNECTED = "disconnected"
-REDELIVERY_LIMIT = "redelivery_limit"
-SUPERSEDED = "superseded"
-TOO_LARGE = "too_large"
-BRIDGE_REFUSED = "bridge_refused"
-EXPIRED = "expired"
-DROP_REASONS = (
-    QUEUE_FULL,
-    SLOW_CONSUMER,
-    DISCONNECTED,
-    REDELIVERY_LIMIT,
-    SUPERSEDED,
-    TOO_LARGE,
-    BRIDGE_REFUSED,
-    EXPIRED,
-)
 
 
 class Subscription:

@@ -2,8 +2,9 @@
 The seam between the broker core and its transports.
 
 The core (L{dallal.broker.core.Broker}) decides who gets what; a transport turns
-its decisions into bytes.  A connection (TCP) or a remembered address (UDP)
-provides L{ISubscriber}; the core never sees a socket.
+its decisions into bytes.  A TCP connection, a UDP client, an MQTT connection
+or session and a bridge each provide L{ISubscriber}; the core never sees a
+socket.
 """
 
 from zope.interface import Attribute, Interface

@@ -8,9 +8,8 @@ A broker routes a bridged message only the first time it sees it: it drops
 its own messages coming back, copies that arrive by another path (the
 L{SeenMessages} table, by a digest of the origin, the id, the topic and
 the payload), and messages that crossed more than L{MAX_HOPS} bridges (a
-safety net should the table forget too soon).  On the wire the origin is
-three options of C{PUB} and C{MSG}: C{origin=<broker> oid=<message id>
-hops=<n>} (PROTOCOL.md, "Bridges").
+safety net should the table forget too soon).  The server carries it on
+the wire (L{dallal.server.origins}, PROTOCOL.md, "Bridges").
 """
 
 import hashlib
@@ -22,7 +21,6 @@ from dataclasses import dataclass
 
 from dallal.errors import BAD_ARGUMENTS, RequestError
 from dallal.names import BROKER_NAME, checkBrokerName
-from dallal.numbers import wholeNumber
 
 # Bridges a message may cross; a full mesh of this many brokers plus one
 # never needs more.
@@ -90,41 +88,34 @@ class Origin:
     """
     @ivar broker: the name of the broker the message was first published on.
     @ivar messageId: its id there, unique across that broker's restarts.
-    @ivar hops: the bridges it crossed to reach the broker that holds it.
+    @ivar hops: the bridges it crossed to reach the broker that holds it
+        (C{None} in an origin received that was no number:
+        L{checkOrigin} refuses it).
     """
 
     broker: str
     messageId: str
     hops: int
 
-    def options(self):
-        """
-        Its C{key=value} options, as text, for a C{PUB} or C{MSG} frame.
-        """
-        return {"origin": self.broker, "oid": self.messageId, "hops": str(self.hops)}
 
-
-def originFromOptions(options, requestId):
+def checkOrigin(origin, requestId):
     """
-    The origin a bridged C{PUB} or C{MSG} carries, as sent (its C{hops} do
-    not count the bridge it came over yet).
+    Refuse an origin that names no broker, carries no message id (1 to 64
+    printable ASCII characters) or whose hops are no number.
 
-    @return: an L{Origin}, or C{None} if the frame carries no C{origin=}.
-    @raise RequestError: an origin option is missing or malformed.
+    @raise RequestError: C{BAD_ARGUMENTS}.
     """
-    broker = options.get("origin")
-    if broker is None:
-        return None
-    messageId = options.get("oid", "")
-    hops = wholeNumber(options.get("hops", ""), 3)
-    if not BROKER_NAME.match(broker) or not _MESSAGE_ID.match(messageId) or hops is None:
+    if (
+        origin.hops is None
+        or not BROKER_NAME.match(origin.broker)
+        or not _MESSAGE_ID.match(origin.messageId)
+    ):
         raise RequestError(
             BAD_ARGUMENTS,
             "a bridged message needs origin=<broker name> oid=<1 to 64 printable "
             "ASCII characters> hops=<number>",
             requestId,
         )
-    return Origin(broker, messageId, hops)
 
 
 class SeenMessages:

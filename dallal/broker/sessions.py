@@ -96,7 +96,7 @@ class SessionTable(dict):
         self.restricted = False
         self._nextSid = 1
 
-    def sessionNumber(self, subscriber):
+    def sessionId(self, subscriber):
         """
         The session id of a client for the log, 0 if it has no session.
         """
@@ -179,7 +179,7 @@ class SessionTable(dict):
         self.events.emit(
             "login_failed",
             LogLevel.warn,
-            session=self.sessionNumber(subscriber),
+            session=self.sessionId(subscriber),
             client=subscriber.peer,
             user=shownUser,
         )

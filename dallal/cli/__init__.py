@@ -1,1 +1,4 @@
-"""The command line: the C{dallal} command, its interactive shell and chat, and C{dallal-passwd}."""
+"""
+The command line: the C{dallal} command, its interactive shell and chat,
+C{dallal-passwd}, and the C{dallal-report} launcher.
+"""

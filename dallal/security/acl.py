@@ -38,11 +38,10 @@ client may read (or when a C{deny} covers all it matches).
 
 from dataclasses import dataclass
 
-from dallal.topics import TopicError
+from dallal.topics import SEPARATOR, TopicError
 from dallal.topictree import (
     MULTI_LEVEL,
     RESERVED_PREFIX,
-    SEPARATOR,
     SINGLE_LEVEL,
     SubscriptionTree,
     checkFilter,

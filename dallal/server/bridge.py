@@ -53,15 +53,16 @@ from twisted.internet.protocol import Factory
 from twisted.logger import Logger, LogLevel
 from zope.interface import implementer
 
-from dallal.broker.delivery import BRIDGE_REFUSED, DROP_OLDEST
+from dallal.broker.counters import BRIDGE_REFUSED
+from dallal.broker.delivery import DROP_OLDEST
 from dallal.broker.interfaces import ISubscriber
-from dallal.broker.origin import checkBrokerName
 from dallal.client import DallalClientProtocol, ServerError, reconnectDelays
 from dallal.errors import NO_ID, SHUTTING_DOWN, RequestError
 from dallal.modes import ALL
-from dallal.names import checkUserName
+from dallal.names import checkBrokerName, checkUserName
 from dallal.server.addresses import formatAddress
 from dallal.server.keepalive import IPingable
+from dallal.server.origins import originFromOptions, originOptions
 from dallal.topics import TopicError
 from dallal.topictree import MULTI_LEVEL, RESERVED_PREFIX, checkFilter
 
@@ -243,8 +244,8 @@ class _ObservedEndpoint:
         return f"<bridge {self.link.name} to {self.link.spec.endpoint}>"
 
     def connect(self, factory):
-        self.link._attempting()
-        return self.endpoint.connect(factory).addErrback(self.link._attemptFailed)
+        self.link.connecting()
+        return self.endpoint.connect(factory).addErrback(self.link.connectFailed)
 
 
 @implementer(ISubscriber, IPingable)
@@ -364,11 +365,18 @@ class BridgeLink(Service):
         self.state = state
         self.broker.events.emit(event, level, bridge=self.name, **fields)
 
-    def _attempting(self):
+    def connecting(self):
+        """
+        A connection attempt begins (L{_ObservedEndpoint}).
+        """
         self._attempts += 1
         self._setState(CONNECTING, "bridge_connecting", attempt=self._attempts)
 
-    def _attemptFailed(self, failure):
+    def connectFailed(self, failure):
+        """
+        A connection attempt failed (L{_ObservedEndpoint}): log why, and
+        return C{failure} for L{ClientService} to retry.
+        """
         reason = "stopped" if self._stopping else _reasonFor(failure)
         self._setState(DOWN, "bridge_down", LogLevel.warn, reason=reason)
         self._log.info(
@@ -471,7 +479,9 @@ class BridgeLink(Service):
             return Deferred()
         self.received += 1
         try:
-            self.broker.publishBridged(self, message.topic, message.payload, message.options, NO_ID)
+            self.broker.publishBridged(
+                self, message.topic, message.payload, originFromOptions(message.options), NO_ID
+            )
         except RequestError as error:
             if error.code == SHUTTING_DOWN:
                 # Never acked: the remote keeps it for the next connection,
@@ -498,7 +508,7 @@ class BridgeLink(Service):
         self.protocol.publish(
             message.topic,
             message.payload,
-            options=self.broker.originOf(message).options(),
+            options=originOptions(self.broker.originOf(message)),
         ).addCallbacks(
             self._remoteAcked,
             self._remoteFailed,

@@ -16,25 +16,21 @@ import os
 from twisted.logger import textFileLogObserver
 from twisted.python.logfile import LogFile
 
+from dallal.numbers import positiveNumber
+
 DEFAULT_PATH = "twistd.log"
 DEFAULT_ROTATE_BYTES = 10 * 1024 * 1024
 DEFAULT_KEEP = 10
 
 
-def _whole(environ, name, default, minimum):
+def _whole(environ, name, default):
     text = environ.get(name)
     if text is None:
         return default
     try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or value < minimum:
-        raise SystemExit(
-            f"dallal: cannot start: {name} must be a whole number of at least {minimum}, "
-            f"not {text!r}"
-        )
-    return value
+        return positiveNumber(text, name=name)
+    except ValueError as error:
+        raise SystemExit(f"dallal: cannot start: {error}") from None
 
 
 def rotatingLogFile(environ=os.environ):
@@ -51,8 +47,8 @@ def rotatingLogFile(environ=os.environ):
         one line saying which.
     """
     path = environ.get("DALLAL_LOGFILE", DEFAULT_PATH)
-    rotateLength = _whole(environ, "DALLAL_LOG_ROTATE_BYTES", DEFAULT_ROTATE_BYTES, 1)
-    keep = _whole(environ, "DALLAL_LOG_KEEP", DEFAULT_KEEP, 1)
+    rotateLength = _whole(environ, "DALLAL_LOG_ROTATE_BYTES", DEFAULT_ROTATE_BYTES)
+    keep = _whole(environ, "DALLAL_LOG_KEEP", DEFAULT_KEEP)
     try:
         return LogFile.fromFullPath(path, rotateLength=rotateLength, maxRotatedFiles=keep)
     except OSError as error:

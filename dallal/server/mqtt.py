@@ -49,7 +49,7 @@ from twisted.internet.protocol import Protocol, ServerFactory
 from twisted.logger import Logger, LogLevel
 from zope.interface import implementer
 
-from dallal.broker.delivery import EXPIRED, TOO_LARGE
+from dallal.broker.counters import EXPIRED, TOO_LARGE
 from dallal.broker.interfaces import ISubscriber
 from dallal.errors import (
     BAD_TOPIC,

@@ -34,7 +34,7 @@ from collections import deque
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from dallal.broker.delivery import DISCONNECTED
+from dallal.broker.counters import DISCONNECTED
 from dallal.broker.interfaces import ISubscriber
 from dallal.broker.message import Message
 from dallal.errors import BAD_TOPIC, NO_ID, RequestError

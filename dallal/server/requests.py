@@ -15,6 +15,7 @@ from dallal.limits import CONSECUTIVE_ERRORS, LISTED
 from dallal.modes import LATEST
 from dallal.numbers import wholeNumber
 from dallal.protocol import wire
+from dallal.server.origins import originFromOptions
 
 
 def helloLimits(config, maxPayload):
@@ -167,7 +168,9 @@ class RequestHandler:
                 "a bridged message is neither retained nor published to-matching",
                 request.id,
             )
-        self.broker.publishBridged(self, request.topic, payload, options, request.id)
+        self.broker.publishBridged(
+            self, request.topic, payload, originFromOptions(options), request.id
+        )
         self.sendFrame(wire.encodePubAck(request.id))
 
     def _checkBridgeable(self, request):

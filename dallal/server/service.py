@@ -2,8 +2,9 @@
 The broker as a Twisted service, for twistd or for embedding.
 
 L{DallalService} is a C{MultiService}: it owns one L{Broker} core and its
-ping sweep, and has one child listener per TCP endpoint or UDP port, all
-sharing that core (as C{twisted.names.tap} puts a TCP and a UDP server over
+ping sweep, and has one child per listener (Dallal's TCP and UDP, MQTT,
+the web listener with MQTT over WebSockets) and per bridge, all sharing
+that core (as C{twisted.names.tap} puts a TCP and a UDP server over
 one resolver).
 """
 

@@ -18,7 +18,7 @@ from twisted.python import usage
 
 from dallal.broker.core import BrokerConfig
 from dallal.broker.delivery import SLOW_CONSUMER_POLICIES, DeliveryConfig
-from dallal.broker.origin import BrokerNameError, checkBrokerName
+from dallal.broker.origin import BrokerNameError
 from dallal.broker.retained import StoreError
 from dallal.broker.sysstats import DEFAULT_INTERVAL as DEFAULT_SYS_INTERVAL
 from dallal.limits import (
@@ -28,6 +28,7 @@ from dallal.limits import (
     MIN_CONTROL_LINE,
     fitToDescriptors,
 )
+from dallal.names import checkBrokerName
 from dallal.numbers import MAX_PORT, positiveNumber
 from dallal.security.acl import AclError
 from dallal.security.auth import Gatekeeper

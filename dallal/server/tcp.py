@@ -42,6 +42,7 @@ from dallal.server.login import (
     loginRequired,
     userWithoutPassword,
 )
+from dallal.server.origins import originOptions
 from dallal.server.requests import RequestHandler, helloLimits
 from dallal.server.streams import (
     CONGESTION,
@@ -469,7 +470,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler, BoundedOutput):
                     seq,
                     deliveryId,
                     redelivered,
-                    self.broker.originOf(message).options(),
+                    originOptions(self.broker.originOf(message)),
                 )
             else:
                 frame = wire.encodeMessage(message, subscriptionId, seq, deliveryId, redelivered)

@@ -39,7 +39,7 @@ from twisted.web.server import NOT_DONE_YET, Site
 from twisted.web.util import DeferredResource
 from zope.interface import implementer
 
-from dallal.broker.delivery import DROP_REASONS
+from dallal.broker.counters import DROP_REASONS
 from dallal.errors import NO_ID
 from dallal.limits import LIMITS
 from dallal.server.addresses import formatAddress
@@ -157,7 +157,6 @@ GAUGES = {
 LABELLED = {"dropped_" + reason: ("reason", reason) for reason in DROP_REASONS} | {
     limit.counter: ("limit", limit.name) for limit in LIMITS
 }
-SUMS = frozenset({"dropped", "connections"})
 
 # A bridge's status field -> (metric name, whether a counter, help).
 BRIDGE_METRICS = {

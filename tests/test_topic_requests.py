@@ -6,53 +6,7 @@ matching topic, through the broker's TCP protocol on a clock (PROTOCOL.md,
 
 import json
 
-from helpers import BrokerHarness, decodeFrames
-from twisted.internet.defer import succeed
-
-from dallal.broker.retained import RetainedStats
-from dallal.topictree import TopicMap
-
-
-class MemoryRetained:
-    """
-    The retained store's interface, in memory: writes are durable at once.
-    """
-
-    def __init__(self):
-        self.messages = TopicMap()
-        self.changed = None
-
-    def set(self, topic, payload):
-        held = topic in self.messages
-        if payload:
-            self.messages[topic] = payload
-        else:
-            self.messages.pop(topic, None)
-        if self.changed is not None and held != bool(payload):
-            self.changed(topic, bool(payload))
-        return succeed(None)
-
-    def topics(self):
-        return iter(self.messages)
-
-    def watch(self, changed):
-        self.changed = changed
-
-    def get(self, topic):
-        return self.messages.get(topic)
-
-    def match(self, topicFilter, limit=None):
-        return self.messages.match(topicFilter, limit)
-
-    @property
-    def stats(self):
-        return RetainedStats(len(self.messages), sum(map(len, self.messages.values())))
-
-
-def harnessWithRetained():
-    harness = BrokerHarness()
-    harness.broker.retained = MemoryRetained()
-    return harness
+from helpers import BrokerHarness, decodeFrames, harnessWithRetained
 
 
 def messages(client):
