@@ -837,26 +837,33 @@ class MQTTProtocol(Protocol, BoundedOutput):
             return
         session = self.session
         granted = session.grantedFor(message.topic, subscriptionId)
-        attributes = message.properties
         if granted is not None and granted.noLocal and message.source is session:
             # No Local [MQTT-3.8.3-3]: not for this client, and never sent.
             session.settleLater(deliveryId, None)
             return
-        if isinstance(attributes, PublishAttributes) and attributes.expired(
+        attributes = message.properties
+        if not isinstance(attributes, PublishAttributes):
+            attributes = None
+        elif attributes.expiry is not None and attributes.expired(
             message.published, self.clock.seconds()
         ):
             session.settleLater(deliveryId, EXPIRED)
             return
         qos = qosOf(message, granted)
-        packetId = session.allocatePacketId() if qos else None
-        if not self._writePublish(message, granted, qos, packetId, False):
+        if not qos:
+            if not self._writeShared(message, attributes, granted):
+                session.settleLater(deliveryId, TOO_LARGE)
+            elif deliveryId is not None:
+                # Delivered at QoS 0 for a QoS 1 or 2 subscription: no ack
+                # comes.
+                session.settleLater(deliveryId, None)
+            return
+        packetId = session.allocatePacketId()
+        if self._writePublish(message, attributes, granted, qos, packetId, False):
+            session.outgoing[packetId] = Outgoing(deliveryId, qos, message, subscriptionId)
+        else:
             # [MQTT-3.1.2-25]: never sent, as if it had been.
             session.settleLater(deliveryId, TOO_LARGE)
-        elif qos:
-            session.outgoing[packetId] = Outgoing(deliveryId, qos, message, subscriptionId)
-        elif deliveryId is not None:
-            # Delivered at QoS 0 for a QoS 1 or 2 subscription: no ack comes.
-            session.settleLater(deliveryId, None)
 
     def resend(self, packetId, outgoing):
         """
@@ -869,28 +876,77 @@ class MQTTProtocol(Protocol, BoundedOutput):
             return
         message = outgoing.message
         granted = self.session.grantedFor(message.topic, outgoing.subscriptionId)
-        if not self._writePublish(message, granted, outgoing.qos, packetId, True):
+        attributes = message.properties
+        if not isinstance(attributes, PublishAttributes):
+            attributes = None
+        if not self._writePublish(message, attributes, granted, outgoing.qos, packetId, True):
             # Larger than this connection's Maximum Packet Size.
             del self.session.outgoing[packetId]
             self.session.settleLater(outgoing.deliveryId, TOO_LARGE)
 
-    def _writePublish(self, message, granted, qos, packetId, dup):
+    def _writePublish(self, message, attributes, granted, qos, packetId, dup):
         """
-        Write the PUBLISH of a message.
+        Write the PUBLISH of a message, encoded for this client.
 
+        @param attributes: its L{PublishAttributes}, or C{None} for a
+            message published over another protocol.
         @param granted: the L{Granted} of the subscriptions it matched.
         @return: whether it was written: not if it is larger than the
             client's Maximum Packet Size.
         """
-        attributes = message.properties
-        if not isinstance(attributes, PublishAttributes):
-            attributes = None
-        retain = message.retained or (
+        retain = self._retainFlag(message, attributes, granted)
+        header = self._publishHeader(message, attributes, granted, qos, packetId, retain, dup)
+        if (
+            self._clientMaxPacket is not None
+            and len(header) + len(message.payload) > self._clientMaxPacket
+        ):
+            return False
+        self._write((header, message.payload))
+        return True
+
+    def _writeShared(self, message, attributes, granted):
+        """
+        Write the QoS 0 PUBLISH of a message: the bytes encoded for its
+        first subscriber of the same protocol version and RETAIN flag, when
+        this client's copy carries nothing of its own (L{LastPublish}).
+
+        @return: whether it was written (see L{_writePublish}).
+        """
+        if self.version == MQTT_5 and (
+            (granted is not None and granted.identifiers)
+            or (attributes is not None and attributes.expiry is not None)
+        ):
+            # Its own Subscription Identifiers, or expiry count-down.
+            return self._writePublish(message, attributes, granted, 0, None, False)
+        retain = self._retainFlag(message, attributes, granted)
+        packets = self.factory.lastPublish.packetsOf(message)
+        key = (self.version, retain)
+        packet = packets.get(key)
+        if packet is None:
+            header = self._publishHeader(message, attributes, granted, 0, None, retain, False)
+            packet = packets[key] = header + message.payload
+        if self._clientMaxPacket is not None and len(packet) > self._clientMaxPacket:
+            return False
+        self._write((packet,))
+        return True
+
+    def _retainFlag(self, message, attributes, granted):
+        """
+        The RETAIN flag of a message sent to this client: set on a retained
+        message, and on one published with it to a subscription with
+        Retain As Published (3.8.3.1).
+        """
+        return message.retained or (
             granted is not None
             and granted.retainAsPublished
             and attributes is not None
             and attributes.retain
         )
+
+    def _publishHeader(self, message, attributes, granted, qos, packetId, retain, dup):
+        """
+        The bytes of a message's PUBLISH to this client before its payload.
+        """
         if self.version == MQTT_5:
             identifiers = () if granted is None else granted.identifiers
             if attributes is None:
@@ -900,17 +956,15 @@ class MQTTProtocol(Protocol, BoundedOutput):
             )
         else:
             properties = None
-        header = encodePublishHeader(
-            message.wireTopic, len(message.payload), qos, packetId, retain, dup, properties
+        return encodePublishHeader(
+            message.wireTopic,
+            len(message.payload),
+            qos,
+            packetId,
+            retain,
+            dup,
+            properties,
         )
-        if (
-            self._clientMaxPacket is not None
-            and len(header) + len(message.payload) > self._clientMaxPacket
-        ):
-            return False
-        if not (self._closing or self.transport.disconnecting):
-            self._write((header, message.payload))
-        return True
 
     def subscriptionRevoked(self, subscriptionId, reason):
         """
@@ -923,6 +977,33 @@ class MQTTProtocol(Protocol, BoundedOutput):
         if self.version == MQTT_5:
             self._send(Disconnect(ReasonCode.ADMINISTRATIVE_ACTION, self._reasonString(reason)))
         self._close()
+
+
+class LastPublish:
+    """
+    The QoS 0 PUBLISH packets, payload included, of the message the broker
+    delivered last, by protocol version and RETAIN flag: the core hands a
+    message to all of its subscribers in one go, so those whose copy
+    carries nothing of their own (no packet identifier, Subscription
+    Identifier or expiry count-down) are all written the bytes encoded for
+    the first.  Only the last message is kept, and with it its packets.
+    """
+
+    __slots__ = ("_message", "_packets")
+
+    def __init__(self):
+        self._message = None
+        self._packets = {}
+
+    def packetsOf(self, message):
+        """
+        The packets of C{message} encoded so far, C{(version, retain)} ->
+        bytes, to look up and add to.
+        """
+        if message is not self._message:
+            self._message = message
+            self._packets = {}
+        return self._packets
 
 
 class MQTTFactory(ServerFactory):
@@ -942,6 +1023,7 @@ class MQTTFactory(ServerFactory):
     @ivar sessions: client id -> its L{MQTTSession}, with a connection or
         not.
     @ivar offline: the sessions without a connection.
+    @ivar lastPublish: the L{LastPublish} its connections share.
     """
 
     noisy = False
@@ -966,6 +1048,7 @@ class MQTTFactory(ServerFactory):
         self.store = store
         self.sessions = {}
         self.offline = set()
+        self.lastPublish = LastPublish()
 
     def restoreSessions(self):
         """
