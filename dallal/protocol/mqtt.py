@@ -927,6 +927,17 @@ def encodeProperties(properties, packetType):
     return encodeVariableByteInteger(len(body)) + body
 
 
+def encodeBareAcknowledgement(packetClass, packetId):
+    """
+    The bytes of a PUBACK, PUBREC, PUBREL or PUBCOMP that is only its packet
+    identifier (Success, no properties), the same in MQTT 3.1.1 and 5, for
+    a sender that acks every message without building a packet.
+
+    @param packetClass: L{PubAck}, L{PubRec}, L{PubRel} or L{PubComp}.
+    """
+    return bytes((packetClass._FIRST_BYTE, 2)) + _encodePacketId(packetId)
+
+
 def encodePublishHeader(
     topic, payloadLength, qos=0, packetId=None, retain=False, dup=False, properties=None
 ):
@@ -1293,6 +1304,13 @@ class MQTTDecoder:
             self._connectExpected = self._connectAllowed = False
         if packetType == _PUBLISH:
             return self._publish(flags, buffer, index, end)
+        if remaining == 2 and packetType in _ACKNOWLEDGEMENTS:
+            # Only a packet identifier: how a client acks most messages.
+            packetId = buffer[index] << 8 | buffer[index + 1]
+            if not packetId:
+                # [MQTT-2.3.1-1] (3.1.1), [MQTT-2.2.1-3] (5).
+                raise _protocolError("packet identifier 0")
+            return _ACKNOWLEDGEMENTS[packetType](packetId)
         return _DECODERS[packetType](self, flags, _Reader(buffer, index, end))
 
     def _checkFixedHeader(self, packetType, flags):
@@ -1605,6 +1623,12 @@ _DECODERS = {
         Disconnect, reader
     ),
     PacketType.AUTH: lambda self, flags, reader: self._reasonAndProperties(Auth, reader),
+}
+
+# The packets that may be only a packet identifier (and are, for Success
+# without properties), by type.
+_ACKNOWLEDGEMENTS = {
+    packetClass._TYPE: packetClass for packetClass in (PubAck, PubRec, PubRel, PubComp)
 }
 
 # The fixed header flags each packet type but PUBLISH must have

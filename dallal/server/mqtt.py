@@ -91,6 +91,7 @@ from dallal.protocol.mqtt import (
     Subscribe,
     UnsubAck,
     Unsubscribe,
+    encodeBareAcknowledgement,
     encodePublishHeader,
 )
 from dallal.security.auth import LOGIN_TIMEOUT
@@ -309,7 +310,10 @@ class MQTTProtocol(Protocol, BoundedOutput):
     def _readPackets(self):
         try:
             for packet in self._decoder:
-                self._packetReceived(packet)
+                if type(packet) is Publish:
+                    self._publishReceived(packet)
+                else:
+                    self._packetReceived(packet)
                 if self.readPause or self._closing:
                     # The rest stays in the decoder.
                     return
@@ -319,10 +323,11 @@ class MQTTProtocol(Protocol, BoundedOutput):
             self.refuseStream(error.reasonCode, str(error))
 
     def _packetReceived(self, packet):
+        """
+        Handle a packet other than PUBLISH.
+        """
         kind = type(packet)
-        if kind is Publish:
-            self._publishReceived(packet)
-        elif kind is Connect:
+        if kind is Connect:
             self._connectReceived(packet)
         else:
             handler = self._handlers.get(kind)
@@ -639,7 +644,9 @@ class MQTTProtocol(Protocol, BoundedOutput):
             raise ProtocolViolation(
                 "this broker keeps no retained messages", ReasonCode.RETAIN_NOT_SUPPORTED
             )
-        topic = self._topicOf(packet)
+        properties = packet.properties
+        # No properties, no topic alias: every MQTT 3.1.1 PUBLISH.
+        topic = packet.topic if properties is NO_PROPERTIES else self._topicOf(packet)
         qos = packet.qos
         packetId = packet.packetId
         if qos == 2 and packetId in self.session.unreleased:
@@ -653,7 +660,7 @@ class MQTTProtocol(Protocol, BoundedOutput):
                 topic,
                 packet.payload,
                 requestId,
-                publishAttributes(qos, packet.retain, packet.properties),
+                publishAttributes(qos, packet.retain, properties),
             )
             stored = self.broker.retain(topic, packet.payload, requestId) if packet.retain else None
         except RequestError as error:
@@ -671,7 +678,10 @@ class MQTTProtocol(Protocol, BoundedOutput):
 
     def _acknowledgePublish(self, packet, reasonCode=0, properties=NO_PROPERTIES):
         if packet.qos == 1:
-            self._send(PubAck(packet.packetId, reasonCode, properties))
+            if reasonCode or properties:
+                self._send(PubAck(packet.packetId, reasonCode, properties))
+            else:
+                self._writePacket(encodeBareAcknowledgement(PubAck, packet.packetId))
         else:
             if reasonCode < 0x80:
                 self.session.unreleased.add(packet.packetId)

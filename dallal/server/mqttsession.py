@@ -126,7 +126,7 @@ def publishAttributes(qos, retain, properties):
     The L{PublishAttributes} of a message published (or a will) with
     C{qos}, C{retain} and C{properties}.
     """
-    if not properties:
+    if properties is NO_PROPERTIES or not properties:
         return PLAIN[qos, bool(retain)]
     passed = {key: value for key, value in properties.items() if key not in _NOT_PASSED_ON}
     return PublishAttributes(qos, bool(retain), passed or NO_PROPERTIES)
