@@ -314,6 +314,17 @@ def test_aBareAcknowledgementIsThePacketsSuccessForm(packetClass, packetId):
         assert decodeOne(encoded, version) == packetClass(packetId)
 
 
+@pytest.mark.parametrize(
+    "version, packet, encoded",
+    [known for known in KNOWN if isinstance(known[1], Publish)],
+)
+def test_aBrokersDecoderGivesAPublishAsItsFields(version, packet, encoded):
+    decoder = MQTTDecoder(version, publishFields=True)
+    [fields] = decoder.feed(encoded)
+    assert type(fields) is tuple
+    assert Publish(*fields) == packet
+
+
 def test_shortFormsDecode():
     # A reason code without the property length, and the reason code
     # omitted, in PUBACK and DISCONNECT (3.4.2.2, 3.14.2.2.1).

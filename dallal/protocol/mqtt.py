@@ -1172,13 +1172,17 @@ class MQTTDecoder:
         included (MQTT 5's Maximum Packet Size, 3.1.2.11.4); a larger one is
         refused with L{ReasonCode.PACKET_TOO_LARGE} as soon as its fixed
         header is read, before its body is buffered.
+    @ivar publishFields: whether a PUBLISH comes as the tuple of its
+        L{Publish}'s fields, in their order, rather than a L{Publish}: for
+        a broker, which reads one for every message and keeps no packet.
     """
 
-    def __init__(self, version=None, maxPacketSize=MAXIMUM_PACKET_SIZE):
+    def __init__(self, version=None, maxPacketSize=MAXIMUM_PACKET_SIZE, publishFields=False):
         if version is not None:
             _checkVersion(version)
         self.version = version
         self.maxPacketSize = maxPacketSize
+        self.publishFields = publishFields
         self._connectExpected = version is None
         self._connectAllowed = True
         # The bytes being parsed and where parsing is in them; bytes that
@@ -1379,15 +1383,8 @@ class MQTTDecoder:
         elif not topic:
             # [MQTT-4.7.3-1]
             raise _protocolError("an empty topic name")
-        return Publish(
-            topic,
-            data[position:end],
-            qos,
-            bool(flags & 0x01),
-            bool(dup),
-            packetId,
-            properties,
-        )
+        fields = (topic, data[position:end], qos, flags & 0x01 == 1, dup != 0, packetId, properties)
+        return fields if self.publishFields else Publish(*fields)
 
     def _connect(self, flags, reader):
         """

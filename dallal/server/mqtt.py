@@ -83,7 +83,6 @@ from dallal.protocol.mqtt import (
     Property,
     PubAck,
     PubComp,
-    Publish,
     PubRec,
     PubRel,
     ReasonCode,
@@ -184,7 +183,9 @@ class MQTTProtocol(Protocol, BoundedOutput):
         self.batch = factory.batch
         self.clock = self.broker.clock
         self._host = host
-        self._decoder = MQTTDecoder(maxPacketSize=self.broker.config.maxPayload + PACKET_OVERHEAD)
+        self._decoder = MQTTDecoder(
+            maxPacketSize=self.broker.config.maxPayload + PACKET_OVERHEAD, publishFields=True
+        )
         self.version = None
         self.clientId = None
         # The session this connection carries: its own from its CONNECT,
@@ -310,8 +311,9 @@ class MQTTProtocol(Protocol, BoundedOutput):
     def _readPackets(self):
         try:
             for packet in self._decoder:
-                if type(packet) is Publish:
-                    self._publishReceived(packet)
+                if type(packet) is tuple:
+                    # A PUBLISH's fields.
+                    self._publishReceived(*packet)
                 else:
                     self._packetReceived(packet)
                 if self.readPause or self._closing:
@@ -617,38 +619,40 @@ class MQTTProtocol(Protocol, BoundedOutput):
 
     # PUBLISH from the client
 
-    def _topicOf(self, packet):
+    def _topicOf(self, topic, properties):
         """
         The topic of an incoming PUBLISH, through its MQTT 5 topic alias.
         """
-        alias = packet.properties.get(Property.TOPIC_ALIAS)
+        alias = properties.get(Property.TOPIC_ALIAS)
         if alias is None:
-            return packet.topic
+            return topic
         if alias > TOPIC_ALIAS_MAXIMUM:
             # [MQTT-3.3.2-9]
             raise ProtocolViolation(
                 f"topic alias {alias} is over the maximum of {TOPIC_ALIAS_MAXIMUM}",
                 ReasonCode.TOPIC_ALIAS_INVALID,
             )
-        if packet.topic:
-            self._aliases[alias] = packet.topic
-            return packet.topic
+        if topic:
+            self._aliases[alias] = topic
+            return topic
         topic = self._aliases.get(alias)
         if topic is None:
             raise ProtocolViolation(f"topic alias {alias} was never set")
         return topic
 
-    def _publishReceived(self, packet):
-        if packet.retain and self.broker.retained is None and self.version == MQTT_5:
+    def _publishReceived(self, topic, payload, qos, retain, dup, packetId, properties):
+        """
+        Publish what a client's PUBLISH carries (the fields of a L{Publish}),
+        and ack it at QoS 1 and 2.
+        """
+        if retain and self.broker.retained is None and self.version == MQTT_5:
             # Its CONNACK said Retain Available 0 [MQTT-3.3.1-19].
             raise ProtocolViolation(
                 "this broker keeps no retained messages", ReasonCode.RETAIN_NOT_SUPPORTED
             )
-        properties = packet.properties
-        # No properties, no topic alias: every MQTT 3.1.1 PUBLISH.
-        topic = packet.topic if properties is NO_PROPERTIES else self._topicOf(packet)
-        qos = packet.qos
-        packetId = packet.packetId
+        if properties is not NO_PROPERTIES:
+            # Every MQTT 3.1.1 PUBLISH has none, so no topic alias.
+            topic = self._topicOf(topic, properties)
         if qos == 2 and packetId in self.session.unreleased:
             # Sent again before its PUBREL: published already [MQTT-4.3.3-10].
             self._send(PubRec(packetId))
@@ -658,40 +662,40 @@ class MQTTProtocol(Protocol, BoundedOutput):
             self.broker.publish(
                 self.session,
                 topic,
-                packet.payload,
+                payload,
                 requestId,
-                publishAttributes(qos, packet.retain, properties),
+                publishAttributes(qos, retain, properties),
             )
-            stored = self.broker.retain(topic, packet.payload, requestId) if packet.retain else None
+            stored = self.broker.retain(topic, payload, requestId) if retain else None
         except RequestError as error:
-            self._publishRefused(packet, error)
+            self._publishRefused(qos, packetId, error)
             return
         if stored is not None and qos:
             stored.addCallbacks(
-                lambda _: self._acknowledgePublish(packet),
-                lambda failure: self._storeRefused(failure, packet),
+                lambda _: self._acknowledgePublish(qos, packetId),
+                lambda failure: self._storeRefused(failure, qos, packetId),
             )
         elif stored is not None:
             stored.addErrback(ignoreStoreFailure, topic)
         elif qos:
-            self._acknowledgePublish(packet)
+            self._acknowledgePublish(qos, packetId)
 
-    def _acknowledgePublish(self, packet, reasonCode=0, properties=NO_PROPERTIES):
-        if packet.qos == 1:
+    def _acknowledgePublish(self, qos, packetId, reasonCode=0, properties=NO_PROPERTIES):
+        if qos == 1:
             if reasonCode or properties:
-                self._send(PubAck(packet.packetId, reasonCode, properties))
+                self._send(PubAck(packetId, reasonCode, properties))
             else:
-                self._writePacket(encodeBareAcknowledgement(PubAck, packet.packetId))
+                self._writePacket(encodeBareAcknowledgement(PubAck, packetId))
         else:
             if reasonCode < 0x80:
-                self.session.unreleased.add(packet.packetId)
-            self._send(PubRec(packet.packetId, reasonCode, properties))
+                self.session.unreleased.add(packetId)
+            self._send(PubRec(packetId, reasonCode, properties))
 
-    def _storeRefused(self, failure, packet):
+    def _storeRefused(self, failure, qos, packetId):
         failure.trap(RequestError)
-        self._publishRefused(packet, failure.value)
+        self._publishRefused(qos, packetId, failure.value)
 
-    def _publishRefused(self, packet, error):
+    def _publishRefused(self, qos, packetId, error):
         """
         The core refused a publish (ACL, limits, shutting down): counted as
         an error.  An MQTT 5 client is told why in its PUBACK or PUBREC; an
@@ -699,13 +703,13 @@ class MQTTProtocol(Protocol, BoundedOutput):
         [MQTT-3.3.5-2].
         """
         self.broker.protocolError(self.session, error.code, False)
-        if not packet.qos:
+        if not qos:
             return
         if self.version == MQTT_5:
             reasonCode = _PUBLISH_REASONS.get(error.code, ReasonCode.UNSPECIFIED_ERROR)
-            self._acknowledgePublish(packet, reasonCode, self._reasonString(error.reason))
+            self._acknowledgePublish(qos, packetId, reasonCode, self._reasonString(error.reason))
         else:
-            self._acknowledgePublish(packet)
+            self._acknowledgePublish(qos, packetId)
 
     def _pubRelReceived(self, packet):
         unreleased = self.session.unreleased
