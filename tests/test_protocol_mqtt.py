@@ -48,6 +48,7 @@ from dallal.protocol.mqtt import (
     UnsubAck,
     Unsubscribe,
     Will,
+    encodeBareAcknowledgement,
     encodeProperties,
     encodePublishHeader,
     encodeVariableByteInteger,
@@ -303,6 +304,25 @@ def test_publishHeaderIsThePublishBeforeItsPayload():
                 "t/\u00e9".encode(), len(payload), 1, 77, True, True, properties
             )
             assert header + payload == packet.encode(version)
+
+
+@given(st.sampled_from([PubAck, PubRec, PubRel, PubComp]), st.integers(1, 65535))
+def test_aBareAcknowledgementIsThePacketsSuccessForm(packetClass, packetId):
+    for version in VERSIONS:
+        encoded = encodeBareAcknowledgement(packetClass, packetId)
+        assert encoded == packetClass(packetId).encode(version)
+        assert decodeOne(encoded, version) == packetClass(packetId)
+
+
+@pytest.mark.parametrize(
+    "version, packet, encoded",
+    [known for known in KNOWN if isinstance(known[1], Publish)],
+)
+def test_aBrokersDecoderGivesAPublishAsItsFields(version, packet, encoded):
+    decoder = MQTTDecoder(version, publishFields=True)
+    [fields] = decoder.feed(encoded)
+    assert type(fields) is tuple
+    assert Publish(*fields) == packet
 
 
 def test_shortFormsDecode():

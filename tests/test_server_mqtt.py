@@ -407,6 +407,27 @@ def test_subscriptionIdentifiersOfEveryMatchingSubscription(harness):
     assert second.properties[Property.SUBSCRIPTION_IDENTIFIER] == [7]
 
 
+def test_aQos0MessageIsEncodedForEachSubscribersVersionAndOptions(harness):
+    old = connected(harness, "old")
+    new = connected(harness, "new", MQTT_5)
+    asPublished = connected(harness, "asPublished", MQTT_5)
+    identified = connected(harness, "identified", MQTT_5)
+    for client in (old, new):
+        client.subscribe(("t", 0))
+    asPublished.subscribe(Subscription("t", 0, retainAsPublished=True))
+    identified.send(Subscribe(1, [Subscription("t", 0)], {Property.SUBSCRIPTION_IDENTIFIER: [4]}))
+    identified.received()
+    tagged = {Property.USER_PROPERTY: [("k", "v")]}
+    publisher = connected(harness, "p", MQTT_5)
+    publisher.send(Publish("t", b"x", retain=True, properties=tagged))
+    assert old.received() == [Publish("t", b"x")]
+    assert new.received() == [Publish("t", b"x", properties=tagged)]
+    assert asPublished.received() == [Publish("t", b"x", retain=True, properties=tagged)]
+    assert identified.received() == [
+        Publish("t", b"x", properties={**tagged, Property.SUBSCRIPTION_IDENTIFIER: [4]})
+    ]
+
+
 def test_invalidFiltersAreRefusedInTheSuback(harness):
     old = connected(harness, "o")
     assert old.subscribe(("a/#/b", 0), ("$share/g", 0), ("ok", 2)) == [SubAck(1, [0x80, 0x80, 2])]

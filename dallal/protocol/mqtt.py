@@ -927,6 +927,17 @@ def encodeProperties(properties, packetType):
     return encodeVariableByteInteger(len(body)) + body
 
 
+def encodeBareAcknowledgement(packetClass, packetId):
+    """
+    The bytes of a PUBACK, PUBREC, PUBREL or PUBCOMP that is only its packet
+    identifier (Success, no properties), the same in MQTT 3.1.1 and 5, for
+    a sender that acks every message without building a packet.
+
+    @param packetClass: L{PubAck}, L{PubRec}, L{PubRel} or L{PubComp}.
+    """
+    return bytes((packetClass._FIRST_BYTE, 2)) + _encodePacketId(packetId)
+
+
 def encodePublishHeader(
     topic, payloadLength, qos=0, packetId=None, retain=False, dup=False, properties=None
 ):
@@ -1161,13 +1172,17 @@ class MQTTDecoder:
         included (MQTT 5's Maximum Packet Size, 3.1.2.11.4); a larger one is
         refused with L{ReasonCode.PACKET_TOO_LARGE} as soon as its fixed
         header is read, before its body is buffered.
+    @ivar publishFields: whether a PUBLISH comes as the tuple of its
+        L{Publish}'s fields, in their order, rather than a L{Publish}: for
+        a broker, which reads one for every message and keeps no packet.
     """
 
-    def __init__(self, version=None, maxPacketSize=MAXIMUM_PACKET_SIZE):
+    def __init__(self, version=None, maxPacketSize=MAXIMUM_PACKET_SIZE, publishFields=False):
         if version is not None:
             _checkVersion(version)
         self.version = version
         self.maxPacketSize = maxPacketSize
+        self.publishFields = publishFields
         self._connectExpected = version is None
         self._connectAllowed = True
         # The bytes being parsed and where parsing is in them; bytes that
@@ -1293,6 +1308,13 @@ class MQTTDecoder:
             self._connectExpected = self._connectAllowed = False
         if packetType == _PUBLISH:
             return self._publish(flags, buffer, index, end)
+        if remaining == 2 and packetType in _ACKNOWLEDGEMENTS:
+            # Only a packet identifier: how a client acks most messages.
+            packetId = buffer[index] << 8 | buffer[index + 1]
+            if not packetId:
+                # [MQTT-2.3.1-1] (3.1.1), [MQTT-2.2.1-3] (5).
+                raise _protocolError("packet identifier 0")
+            return _ACKNOWLEDGEMENTS[packetType](packetId)
         return _DECODERS[packetType](self, flags, _Reader(buffer, index, end))
 
     def _checkFixedHeader(self, packetType, flags):
@@ -1361,15 +1383,8 @@ class MQTTDecoder:
         elif not topic:
             # [MQTT-4.7.3-1]
             raise _protocolError("an empty topic name")
-        return Publish(
-            topic,
-            data[position:end],
-            qos,
-            bool(flags & 0x01),
-            bool(dup),
-            packetId,
-            properties,
-        )
+        fields = (topic, data[position:end], qos, flags & 0x01 == 1, dup != 0, packetId, properties)
+        return fields if self.publishFields else Publish(*fields)
 
     def _connect(self, flags, reader):
         """
@@ -1605,6 +1620,12 @@ _DECODERS = {
         Disconnect, reader
     ),
     PacketType.AUTH: lambda self, flags, reader: self._reasonAndProperties(Auth, reader),
+}
+
+# The packets that may be only a packet identifier (and are, for Success
+# without properties), by type.
+_ACKNOWLEDGEMENTS = {
+    packetClass._TYPE: packetClass for packetClass in (PubAck, PubRec, PubRel, PubComp)
 }
 
 # The fixed header flags each packet type but PUBLISH must have

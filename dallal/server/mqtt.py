@@ -83,7 +83,6 @@ from dallal.protocol.mqtt import (
     Property,
     PubAck,
     PubComp,
-    Publish,
     PubRec,
     PubRel,
     ReasonCode,
@@ -91,6 +90,7 @@ from dallal.protocol.mqtt import (
     Subscribe,
     UnsubAck,
     Unsubscribe,
+    encodeBareAcknowledgement,
     encodePublishHeader,
 )
 from dallal.security.auth import LOGIN_TIMEOUT
@@ -183,7 +183,9 @@ class MQTTProtocol(Protocol, BoundedOutput):
         self.batch = factory.batch
         self.clock = self.broker.clock
         self._host = host
-        self._decoder = MQTTDecoder(maxPacketSize=self.broker.config.maxPayload + PACKET_OVERHEAD)
+        self._decoder = MQTTDecoder(
+            maxPacketSize=self.broker.config.maxPayload + PACKET_OVERHEAD, publishFields=True
+        )
         self.version = None
         self.clientId = None
         # The session this connection carries: its own from its CONNECT,
@@ -309,7 +311,11 @@ class MQTTProtocol(Protocol, BoundedOutput):
     def _readPackets(self):
         try:
             for packet in self._decoder:
-                self._packetReceived(packet)
+                if type(packet) is tuple:
+                    # A PUBLISH's fields.
+                    self._publishReceived(*packet)
+                else:
+                    self._packetReceived(packet)
                 if self.readPause or self._closing:
                     # The rest stays in the decoder.
                     return
@@ -319,10 +325,11 @@ class MQTTProtocol(Protocol, BoundedOutput):
             self.refuseStream(error.reasonCode, str(error))
 
     def _packetReceived(self, packet):
+        """
+        Handle a packet other than PUBLISH.
+        """
         kind = type(packet)
-        if kind is Publish:
-            self._publishReceived(packet)
-        elif kind is Connect:
+        if kind is Connect:
             self._connectReceived(packet)
         else:
             handler = self._handlers.get(kind)
@@ -612,36 +619,40 @@ class MQTTProtocol(Protocol, BoundedOutput):
 
     # PUBLISH from the client
 
-    def _topicOf(self, packet):
+    def _topicOf(self, topic, properties):
         """
         The topic of an incoming PUBLISH, through its MQTT 5 topic alias.
         """
-        alias = packet.properties.get(Property.TOPIC_ALIAS)
+        alias = properties.get(Property.TOPIC_ALIAS)
         if alias is None:
-            return packet.topic
+            return topic
         if alias > TOPIC_ALIAS_MAXIMUM:
             # [MQTT-3.3.2-9]
             raise ProtocolViolation(
                 f"topic alias {alias} is over the maximum of {TOPIC_ALIAS_MAXIMUM}",
                 ReasonCode.TOPIC_ALIAS_INVALID,
             )
-        if packet.topic:
-            self._aliases[alias] = packet.topic
-            return packet.topic
+        if topic:
+            self._aliases[alias] = topic
+            return topic
         topic = self._aliases.get(alias)
         if topic is None:
             raise ProtocolViolation(f"topic alias {alias} was never set")
         return topic
 
-    def _publishReceived(self, packet):
-        if packet.retain and self.broker.retained is None and self.version == MQTT_5:
+    def _publishReceived(self, topic, payload, qos, retain, dup, packetId, properties):
+        """
+        Publish what a client's PUBLISH carries (the fields of a L{Publish}),
+        and ack it at QoS 1 and 2.
+        """
+        if retain and self.broker.retained is None and self.version == MQTT_5:
             # Its CONNACK said Retain Available 0 [MQTT-3.3.1-19].
             raise ProtocolViolation(
                 "this broker keeps no retained messages", ReasonCode.RETAIN_NOT_SUPPORTED
             )
-        topic = self._topicOf(packet)
-        qos = packet.qos
-        packetId = packet.packetId
+        if properties is not NO_PROPERTIES:
+            # Every MQTT 3.1.1 PUBLISH has none, so no topic alias.
+            topic = self._topicOf(topic, properties)
         if qos == 2 and packetId in self.session.unreleased:
             # Sent again before its PUBREL: published already [MQTT-4.3.3-10].
             self._send(PubRec(packetId))
@@ -651,37 +662,40 @@ class MQTTProtocol(Protocol, BoundedOutput):
             self.broker.publish(
                 self.session,
                 topic,
-                packet.payload,
+                payload,
                 requestId,
-                publishAttributes(qos, packet.retain, packet.properties),
+                publishAttributes(qos, retain, properties),
             )
-            stored = self.broker.retain(topic, packet.payload, requestId) if packet.retain else None
+            stored = self.broker.retain(topic, payload, requestId) if retain else None
         except RequestError as error:
-            self._publishRefused(packet, error)
+            self._publishRefused(qos, packetId, error)
             return
         if stored is not None and qos:
             stored.addCallbacks(
-                lambda _: self._acknowledgePublish(packet),
-                lambda failure: self._storeRefused(failure, packet),
+                lambda _: self._acknowledgePublish(qos, packetId),
+                lambda failure: self._storeRefused(failure, qos, packetId),
             )
         elif stored is not None:
             stored.addErrback(ignoreStoreFailure, topic)
         elif qos:
-            self._acknowledgePublish(packet)
+            self._acknowledgePublish(qos, packetId)
 
-    def _acknowledgePublish(self, packet, reasonCode=0, properties=NO_PROPERTIES):
-        if packet.qos == 1:
-            self._send(PubAck(packet.packetId, reasonCode, properties))
+    def _acknowledgePublish(self, qos, packetId, reasonCode=0, properties=NO_PROPERTIES):
+        if qos == 1:
+            if reasonCode or properties:
+                self._send(PubAck(packetId, reasonCode, properties))
+            else:
+                self._writePacket(encodeBareAcknowledgement(PubAck, packetId))
         else:
             if reasonCode < 0x80:
-                self.session.unreleased.add(packet.packetId)
-            self._send(PubRec(packet.packetId, reasonCode, properties))
+                self.session.unreleased.add(packetId)
+            self._send(PubRec(packetId, reasonCode, properties))
 
-    def _storeRefused(self, failure, packet):
+    def _storeRefused(self, failure, qos, packetId):
         failure.trap(RequestError)
-        self._publishRefused(packet, failure.value)
+        self._publishRefused(qos, packetId, failure.value)
 
-    def _publishRefused(self, packet, error):
+    def _publishRefused(self, qos, packetId, error):
         """
         The core refused a publish (ACL, limits, shutting down): counted as
         an error.  An MQTT 5 client is told why in its PUBACK or PUBREC; an
@@ -689,13 +703,13 @@ class MQTTProtocol(Protocol, BoundedOutput):
         [MQTT-3.3.5-2].
         """
         self.broker.protocolError(self.session, error.code, False)
-        if not packet.qos:
+        if not qos:
             return
         if self.version == MQTT_5:
             reasonCode = _PUBLISH_REASONS.get(error.code, ReasonCode.UNSPECIFIED_ERROR)
-            self._acknowledgePublish(packet, reasonCode, self._reasonString(error.reason))
+            self._acknowledgePublish(qos, packetId, reasonCode, self._reasonString(error.reason))
         else:
-            self._acknowledgePublish(packet)
+            self._acknowledgePublish(qos, packetId)
 
     def _pubRelReceived(self, packet):
         unreleased = self.session.unreleased
@@ -837,26 +851,33 @@ class MQTTProtocol(Protocol, BoundedOutput):
             return
         session = self.session
         granted = session.grantedFor(message.topic, subscriptionId)
-        attributes = message.properties
         if granted is not None and granted.noLocal and message.source is session:
             # No Local [MQTT-3.8.3-3]: not for this client, and never sent.
             session.settleLater(deliveryId, None)
             return
-        if isinstance(attributes, PublishAttributes) and attributes.expired(
+        attributes = message.properties
+        if not isinstance(attributes, PublishAttributes):
+            attributes = None
+        elif attributes.expiry is not None and attributes.expired(
             message.published, self.clock.seconds()
         ):
             session.settleLater(deliveryId, EXPIRED)
             return
         qos = qosOf(message, granted)
-        packetId = session.allocatePacketId() if qos else None
-        if not self._writePublish(message, granted, qos, packetId, False):
+        if not qos:
+            if not self._writeShared(message, attributes, granted):
+                session.settleLater(deliveryId, TOO_LARGE)
+            elif deliveryId is not None:
+                # Delivered at QoS 0 for a QoS 1 or 2 subscription: no ack
+                # comes.
+                session.settleLater(deliveryId, None)
+            return
+        packetId = session.allocatePacketId()
+        if self._writePublish(message, attributes, granted, qos, packetId, False):
+            session.outgoing[packetId] = Outgoing(deliveryId, qos, message, subscriptionId)
+        else:
             # [MQTT-3.1.2-25]: never sent, as if it had been.
             session.settleLater(deliveryId, TOO_LARGE)
-        elif qos:
-            session.outgoing[packetId] = Outgoing(deliveryId, qos, message, subscriptionId)
-        elif deliveryId is not None:
-            # Delivered at QoS 0 for a QoS 1 or 2 subscription: no ack comes.
-            session.settleLater(deliveryId, None)
 
     def resend(self, packetId, outgoing):
         """
@@ -869,28 +890,77 @@ class MQTTProtocol(Protocol, BoundedOutput):
             return
         message = outgoing.message
         granted = self.session.grantedFor(message.topic, outgoing.subscriptionId)
-        if not self._writePublish(message, granted, outgoing.qos, packetId, True):
+        attributes = message.properties
+        if not isinstance(attributes, PublishAttributes):
+            attributes = None
+        if not self._writePublish(message, attributes, granted, outgoing.qos, packetId, True):
             # Larger than this connection's Maximum Packet Size.
             del self.session.outgoing[packetId]
             self.session.settleLater(outgoing.deliveryId, TOO_LARGE)
 
-    def _writePublish(self, message, granted, qos, packetId, dup):
+    def _writePublish(self, message, attributes, granted, qos, packetId, dup):
         """
-        Write the PUBLISH of a message.
+        Write the PUBLISH of a message, encoded for this client.
 
+        @param attributes: its L{PublishAttributes}, or C{None} for a
+            message published over another protocol.
         @param granted: the L{Granted} of the subscriptions it matched.
         @return: whether it was written: not if it is larger than the
             client's Maximum Packet Size.
         """
-        attributes = message.properties
-        if not isinstance(attributes, PublishAttributes):
-            attributes = None
-        retain = message.retained or (
+        retain = self._retainFlag(message, attributes, granted)
+        header = self._publishHeader(message, attributes, granted, qos, packetId, retain, dup)
+        if (
+            self._clientMaxPacket is not None
+            and len(header) + len(message.payload) > self._clientMaxPacket
+        ):
+            return False
+        self._write((header, message.payload))
+        return True
+
+    def _writeShared(self, message, attributes, granted):
+        """
+        Write the QoS 0 PUBLISH of a message: the bytes encoded for its
+        first subscriber of the same protocol version and RETAIN flag, when
+        this client's copy carries nothing of its own (L{LastPublish}).
+
+        @return: whether it was written (see L{_writePublish}).
+        """
+        if self.version == MQTT_5 and (
+            (granted is not None and granted.identifiers)
+            or (attributes is not None and attributes.expiry is not None)
+        ):
+            # Its own Subscription Identifiers, or expiry count-down.
+            return self._writePublish(message, attributes, granted, 0, None, False)
+        retain = self._retainFlag(message, attributes, granted)
+        packets = self.factory.lastPublish.packetsOf(message)
+        key = (self.version, retain)
+        packet = packets.get(key)
+        if packet is None:
+            header = self._publishHeader(message, attributes, granted, 0, None, retain, False)
+            packet = packets[key] = header + message.payload
+        if self._clientMaxPacket is not None and len(packet) > self._clientMaxPacket:
+            return False
+        self._write((packet,))
+        return True
+
+    def _retainFlag(self, message, attributes, granted):
+        """
+        The RETAIN flag of a message sent to this client: set on a retained
+        message, and on one published with it to a subscription with
+        Retain As Published (3.8.3.1).
+        """
+        return message.retained or (
             granted is not None
             and granted.retainAsPublished
             and attributes is not None
             and attributes.retain
         )
+
+    def _publishHeader(self, message, attributes, granted, qos, packetId, retain, dup):
+        """
+        The bytes of a message's PUBLISH to this client before its payload.
+        """
         if self.version == MQTT_5:
             identifiers = () if granted is None else granted.identifiers
             if attributes is None:
@@ -900,17 +970,15 @@ class MQTTProtocol(Protocol, BoundedOutput):
             )
         else:
             properties = None
-        header = encodePublishHeader(
-            message.wireTopic, len(message.payload), qos, packetId, retain, dup, properties
+        return encodePublishHeader(
+            message.wireTopic,
+            len(message.payload),
+            qos,
+            packetId,
+            retain,
+            dup,
+            properties,
         )
-        if (
-            self._clientMaxPacket is not None
-            and len(header) + len(message.payload) > self._clientMaxPacket
-        ):
-            return False
-        if not (self._closing or self.transport.disconnecting):
-            self._write((header, message.payload))
-        return True
 
     def subscriptionRevoked(self, subscriptionId, reason):
         """
@@ -923,6 +991,33 @@ class MQTTProtocol(Protocol, BoundedOutput):
         if self.version == MQTT_5:
             self._send(Disconnect(ReasonCode.ADMINISTRATIVE_ACTION, self._reasonString(reason)))
         self._close()
+
+
+class LastPublish:
+    """
+    The QoS 0 PUBLISH packets, payload included, of the message the broker
+    delivered last, by protocol version and RETAIN flag: the core hands a
+    message to all of its subscribers in one go, so those whose copy
+    carries nothing of their own (no packet identifier, Subscription
+    Identifier or expiry count-down) are all written the bytes encoded for
+    the first.  Only the last message is kept, and with it its packets.
+    """
+
+    __slots__ = ("_message", "_packets")
+
+    def __init__(self):
+        self._message = None
+        self._packets = {}
+
+    def packetsOf(self, message):
+        """
+        The packets of C{message} encoded so far, C{(version, retain)} ->
+        bytes, to look up and add to.
+        """
+        if message is not self._message:
+            self._message = message
+            self._packets = {}
+        return self._packets
 
 
 class MQTTFactory(ServerFactory):
@@ -942,6 +1037,7 @@ class MQTTFactory(ServerFactory):
     @ivar sessions: client id -> its L{MQTTSession}, with a connection or
         not.
     @ivar offline: the sessions without a connection.
+    @ivar lastPublish: the L{LastPublish} its connections share.
     """
 
     noisy = False
@@ -966,6 +1062,7 @@ class MQTTFactory(ServerFactory):
         self.store = store
         self.sessions = {}
         self.offline = set()
+        self.lastPublish = LastPublish()
 
     def restoreSessions(self):
         """

@@ -75,14 +75,17 @@ class PublishAttributes:
     @ivar retain: its RETAIN flag.
     @ivar properties: its MQTT 5 properties to pass on (no topic alias), or
         L{NO_PROPERTIES}.
+    @ivar expiry: its Message Expiry Interval in seconds, or C{None}.
     """
 
-    __slots__ = ("qos", "retain", "properties", "_encoded")
+    __slots__ = ("qos", "retain", "properties", "expiry", "_encoded")
 
     def __init__(self, qos, retain, properties=NO_PROPERTIES):
         self.qos = qos
         self.retain = retain
         self.properties = properties
+        # Read once: every delivery asks.
+        self.expiry = properties.get(Property.MESSAGE_EXPIRY_INTERVAL)
         self._encoded = None
 
     def encodedProperties(self, published, now, identifiers):
@@ -96,7 +99,7 @@ class PublishAttributes:
             subscriber's matching subscriptions [MQTT-3.3.4-3].
         """
         properties = self.properties
-        expiry = properties.get(Property.MESSAGE_EXPIRY_INTERVAL)
+        expiry = self.expiry
         if expiry is None and not identifiers:
             if self._encoded is None:
                 self._encoded = encodeProperties(properties, PacketType.PUBLISH)
@@ -109,8 +112,7 @@ class PublishAttributes:
         return encodeProperties(properties, PacketType.PUBLISH)
 
     def expired(self, published, now):
-        expiry = self.properties.get(Property.MESSAGE_EXPIRY_INTERVAL)
-        return expiry is not None and now - published >= expiry
+        return self.expiry is not None and now - published >= self.expiry
 
 
 # The attributes of messages without properties, shared: (qos, retain).
@@ -124,7 +126,7 @@ def publishAttributes(qos, retain, properties):
     The L{PublishAttributes} of a message published (or a will) with
     C{qos}, C{retain} and C{properties}.
     """
-    if not properties:
+    if properties is NO_PROPERTIES or not properties:
         return PLAIN[qos, bool(retain)]
     passed = {key: value for key, value in properties.items() if key not in _NOT_PASSED_ON}
     return PublishAttributes(qos, bool(retain), passed or NO_PROPERTIES)
@@ -140,9 +142,11 @@ def qosOf(message, granted):
         C{None}.
     """
     grantedQos = 0 if granted is None else granted.qos
+    if not grantedQos:
+        return 0
     attributes = message.properties
-    if isinstance(attributes, PublishAttributes):
-        return min(attributes.qos, grantedQos)
+    if isinstance(attributes, PublishAttributes) and attributes.qos < grantedQos:
+        return attributes.qos
     return grantedQos
 
 
