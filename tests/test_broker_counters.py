@@ -81,6 +81,22 @@ def test_sentCountsFirstAttemptsRedeliveriesAndBridges():
     } == {"bytes_out": 60, "delivered": 2, "bridged_delivered": 1, "redelivered": 1}
 
 
+def test_firesTogetherCountAsEachOnItsOwn():
+    """
+    Deliveries fired together as they were offered count as the same
+    number matched, sent and settled as fired one by one would.
+    """
+    together = Counters()
+    together.firedTogether(3, 30, 1)
+    oneByOne = Counters()
+    for bridge in (True, False, False):
+        oneByOne.matched()
+        oneByOne.sent(10, True, bridge)
+        oneByOne.settled("fired")
+    assert dict(together) == dict(oneByOne)
+    assert (together["matched"], together["fired"], together["inflight"]) == (3, 3, 0)
+
+
 def test_flowControlCountsPausesAndWhoIsHeldNow():
     counters = Counters()
     counters.publisherHeld()

@@ -605,6 +605,57 @@ def test_pausedConnectionIsWrittenNothingUntilResumed():
     assertAccountsAgree(harness)
 
 
+def fanOutWithMessageEvents(messageEvents):
+    """
+    Publish three messages on C{f}, the second larger than the transport
+    carries, to a C{fire} subscriber, a C{fire} one whose transport is full
+    until the end, and an C{all} one.
+
+    @return: what each subscriber received, the delivery counters, and the
+        topic's traffic counts.
+    """
+    harness = harnessWith(maxPayload=2)
+    harness.broker.events.messageEvents = messageEvents
+    reading = connectSubscribed(harness, b"SUB 1 f mode=fire")
+    full = connectSubscribed(harness, b"SUB 2 f mode=fire")
+    acking = connectSubscribed(harness, b"SUB 3 f mode=all")
+    publisher = harness.connect()
+    full.transport.producer.pauseProducing()
+    publishOver(publisher, b"f", b"f1", b"f22", b"f3")
+    before = [deliveries(client) for client in (reading, full, acking)]
+    full.transport.producer.resumeProducing()
+    return (
+        before,
+        deliveries(full),
+        deliveryCounters(harness),
+        harness.broker.topicTraffic.topics,
+    )
+
+
+def test_fireFanOutIsCountedAsEachDeliveryIs():
+    """
+    Without per-message events, the messages a C{fire} subscription is
+    sent at once are counted together per message: the counters, the
+    sequence numbers and what every subscriber gets are those of the
+    delivery-by-delivery path the events need.
+    """
+    counted = fanOutWithMessageEvents(messageEvents=False)
+    logged = fanOutWithMessageEvents(messageEvents=True)
+    assert counted == logged
+    before, afterResume, counters, traffic = counted
+    reading, full, acking = before
+    assert [(payload, options[b"seq"]) for _, payload, options in reading] == [
+        (b"f1", b"1"),
+        (b"f3", b"3"),
+    ]
+    assert full == []
+    assert [payload for _, payload, _ in afterResume] == [b"f1", b"f3"]
+    assert [payload for _, payload, _ in acking] == [b"f1", b"f3"]
+    assert (counters["matched"], counters["fired"], counters["delivered"]) == (9, 4, 6)
+    assert (counters["dropped_too_large"], counters["inflight"]) == (3, 2)
+    assert traffic == {"f": [3, 7, 6, 12]}
+
+
 def test_redeliveriesWaitWhileTheConnectionIsPaused():
     """
     While paused, an unacked message is not sent again and its attempts are

@@ -155,6 +155,21 @@ class Counters(Mapping):
         else:
             values["redelivered"] += 1
 
+    def firedTogether(self, deliveries, size, bridged):
+        """
+        C{deliveries} first deliveries in C{fire} mode, C{size} payload
+        bytes in all, C{bridged} of them to bridges, were written as they
+        were offered: matched, delivered and fired at once, as many
+        L{matched}, L{sent} and L{settled} would count them.
+        """
+        values = self._values
+        values["matched"] += deliveries
+        values["delivered"] += deliveries
+        values["fired"] += deliveries
+        values["bytes_out"] += size
+        if bridged:
+            values["bridged_delivered"] += bridged
+
     def settled(self, outcome):
         """
         A delivery left C{inflight} as C{acked}, C{fired} or C{replaced}.

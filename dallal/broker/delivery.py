@@ -660,6 +660,55 @@ class Outbox:
         self._awaitAck(delivery)
 
 
+def offerToEach(receivers, message, publisher, ledger):
+    """
+    Offer a new message to each of the subscriptions it goes to, as
+    L{Outbox.offer} would one by one.
+
+    The firehose's common case is done here, without the per-delivery
+    calls: a C{fire} subscription whose outbox sends at once (not paused,
+    nothing queued, the payload within the transport's limit) is sent the
+    message, and all such deliveries of the message are counted together
+    (L{Ledger.firedTogether}).  With per-message events on, every delivery
+    goes through L{Outbox.offer}, which logs each.
+
+    @param receivers: L{Subscription}s, or share groups (which offer the
+        message to one member themselves).
+    @param publisher: the publishing session, which a full queue holds back
+        (never from its own outbox); C{None} for the broker's own messages.
+    @param ledger: the L{Ledger} of the receivers' outboxes.
+    """
+    topic = message.topic
+    size = len(message.payload)
+    eachOnItsOwn = ledger.events.messageEvents
+    fired = bridged = 0
+    for subscription in receivers:
+        if subscription.retainedFeed is not None:
+            subscription.retainedFeed.before(topic)
+        outbox = subscription.outbox
+        if (
+            not eachOnItsOwn
+            and subscription.__class__ is Subscription
+            and subscription.mode == FIRE
+            and not outbox.paused
+            and not outbox._queue
+            and not outbox._disconnecting
+            and (outbox.config.maxPayload is None or size <= outbox.config.maxPayload)
+        ):
+            subscription.lastSeq += 1
+            fired += 1
+            bridged += subscription.bridge
+            outbox.subscriber.sendMessage(
+                message, subscription.id, subscription.lastSeq, None, False
+            )
+        else:
+            outbox.offer(
+                subscription, message, None if outbox.subscriber is publisher else publisher
+            )
+    if fired:
+        ledger.firedTogether(topic, fired, size * fired, bridged)
+
+
 class FlowControl:
     """
     Which publishing sessions are held back, and by which outboxes.
@@ -779,6 +828,17 @@ class Ledger:
     def fired(self, sid, subscription, message, seq):
         self.sent(sid, subscription, message, seq, 1)
         self.counters.settled("fired")
+
+    def firedTogether(self, topic, deliveries, size, bridged):
+        """
+        C{deliveries} messages on C{topic}, C{size} payload bytes in all,
+        were sent in C{fire} mode as they were offered (L{offerToEach}),
+        C{bridged} of them to bridges: counted together as matched,
+        delivered and fired, as many L{matched} and L{fired} would.  Only
+        with per-message events off: then nothing is logged per delivery.
+        """
+        self.counters.firedTogether(deliveries, size, bridged)
+        self.topicTraffic.sent(topic, size, deliveries)
 
     def acked(self, sid, subscription, message):
         self.counters.settled("acked")
