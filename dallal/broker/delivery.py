@@ -621,13 +621,32 @@ class Outbox:
                 slot.waiting = None
                 self._send(subscription, message, seq)
         queue = self._queue
+        eachOnItsOwn = self.ledger.events.messageEvents
+        # A run of fire-mode messages on one topic is counted together.
+        runTopic = None
+        runLength = runBytes = runBridged = 0
         while queue and not self.paused:
             subscription, message, seq = queue[0]
-            if subscription.mode == ALL and self._windowUsed >= self.config.maxInflight:
+            mode = subscription.mode
+            if mode == ALL and self._windowUsed >= self.config.maxInflight:
                 break
             queue.popleft()
-            self._queuedBytes -= len(message.payload)
-            self._send(subscription, message, seq)
+            size = len(message.payload)
+            self._queuedBytes -= size
+            if mode != FIRE or eachOnItsOwn:
+                self._send(subscription, message, seq)
+                continue
+            if message.topic != runTopic:
+                if runLength:
+                    self.ledger.firedTogether(runTopic, runLength, runBytes, runBridged, False)
+                runTopic = message.topic
+                runLength = runBytes = runBridged = 0
+            runLength += 1
+            runBytes += size
+            runBridged += subscription.bridge
+            self.subscriber.sendMessage(message, subscription.id, seq, None, False)
+        if runLength:
+            self.ledger.firedTogether(runTopic, runLength, runBytes, runBridged, False)
         if self.holding and self._belowLowWater():
             self._releasePublishers()
         if self._roomWaiters and self.hasRoom():
@@ -665,12 +684,14 @@ def offerToEach(receivers, message, publisher, ledger):
     Offer a new message to each of the subscriptions it goes to, as
     L{Outbox.offer} would one by one.
 
-    The firehose's common case is done here, without the per-delivery
+    The firehose's common cases are done here, without the per-delivery
     calls: a C{fire} subscription whose outbox sends at once (not paused,
     nothing queued, the payload within the transport's limit) is sent the
-    message, and all such deliveries of the message are counted together
-    (L{Ledger.firedTogether}).  With per-message events on, every delivery
-    goes through L{Outbox.offer}, which logs each.
+    message, and one whose outbox is paused or queueing has it queued if
+    the queue is within its bounds.  Those deliveries of the message are
+    counted together (L{Ledger.firedTogether}, L{Ledger.queuedTogether}).
+    With per-message events on, every delivery goes through
+    L{Outbox.offer}, which logs each.
 
     @param receivers: L{Subscription}s, or share groups (which offer the
         message to one member themselves).
@@ -681,7 +702,7 @@ def offerToEach(receivers, message, publisher, ledger):
     topic = message.topic
     size = len(message.payload)
     eachOnItsOwn = ledger.events.messageEvents
-    fired = bridged = 0
+    fired = queued = bridged = 0
     for subscription in receivers:
         if subscription.retainedFeed is not None:
             subscription.retainedFeed.before(topic)
@@ -690,23 +711,33 @@ def offerToEach(receivers, message, publisher, ledger):
             not eachOnItsOwn
             and subscription.__class__ is Subscription
             and subscription.mode == FIRE
-            and not outbox.paused
-            and not outbox._queue
             and not outbox._disconnecting
-            and (outbox.config.maxPayload is None or size <= outbox.config.maxPayload)
         ):
-            subscription.lastSeq += 1
-            fired += 1
-            bridged += subscription.bridge
-            outbox.subscriber.sendMessage(
-                message, subscription.id, subscription.lastSeq, None, False
-            )
-        else:
-            outbox.offer(
-                subscription, message, None if outbox.subscriber is publisher else publisher
-            )
+            config = outbox.config
+            queue = outbox._queue
+            if config.maxPayload is not None and size > config.maxPayload:
+                pass
+            elif not outbox.paused and not queue:
+                subscription.lastSeq += 1
+                fired += 1
+                bridged += subscription.bridge
+                outbox.subscriber.sendMessage(
+                    message, subscription.id, subscription.lastSeq, None, False
+                )
+                continue
+            elif len(queue) < config.maxQueued and outbox._queuedBytes + size <= (
+                config.maxQueuedBytes
+            ):
+                subscription.lastSeq += 1
+                queued += 1
+                queue.append((subscription, message, subscription.lastSeq))
+                outbox._queuedBytes += size
+                continue
+        outbox.offer(subscription, message, None if outbox.subscriber is publisher else publisher)
     if fired:
-        ledger.firedTogether(topic, fired, size * fired, bridged)
+        ledger.firedTogether(topic, fired, size * fired, bridged, offered=True)
+    if queued:
+        ledger.queuedTogether(queued)
 
 
 class FlowControl:
@@ -829,16 +860,27 @@ class Ledger:
         self.sent(sid, subscription, message, seq, 1)
         self.counters.settled("fired")
 
-    def firedTogether(self, topic, deliveries, size, bridged):
+    def firedTogether(self, topic, deliveries, size, bridged, offered):
         """
         C{deliveries} messages on C{topic}, C{size} payload bytes in all,
-        were sent in C{fire} mode as they were offered (L{offerToEach}),
-        C{bridged} of them to bridges: counted together as matched,
-        delivered and fired, as many L{matched} and L{fired} would.  Only
-        with per-message events off: then nothing is logged per delivery.
+        were sent in C{fire} mode, C{bridged} of them to bridges: counted
+        together, delivered and fired, as many L{fired} would.  Only with
+        per-message events off: then nothing is logged per delivery.
+
+        @param offered: whether they were sent as they were offered
+            (L{offerToEach}), and are counted as matched now; else they
+            waited in a queue, matched and in flight (L{queuedTogether}).
         """
-        self.counters.firedTogether(deliveries, size, bridged)
+        self.counters.firedTogether(deliveries, size, bridged, offered)
         self.topicTraffic.sent(topic, size, deliveries)
+
+    def queuedTogether(self, deliveries):
+        """
+        A message was queued for C{deliveries} subscriptions at once
+        (L{offerToEach}): each is matched, and in flight until it is fired
+        or dropped.
+        """
+        self.counters.matched(deliveries)
 
     def acked(self, sid, subscription, message):
         self.counters.settled("acked")
