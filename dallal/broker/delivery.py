@@ -541,10 +541,12 @@ class Outbox:
         self.ledger.sent(self.sid, subscription, message, seq, 1)
         self.subscriber.sendMessage(message, subscription.id, seq, deliveryId, False)
 
-    def _awaitAck(self, delivery):
+    def _awaitAck(self, delivery, again=False):
         """
         Put C{delivery} at the end of the in-flight table, its ack due one
         ack timeout from now, and make sure the ack timer is armed.
+
+        @param again: whether it is in the table already (its ack timed out).
         """
         ackTimeout = self.config.ackTimeout
         if ackTimeout is None:
@@ -553,9 +555,10 @@ class Outbox:
             self._inflight[delivery.deliveryId] = delivery
             return
         delivery.deadline = self.clock.seconds() + ackTimeout
-        # Re-inserting moves a delivery that was in the table to its end,
-        # which keeps the table in the order of the deadlines.
-        self._inflight.pop(delivery.deliveryId, None)
+        if again:
+            # Re-inserting moves it to the end of the table, which keeps
+            # the table in the order of the deadlines.
+            self._inflight.pop(delivery.deliveryId, None)
         self._inflight[delivery.deliveryId] = delivery
         if self._ackTimer is None:
             self._ackTimer = self.clock.callLater(self.config.ackTimeout, self._checkAckDeadlines)
@@ -609,17 +612,8 @@ class Outbox:
         """
         if self.closed:
             return
-        ready, self._latestReady = self._latestReady, []
-        for subscription, topic in ready:
-            slot = subscription.latest.get(topic)
-            if slot is None or slot.waiting is None:
-                continue
-            if self.paused or slot.inflight is not None:
-                self._latestReady.append((subscription, topic))
-            else:
-                message, seq = slot.waiting
-                slot.waiting = None
-                self._send(subscription, message, seq)
+        if self._latestReady:
+            self._flushLatest()
         queue = self._queue
         eachOnItsOwn = self.ledger.events.messageEvents
         # A run of fire-mode messages on one topic is counted together.
@@ -652,6 +646,22 @@ class Outbox:
         if self._roomWaiters and self.hasRoom():
             self._callRoomWaiters()
 
+    def _flushLatest(self):
+        """
+        Send the C{latest}-mode messages that wait for nothing more.
+        """
+        ready, self._latestReady = self._latestReady, []
+        for subscription, topic in ready:
+            slot = subscription.latest.get(topic)
+            if slot is None or slot.waiting is None:
+                continue
+            if self.paused or slot.inflight is not None:
+                self._latestReady.append((subscription, topic))
+            else:
+                message, seq = slot.waiting
+                slot.waiting = None
+                self._send(subscription, message, seq)
+
     def _ackTimedOut(self, delivery):
         subscription = delivery.subscription
         slot = None if delivery.windowed else subscription.latest.get(delivery.message.topic)
@@ -664,7 +674,7 @@ class Outbox:
         if self.paused:
             # The peer is not reading: resending would only pile bytes onto
             # the same stalled connection.  Try again later, same attempt.
-            self._awaitAck(delivery)
+            self._awaitAck(delivery, again=True)
             return
         if delivery.attempt >= self.config.maxAttempts:
             del self._inflight[delivery.deliveryId]
@@ -676,7 +686,7 @@ class Outbox:
         self.subscriber.sendMessage(
             delivery.message, subscription.id, delivery.seq, delivery.deliveryId, True
         )
-        self._awaitAck(delivery)
+        self._awaitAck(delivery, again=True)
 
 
 def offerToEach(receivers, message, publisher, ledger):
