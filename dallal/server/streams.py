@@ -159,9 +159,10 @@ class BoundedOutput:
         """
         The connection is made: be told when its write buffer fills.
         """
-        # Frames written while a batch is open, in order, and their size.
-        self._output = []
-        self._batched = 0
+        # The frames written while a batch is open, in order, in one
+        # buffer: its length is their size, and no list holds a string
+        # per frame.
+        self._output = bytearray()
         # Whether the transport's buffer is full, and the bytes written to
         # it since then.
         self._full = False
@@ -172,23 +173,20 @@ class BoundedOutput:
         """
         Forget what was held: nothing more is written.
         """
-        self._output = []
-        self._batched = 0
+        self._output.clear()
 
     def _write(self, chunks):
         """
         Write C{chunks} (byte strings) with the current read's batch, if one
         is open.
         """
-        size = 0
-        for chunk in chunks:
-            size += len(chunk)
         if self.batch.open:
-            if not self._output:
+            output = self._output
+            if not output:
                 self.batch.holdFor(self)
-            self._output.extend(chunks)
-            self._batched += size
-            if self._batched > OUTPUT_SOFT_MARK:
+            for chunk in chunks:
+                output += chunk
+            if len(output) > OUTPUT_SOFT_MARK:
                 self.flushOutput()
             return
         full = self._full
@@ -197,19 +195,22 @@ class BoundedOutput:
         else:
             self.transport.writeSequence(chunks)
         if full:
-            self._writtenWhileFull(size)
+            self._writtenWhileFull(sum(map(len, chunks)))
 
     def flushOutput(self):
         """
         Write what this connection collected during a L{WriteBatch}.
         """
-        output, self._output = self._output, []
-        size, self._batched = self._batched, 0
-        if output and not self.transport.disconnecting:
+        output = self._output
+        if not output:
+            return
+        data = bytes(output)
+        output.clear()
+        if not self.transport.disconnecting:
             full = self._full
-            self.transport.write(b"".join(output))
+            self.transport.write(data)
             if full:
-                self._writtenWhileFull(size)
+                self._writtenWhileFull(len(data))
 
     def outputFull(self):
         """
