@@ -64,7 +64,7 @@ class ReadPause:
 
 class WriteBatch:
     """
-    Holds back what the broker writes to its TCP connections while it
+    Holds back what the broker writes to its stream connections while it
     handles one read, then gives each connection its share with a single
     C{transport.write}.
 
@@ -73,9 +73,10 @@ class WriteBatch:
     Twisted already sends a connection's buffer with one system call per
     reactor turn, but every C{write} costs about a microsecond of Python
     (checks, the producer and the reactor's writer bookkeeping): as much as
-    a tenth of a 1 -> 1 message.  Appending to a list and writing once per
-    read costs a few percent of that.  Frames keep their order: everything a
-    connection writes goes through its own list while a batch is open.
+    a tenth of a 1 -> 1 message.  Appending to one bytearray per connection
+    and writing once per read costs a few percent of that.  Frames keep
+    their order: everything a connection writes goes through its own
+    buffer while a batch is open.
 
     A connection whose share grows past L{OUTPUT_SOFT_MARK} writes it at
     once (L{BoundedOutput._write}), so that its transport can say it is
