@@ -81,6 +81,25 @@ def test_sentCountsFirstAttemptsRedeliveriesAndBridges():
     } == {"bytes_out": 60, "delivered": 2, "bridged_delivered": 1, "redelivered": 1}
 
 
+def test_firesTogetherCountAsEachOnItsOwn():
+    """
+    Deliveries fired together, as they were offered or after they waited
+    matched in a queue, count as the same number matched, sent and
+    settled as fired one by one would.
+    """
+    together = Counters()
+    together.firedTogether(3, 30, 1, offered=True)
+    together.matched(2)
+    together.firedTogether(2, 20, 0, offered=False)
+    oneByOne = Counters()
+    for bridge in (True, False, False, False, False):
+        oneByOne.matched()
+        oneByOne.sent(10, True, bridge)
+        oneByOne.settled("fired")
+    assert dict(together) == dict(oneByOne)
+    assert (together["matched"], together["fired"], together["inflight"]) == (5, 5, 0)
+
+
 def test_flowControlCountsPausesAndWhoIsHeldNow():
     counters = Counters()
     counters.publisherHeld()

@@ -544,6 +544,96 @@ def test_pausedConnectionIsWrittenNothingUntilResumed():
     assertAccountsAgree(harness)
 
 
+def fanOutWithMessageEvents(messageEvents):
+    """
+    Publish three messages on C{f}, the second larger than the transport
+    carries, to a C{fire} subscriber, a C{fire} one whose transport is full
+    until the end (its queue holds one message, so the third holds the
+    publisher back), and an C{all} one.
+
+    @return: what each subscriber received, the delivery counters, and the
+        topic's traffic counts.
+    """
+    harness = harnessWith(maxPayload=2, maxQueued=1)
+    harness.broker.events.messageEvents = messageEvents
+    reading = connectSubscribed(harness, b"SUB 1 f mode=fire")
+    full = connectSubscribed(harness, b"SUB 2 f mode=fire")
+    acking = connectSubscribed(harness, b"SUB 3 f mode=all")
+    publisher = harness.connect()
+    full.transport.producer.pauseProducing()
+    publishOver(publisher, b"f", b"f1", b"f22", b"f3")
+    before = [deliveries(client) for client in (reading, full, acking)]
+    full.transport.producer.resumeProducing()
+    return (
+        before,
+        deliveries(full),
+        deliveryCounters(harness),
+        harness.broker.topicTraffic.topics,
+    )
+
+
+def test_fireFanOutIsCountedAsEachDeliveryIs():
+    """
+    Without per-message events, the messages a C{fire} subscription is
+    sent at once are counted together per message: the counters, the
+    sequence numbers and what every subscriber gets are those of the
+    delivery-by-delivery path the events need.
+    """
+    counted = fanOutWithMessageEvents(messageEvents=False)
+    logged = fanOutWithMessageEvents(messageEvents=True)
+    assert counted == logged
+    before, afterResume, counters, traffic = counted
+    reading, full, acking = before
+    assert [(payload, options[b"seq"]) for _, payload, options in reading] == [
+        (b"f1", b"1"),
+        (b"f3", b"3"),
+    ]
+    assert full == []
+    assert [payload for _, payload, _ in afterResume] == [b"f1", b"f3"]
+    assert [payload for _, payload, _ in acking] == [b"f1", b"f3"]
+    assert (counters["matched"], counters["fired"], counters["delivered"]) == (9, 4, 6)
+    assert (counters["dropped_too_large"], counters["inflight"]) == (3, 2)
+    assert traffic == {"f": [3, 7, 6, 12]}
+
+
+def queuedTopicsWithMessageEvents(messageEvents):
+    """
+    Queue messages on two topics, in turn, for a C{fire} subscriber whose
+    transport is full, then let it drain.
+
+    @return: what it received, the delivery counters and the topics'
+        traffic counts.
+    """
+    harness = harnessWith()
+    harness.broker.events.messageEvents = messageEvents
+    subscriber = connectSubscribed(harness, b"SUB 1 a mode=fire", b"SUB 2 b mode=fire")
+    publisher = harness.connect()
+    subscriber.transport.producer.pauseProducing()
+    publishOver(publisher, b"a", b"a1", b"a2")
+    publishOver(publisher, b"b", b"b1")
+    publishOver(publisher, b"a", b"a3")
+    subscriber.transport.producer.resumeProducing()
+    return deliveries(subscriber), deliveryCounters(harness), harness.broker.topicTraffic.topics
+
+
+def test_queuedFireMessagesAreCountedPerTopic():
+    """
+    Without per-message events, the C{fire} messages a queue sends are
+    counted together per run of one topic, as each would be on its own.
+    """
+    counted = queuedTopicsWithMessageEvents(messageEvents=False)
+    assert counted == queuedTopicsWithMessageEvents(messageEvents=True)
+    received, counters, traffic = counted
+    assert [(payload, options[b"seq"]) for _, payload, options in received] == [
+        (b"a1", b"1"),
+        (b"a2", b"2"),
+        (b"b1", b"1"),
+        (b"a3", b"3"),
+    ]
+    assert (counters["matched"], counters["fired"], counters["inflight"]) == (4, 4, 0)
+    assert traffic == {"a": [3, 6, 3, 6], "b": [1, 2, 1, 2]}
+
+
 def test_redeliveriesWaitWhileTheConnectionIsPaused():
     """
     While paused, an unacked message is not sent again and its attempts are

@@ -236,6 +236,21 @@ def test_theWebSocketPacketBoundFollowsAReloadedMaxPayload(tmp_path, configured)
     assert options.maxFramePayloadSize == options.maxMessagePayloadSize == 5000 + PACKET_OVERHEAD
 
 
+def test_aBrokerWithoutAWebListenerMakesNoWebSocketFactoryOnReload(tmp_path, configured):
+    """
+    The web and WebSocket modules are imported with the first web listener:
+    a reload of a broker without one does not make the MQTT-over-WebSockets
+    factory (which imports them) just to move its bound.
+    """
+    service, path = configured(tmp_path, "max-payload = 100\n")
+    path.write_text("max-payload = 5000\n")
+    service.reload()
+    assert "mqttWebSocketFactory" not in vars(service)
+    (tmp_path / "web").mkdir()
+    withWeb, _ = configured(tmp_path / "web", "max-payload = 100\n", "--http", "0")
+    assert "mqttWebSocketFactory" in vars(withWeb)
+
+
 def test_anOptionThatNeedsARestartIsLoggedAndKept(tmp_path, capturedEvents, configured):
     service, path = configured(tmp_path, "max-connections = 50\n")
     path.write_text("max-connections = 60\nmax-line = 1024\n")

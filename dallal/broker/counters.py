@@ -155,10 +155,10 @@ class Counters(Mapping):
 
     # Deliveries (L{dallal.broker.delivery.Ledger})
 
-    def matched(self):
+    def matched(self, deliveries=1):
         values = self._values
-        values["matched"] += 1
-        values["inflight"] += 1
+        values["matched"] += deliveries
+        values["inflight"] += deliveries
 
     def sent(self, size, first, bridge):
         """
@@ -173,6 +173,27 @@ class Counters(Mapping):
                 values["bridged_delivered"] += 1
         else:
             values["redelivered"] += 1
+
+    def firedTogether(self, deliveries, size, bridged, offered):
+        """
+        C{deliveries} first deliveries in C{fire} mode, C{size} payload
+        bytes in all, C{bridged} of them to bridges, were written and
+        fired together, as many L{sent} and L{settled} would count them.
+
+        @param offered: whether they were written as they were offered,
+            and are counted as matched now (they never were in flight);
+            else they were L{matched} and in flight while they waited.
+        """
+        values = self._values
+        if offered:
+            values["matched"] += deliveries
+        else:
+            values["inflight"] -= deliveries
+        values["delivered"] += deliveries
+        values["fired"] += deliveries
+        values["bytes_out"] += size
+        if bridged:
+            values["bridged_delivered"] += bridged
 
     def settled(self, outcome):
         """

@@ -529,10 +529,12 @@ class Outbox:
         self.ledger.sent(self.sid, subscription, message, seq, 1)
         self.subscriber.sendMessage(message, subscription.id, seq, deliveryId, False)
 
-    def _awaitAck(self, delivery):
+    def _awaitAck(self, delivery, again=False):
         """
         Put C{delivery} at the end of the in-flight table, its ack due one
         ack timeout from now, and make sure the ack timer is armed.
+
+        @param again: whether it is in the table already (its ack timed out).
         """
         ackTimeout = self.config.ackTimeout
         if ackTimeout is None:
@@ -541,9 +543,10 @@ class Outbox:
             self._inflight[delivery.deliveryId] = delivery
             return
         delivery.deadline = self.clock.seconds() + ackTimeout
-        # Re-inserting moves a delivery that was in the table to its end,
-        # which keeps the table in the order of the deadlines.
-        self._inflight.pop(delivery.deliveryId, None)
+        if again:
+            # Re-inserting moves it to the end of the table, which keeps
+            # the table in the order of the deadlines.
+            self._inflight.pop(delivery.deliveryId, None)
         self._inflight[delivery.deliveryId] = delivery
         if self._ackTimer is None:
             self._ackTimer = self.clock.callLater(self.config.ackTimeout, self._checkAckDeadlines)
@@ -597,6 +600,44 @@ class Outbox:
         """
         if self.closed:
             return
+        if self._latestReady:
+            self._flushLatest()
+        queue = self._queue
+        eachOnItsOwn = self.ledger.events.messageEvents
+        # A run of fire-mode messages on one topic is counted together.
+        runTopic = None
+        runLength = runBytes = runBridged = 0
+        while queue and not self.paused:
+            subscription, message, seq = queue[0]
+            mode = subscription.mode
+            if mode == ALL and self._windowUsed >= self.config.maxInflight:
+                break
+            queue.popleft()
+            size = len(message.payload)
+            self._queuedBytes -= size
+            if mode != FIRE or eachOnItsOwn:
+                self._send(subscription, message, seq)
+                continue
+            if message.topic != runTopic:
+                if runLength:
+                    self.ledger.firedTogether(runTopic, runLength, runBytes, runBridged, False)
+                runTopic = message.topic
+                runLength = runBytes = runBridged = 0
+            runLength += 1
+            runBytes += size
+            runBridged += subscription.bridge
+            self.subscriber.sendMessage(message, subscription.id, seq, None, False)
+        if runLength:
+            self.ledger.firedTogether(runTopic, runLength, runBytes, runBridged, False)
+        if self.holding and self._belowLowWater():
+            self._releasePublishers()
+        if self._roomWaiters and self.hasRoom():
+            self._callRoomWaiters()
+
+    def _flushLatest(self):
+        """
+        Send the C{latest}-mode messages that wait for nothing more.
+        """
         ready, self._latestReady = self._latestReady, []
         for subscription, topic in ready:
             slot = subscription.latest.get(topic)
@@ -608,18 +649,6 @@ class Outbox:
                 message, seq = slot.waiting
                 slot.waiting = None
                 self._send(subscription, message, seq)
-        queue = self._queue
-        while queue and not self.paused:
-            subscription, message, seq = queue[0]
-            if subscription.mode == ALL and self._windowUsed >= self.config.maxInflight:
-                break
-            queue.popleft()
-            self._queuedBytes -= len(message.payload)
-            self._send(subscription, message, seq)
-        if self.holding and self._belowLowWater():
-            self._releasePublishers()
-        if self._roomWaiters and self.hasRoom():
-            self._callRoomWaiters()
 
     def _ackTimedOut(self, delivery):
         subscription = delivery.subscription
@@ -633,7 +662,7 @@ class Outbox:
         if self.paused:
             # The peer is not reading: resending would only pile bytes onto
             # the same stalled connection.  Try again later, same attempt.
-            self._awaitAck(delivery)
+            self._awaitAck(delivery, again=True)
             return
         if delivery.attempt >= self.config.maxAttempts:
             del self._inflight[delivery.deliveryId]
@@ -645,7 +674,68 @@ class Outbox:
         self.subscriber.sendMessage(
             delivery.message, subscription.id, delivery.seq, delivery.deliveryId, True
         )
-        self._awaitAck(delivery)
+        self._awaitAck(delivery, again=True)
+
+
+def offerToEach(receivers, message, publisher, ledger):
+    """
+    Offer a new message to each of the subscriptions it goes to, as
+    L{Outbox.offer} would one by one.
+
+    The firehose's common cases are done here, without the per-delivery
+    calls: a C{fire} subscription whose outbox sends at once (not paused,
+    nothing queued, the payload within the transport's limit) is sent the
+    message, and one whose outbox is paused or queueing has it queued if
+    the queue is within its bounds.  Those deliveries of the message are
+    counted together (L{Ledger.firedTogether}, L{Ledger.queuedTogether}).
+    With per-message events on, every delivery goes through
+    L{Outbox.offer}, which logs each.
+
+    @param receivers: L{Subscription}s, or share groups (which offer the
+        message to one member themselves).
+    @param publisher: the publishing session, which a full queue holds back
+        (never from its own outbox); C{None} for the broker's own messages.
+    @param ledger: the L{Ledger} of the receivers' outboxes.
+    """
+    topic = message.topic
+    size = len(message.payload)
+    eachOnItsOwn = ledger.events.messageEvents
+    fired = queued = bridged = 0
+    for subscription in receivers:
+        if subscription.retainedFeed is not None:
+            subscription.retainedFeed.before(topic)
+        outbox = subscription.outbox
+        if (
+            not eachOnItsOwn
+            and subscription.__class__ is Subscription
+            and subscription.mode == FIRE
+            and not outbox._disconnecting
+        ):
+            config = outbox.config
+            queue = outbox._queue
+            if config.maxPayload is not None and size > config.maxPayload:
+                pass
+            elif not outbox.paused and not queue:
+                subscription.lastSeq += 1
+                fired += 1
+                bridged += subscription.bridge
+                outbox.subscriber.sendMessage(
+                    message, subscription.id, subscription.lastSeq, None, False
+                )
+                continue
+            elif len(queue) < config.maxQueued and outbox._queuedBytes + size <= (
+                config.maxQueuedBytes
+            ):
+                subscription.lastSeq += 1
+                queued += 1
+                queue.append((subscription, message, subscription.lastSeq))
+                outbox._queuedBytes += size
+                continue
+        outbox.offer(subscription, message, None if outbox.subscriber is publisher else publisher)
+    if fired:
+        ledger.firedTogether(topic, fired, size * fired, bridged, offered=True)
+    if queued:
+        ledger.queuedTogether(queued)
 
 
 class FlowControl:
@@ -767,6 +857,28 @@ class Ledger:
     def fired(self, sid, subscription, message, seq):
         self.sent(sid, subscription, message, seq, 1)
         self.counters.settled("fired")
+
+    def firedTogether(self, topic, deliveries, size, bridged, offered):
+        """
+        C{deliveries} messages on C{topic}, C{size} payload bytes in all,
+        were sent in C{fire} mode, C{bridged} of them to bridges: counted
+        together, delivered and fired, as many L{fired} would.  Only with
+        per-message events off: then nothing is logged per delivery.
+
+        @param offered: whether they were sent as they were offered
+            (L{offerToEach}), and are counted as matched now; else they
+            waited in a queue, matched and in flight (L{queuedTogether}).
+        """
+        self.counters.firedTogether(deliveries, size, bridged, offered)
+        self.topicTraffic.sent(topic, size, deliveries)
+
+    def queuedTogether(self, deliveries):
+        """
+        A message was queued for C{deliveries} subscriptions at once
+        (L{offerToEach}): each is matched, and in flight until it is fired
+        or dropped.
+        """
+        self.counters.matched(deliveries)
 
     def acked(self, sid, subscription, message):
         self.counters.settled("acked")

@@ -12,6 +12,7 @@ filter matches.
 
 from itertools import count
 
+from dallal.broker.delivery import offerToEach
 from dallal.broker.feed import RetainedFeed
 from dallal.broker.message import Message
 from dallal.broker.sharing import ShareGroup
@@ -201,11 +202,7 @@ class Router:
                 origin=self.brokerName if origin is None else origin.broker,
                 hops=0 if origin is None else origin.hops,
             )
-        for subscription in receivers:
-            if subscription.retainedFeed is not None:
-                subscription.retainedFeed.before(topic)
-            outbox = subscription.outbox
-            outbox.offer(subscription, message, None if outbox.subscriber is source else source)
+        offerToEach(receivers, message, source, self.sessions.ledger)
         return message
 
     def routeOf(self, topic):

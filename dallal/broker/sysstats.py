@@ -151,10 +151,11 @@ class TopicTraffic:
 
     def sent(self, topic, size, first):
         """
-        A message of C{size} bytes on C{topic} was sent to a subscriber,
-        C{first}: for the first time (else it is a redelivery, whose bytes
-        count but which is no new message out, as in the broker's
-        C{delivered} and C{bytes_out} counters).
+        Deliveries of C{size} bytes in all on C{topic} were sent, C{first}
+        of them (a count, or a bool for one) for the first time: the
+        others are redeliveries, whose bytes count but which are no new
+        messages out, as in the broker's C{delivered} and C{bytes_out}
+        counters.
         """
         counts = self._counts(topic)
         counts[2] += first

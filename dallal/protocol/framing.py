@@ -125,6 +125,9 @@ class FrameReceiver(LineReceiver):
         """
         end = len(buffer)
         position = 0
+        # The transport stays the same for the whole call: whether it is
+        # closing is read from it after each frame, without a call.
+        transport = self.transport
         while position < end and not self.paused:
             if self._awaitingTerminator:
                 wanted = self._payloadWanted
@@ -142,7 +145,7 @@ class FrameReceiver(LineReceiver):
                     self._payloadKept = None
                     self.framesReceived += 1
                     why = self.payloadReceived(payload)
-                    if why or self._closing():
+                    if why or (transport is not None and transport.disconnecting):
                         return None, why
                     continue
                 if wanted:
@@ -172,7 +175,7 @@ class FrameReceiver(LineReceiver):
                     why = self.payloadDiscarded(self._payloadSize)
                 else:
                     why = self.payloadReceived(bytes(kept))
-                if why or self._closing():
+                if why or (transport is not None and transport.disconnecting):
                     return None, why
             elif self.line_mode:
                 lineEnd = buffer.find(b"\n", position)
@@ -181,15 +184,16 @@ class FrameReceiver(LineReceiver):
                     if end - position > self.MAX_LENGTH + 1:
                         return None, self.lineLengthExceeded(buffer[position:])
                     break
-                line = buffer[position:lineEnd]
-                if line[-1:] == b"\r":
-                    line = line[:-1]
+                if lineEnd > position and buffer[lineEnd - 1] == _CR:
+                    line = buffer[position : lineEnd - 1]
+                else:
+                    line = buffer[position:lineEnd]
                 position = lineEnd + 1
                 if len(line) > self.MAX_LENGTH:
                     return None, self.lineLengthExceeded(line)
                 self.framesReceived += 1
                 why = self.lineReceived(line)
-                if why or self._closing():
+                if why or (transport is not None and transport.disconnecting):
                     return None, why
             else:
                 chunk = buffer[position:] if position else buffer

@@ -118,8 +118,12 @@ def _options(tokens, requestId):
     return options
 
 
+# The most digits of a payload size.
+_SIZE_DIGITS = 12
+
+
 def _size(token, requestId):
-    size = wholeNumber(token, 12)
+    size = wholeNumber(token, _SIZE_DIGITS)
     if size is None:
         raise RequestError(
             BAD_ARGUMENTS, f"payload size must be a byte count, got {token!r}", requestId
@@ -135,10 +139,21 @@ def _parsePub(tokens):
             _requestId(tokens[1]) if len(tokens) > 1 else NO_ID,
         )
     requestId = _requestId(tokens[1])
+    # Once per message: the checks of _text and _size, inline.  (bytes'
+    # isdigit is true of ASCII digits only, as wholeNumber wants.)
+    try:
+        topic = tokens[2].decode("utf-8")
+    except UnicodeDecodeError:
+        topic = _text(tokens[2], "topic", requestId)
+    size = tokens[3]
+    if 0 < len(size) <= _SIZE_DIGITS and size.isdigit():
+        size = int(size)
+    else:
+        size = _size(size, requestId)
     return Publish(
         requestId,
-        _text(tokens[2], "topic", requestId),
-        _size(tokens[3], requestId),
+        topic,
+        size,
         _options(tokens[4:], requestId) if len(tokens) > 4 else {},
     )
 

@@ -9,11 +9,11 @@ one resolver).
 """
 
 import dataclasses
+import functools
 import os
 import signal
 import sys
 
-from autobahn.twisted.resource import WebSocketResource
 from twisted.application.service import MultiService, Service
 from twisted.internet.defer import gatherResults, maybeDeferred
 from twisted.internet.endpoints import serverFromString
@@ -35,8 +35,6 @@ from dallal.server.mqtt import MQTTFactory
 from dallal.server.mqttstore import SessionStore
 from dallal.server.tcp import BrokerFactory
 from dallal.server.udp import DEFAULT_ACK_TIMEOUT, BrokerDatagramProtocol
-from dallal.server.web import webSite
-from dallal.server.websocket import MQTTWebSocketFactory
 
 DEFAULT_INTERFACE = "127.0.0.1"
 # Seconds a stopping broker gives what is in flight to be acked.
@@ -264,9 +262,6 @@ class DallalService(MultiService):
         endpoints with L{listenTCP}.
     @ivar mqttFactory: the MQTT protocol factory for that core (L{listenMQTT}),
         sharing the TCP factory's connection limits.
-    @ivar mqttWebSocketFactory: the WebSocket factory of MQTT over
-        WebSockets, whose sessions are L{mqttFactory}'s (C{/mqtt} on
-        L{listenHTTP}).
     """
 
     # Sentences for people, not events: its namespace is not dallal's.
@@ -326,7 +321,6 @@ class DallalService(MultiService):
             SessionStore.open(dataDir) if dataDir is not None else None,
         )
         self.mqttFactory.restoreSessions()
-        self.mqttWebSocketFactory = MQTTWebSocketFactory(self.mqttFactory, reactor)
         self.sysPublisher = SysPublisher(self.broker, reactor, sysInterval) if sysInterval else None
         self.reloadOnHangup = reloadOnHangup and hasattr(signal, "SIGHUP")
         self._previousHangupHandler = None
@@ -382,12 +376,30 @@ class DallalService(MultiService):
         listener.setServiceParent(self)
         return listener
 
+    # The web and WebSocket modules (twisted.web, prometheus_client,
+    # autobahn) are imported by the first web listener, not by every
+    # broker: they are about a fifth of a broker's resting memory.
+
+    @functools.cached_property
+    def mqttWebSocketFactory(self):
+        """
+        The WebSocket factory of MQTT over WebSockets, whose sessions are
+        L{mqttFactory}'s (C{/mqtt} on L{listenHTTP}).
+        """
+        from dallal.server.websocket import MQTTWebSocketFactory
+
+        return MQTTWebSocketFactory(self.mqttFactory, self.reactor)
+
     def webSite(self):
         """
         The web listener's site: L{dallal.server.web.webSite}, with MQTT
         over WebSockets at C{/mqtt}, outside the HTTP passwords (its
         clients log in with MQTT's CONNECT).
         """
+        from autobahn.twisted.resource import WebSocketResource
+
+        from dallal.server.web import webSite
+
         site = webSite(self.broker, self.reactor, self.gatekeeper)
         site.resource.putChild(b"mqtt", WebSocketResource(self.mqttWebSocketFactory))
         return site
@@ -505,7 +517,9 @@ class DallalService(MultiService):
         for child in self:
             if isinstance(child, DatagramListenerService):
                 child.protocol.followConfig()
-        self.mqttWebSocketFactory.followConfig()
+        # A broker without a web listener never made (nor imported) it.
+        if "mqttWebSocketFactory" in vars(self):
+            self.mqttWebSocketFactory.followConfig()
 
     def _warnIfOpenToAll(self):
         """

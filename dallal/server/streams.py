@@ -64,7 +64,7 @@ class ReadPause:
 
 class WriteBatch:
     """
-    Holds back what the broker writes to its TCP connections while it
+    Holds back what the broker writes to its stream connections while it
     handles one read, then gives each connection its share with a single
     C{transport.write}.
 
@@ -73,9 +73,10 @@ class WriteBatch:
     Twisted already sends a connection's buffer with one system call per
     reactor turn, but every C{write} costs about a microsecond of Python
     (checks, the producer and the reactor's writer bookkeeping): as much as
-    a tenth of a 1 -> 1 message.  Appending to a list and writing once per
-    read costs a few percent of that.  Frames keep their order: everything a
-    connection writes goes through its own list while a batch is open.
+    a tenth of a 1 -> 1 message.  Appending to one bytearray per connection
+    and writing once per read costs a few percent of that.  Frames keep
+    their order: everything a connection writes goes through its own
+    buffer while a batch is open.
 
     A connection whose share grows past L{OUTPUT_SOFT_MARK} writes it at
     once (L{BoundedOutput._write}), so that its transport can say it is
@@ -159,9 +160,10 @@ class BoundedOutput:
         """
         The connection is made: be told when its write buffer fills.
         """
-        # Frames written while a batch is open, in order, and their size.
-        self._output = []
-        self._batched = 0
+        # The frames written while a batch is open, in order, in one
+        # buffer: its length is their size, and no list holds a string
+        # per frame.
+        self._output = bytearray()
         # Whether the transport's buffer is full, and the bytes written to
         # it since then.
         self._full = False
@@ -172,23 +174,20 @@ class BoundedOutput:
         """
         Forget what was held: nothing more is written.
         """
-        self._output = []
-        self._batched = 0
+        self._output.clear()
 
     def _write(self, chunks):
         """
         Write C{chunks} (byte strings) with the current read's batch, if one
         is open.
         """
-        size = 0
-        for chunk in chunks:
-            size += len(chunk)
         if self.batch.open:
-            if not self._output:
+            output = self._output
+            if not output:
                 self.batch.holdFor(self)
-            self._output.extend(chunks)
-            self._batched += size
-            if self._batched > OUTPUT_SOFT_MARK:
+            for chunk in chunks:
+                output += chunk
+            if len(output) > OUTPUT_SOFT_MARK:
                 self.flushOutput()
             return
         full = self._full
@@ -197,19 +196,22 @@ class BoundedOutput:
         else:
             self.transport.writeSequence(chunks)
         if full:
-            self._writtenWhileFull(size)
+            self._writtenWhileFull(sum(map(len, chunks)))
 
     def flushOutput(self):
         """
         Write what this connection collected during a L{WriteBatch}.
         """
-        output, self._output = self._output, []
-        size, self._batched = self._batched, 0
-        if output and not self.transport.disconnecting:
+        output = self._output
+        if not output:
+            return
+        data = bytes(output)
+        output.clear()
+        if not self.transport.disconnecting:
             full = self._full
-            self.transport.write(b"".join(output))
+            self.transport.write(data)
             if full:
-                self._writtenWhileFull(size)
+                self._writtenWhileFull(len(data))
 
     def outputFull(self):
         """
