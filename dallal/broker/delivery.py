@@ -214,8 +214,8 @@ class Outbox:
         # is (re)inserted when it is sent, due ackTimeout later.
         self._inflight = {}
         # One timer for the whole table, due when its oldest ack is: a timer
-        # per delivery (a DelayedCall armed and cancelled for every message)
-        # was 39% of the broker's CPU in `all` mode.
+        # per delivery would arm and cancel a DelayedCall for every message,
+        # the largest single cost of `all` mode.
         self._ackTimer = None
         self._windowUsed = 0
         self._queue = deque()
