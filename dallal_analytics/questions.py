@@ -343,15 +343,18 @@ def assignRuns(lines, runs):
 def lineSurvey(lines, kinds):
     """
     One row: how many lines in all and of each kind, how many messages
-    they start (C{publish} and C{retained} events), the brokers that logged
-    events, and the C{listening} events' broker and time (a broker logs one
-    per listener at each start, so they are few).
+    they start (C{publish} and C{retained} events), the first and last
+    events' times, the brokers that logged events, and the C{listening}
+    events' broker and time (a broker logs one per listener at each start,
+    so they are few).
     """
     isEventLine = col("kind") == EVENT
     return lines.agg(
         F.count(F.lit(1)).alias("lines"),
         *(F.count_if(col("kind") == kind).alias(kind) for kind in kinds),
         F.count_if(isEventLine & isStory()).alias("messages"),
+        timestamp(F.min(F.when(isEventLine, col("t")))).alias("first_event"),
+        timestamp(F.max(F.when(isEventLine, col("t")))).alias("last_event"),
         F.collect_set(F.when(isEventLine, brokerName())).alias("brokers"),
         F.collect_list(
             F.when(

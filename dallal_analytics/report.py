@@ -11,6 +11,7 @@ docs/ANALYTICS.md describes them.
 """
 
 import argparse
+import functools
 import json
 import math
 import re
@@ -203,27 +204,46 @@ def surveyLines(lines):
     return _rows(questions.lineSurvey(lines, parse.KINDS))[0]
 
 
-def _sortedRows(frame, key):
+def collectTogether(frames):
+    """
+    The rows of several small DataFrames, collected by one query: a union
+    of them, each row a struct in the column named for its frame.  Each
+    query costs Spark its planning, its jobs and their scheduling whatever
+    its size, and the report's last results are a few rows each: collected
+    one by one, the fourteen of them took longer than the queries that
+    computed them.
+
+    @param frames: name -> DataFrame.
+    @return: name -> its rows, as dicts, in no particular order.
+    """
+    from pyspark.sql import functions as F
+
+    parts = [frame.select(F.struct(*frame.columns).alias(name)) for name, frame in frames.items()]
+    union = functools.reduce(lambda one, other: one.unionByName(other, True), parts)
+    rows = {name: [] for name in frames}
+    for row in union.collect():
+        name = next(name for name in frames if row[name] is not None)
+        rows[name].append(row[name].asDict(recursive=True))
+    return rows
+
+
+def _sortedBy(rows, key):
     """
     The rows of a small table in C{key} order (nulls first), sorted here: a
     distributed sort would cost Spark a sampling job and a shuffle.
     """
-    return sorted(_rows(frame), key=lambda row: (row[key] is not None, row[key]))
+    return sorted(rows, key=lambda row: (row[key] is not None, row[key]))
 
 
-def chartStep(runRows):
+def chartStep(first, last):
     """
-    Whole seconds that cut the log's time span into about L{CHART_STEPS}.
+    Whole seconds that cut the log's time span, from C{first} to C{last}
+    (datetimes, or C{None} for a log without events), into about
+    L{CHART_STEPS}.
     """
-    times = [
-        row[name]
-        for row in runRows
-        for name in ("first_event", "last_event")
-        if row[name] is not None
-    ]
-    if not times:
+    if first is None or last is None:
         return 1
-    span = (max(times) - min(times)).total_seconds()
+    span = (last - first).total_seconds()
     return max(1, math.ceil(span / CHART_STEPS))
 
 
@@ -275,7 +295,8 @@ def _writeLossAccount(tables, events, deliveries, progress):
 def _writeLatency(tables, events, sessionTransports, progress):
     """
     The C{latency} and C{latency_histogram} tables, written and returned
-    read back, and the overall latency figures.
+    read back, and the acks of the latency sketch per fine bucket, from
+    which the overall latency figures derive (L{questions.overallLatency}).
     """
     from pyspark.sql import functions as F
 
@@ -285,16 +306,12 @@ def _writeLatency(tables, events, sessionTransports, progress):
         ).localCheckpoint()
         latencyTable = tables.write("latency", questions.latency(sketch))
         histogramTable = tables.write("latency_histogram", questions.latencyHistogram(sketch))
-        overallLatency = questions.overallLatency(
-            _rows(
-                sketch.groupBy("fine").agg(
-                    F.sum("acks").alias("acks"),
-                    F.sum("sum").alias("sum"),
-                    F.max("max").alias("max"),
-                )
-            )
+        perBucket = sketch.groupBy("fine").agg(
+            F.sum("acks").alias("acks"),
+            F.sum("sum").alias("sum"),
+            F.max("max").alias("max"),
         )
-    return latencyTable, histogramTable, overallLatency
+    return latencyTable, histogramTable, perBucket
 
 
 def runReport(
@@ -348,6 +365,8 @@ def runReport(
             others = cache(parse.parseOtherLines(split))
             lines = parse.combine(split, others).select("kind", *questions.EVENT_COLUMNS, "raw")
         survey = surveyLines(lines)
+        # The connections chart's step, from the events' time span.
+        connectionStep = chartStep(survey.pop("first_event"), survey.pop("last_event"))
         # Every run with clients logs their connects, which are among the
         # other lines: they tell the starts apart without reading the
         # per-message events again.
@@ -422,7 +441,7 @@ def runReport(
             )
 
         messageTable, lossTable = lossAccount.result()
-        latencyTable, histogramTable, overallLatency = latency.result()
+        latencyTable, histogramTable, latencyPerBucket = latency.result()
     finally:
         # When a query fails (or the user interrupts the report), the
         # thread's query is not waited for: stopping the SparkContext ends
@@ -440,9 +459,6 @@ def runReport(
         frame.unpersist()
 
     with progress.stage("summary and HTML"):
-        # The per-topic and per-code tables are small: what the summary and
-        # the page need of them is computed here rather than by more jobs.
-        runRows = _sortedRows(runTable, "run")
         # Without per-message events, the traffic is the brokers' periodic
         # summaries'.
         messageEvents = messages > 0
@@ -451,65 +467,79 @@ def runReport(
                 *(F.sum(name).alias(name) for name in SUMMARIZED_MEASURES)
             )
             trafficTable = summarizedTable
-        topicRows = _rows(topicTable)
+        # What the summary and the page need of the tables, all small (the
+        # per-topic, per-run and per-code tables whole): one query.
+        small = {
+            "runs": runTable,
+            "topics": topicTable,
+            "loss": lossTable,
+            "errors": errorTable,
+            "summarized_per_broker": summarizedTable.groupBy("broker").agg(
+                *(F.sum(name).alias(name) for name in SUMMARIZED_MEASURES)
+            ),
+            "fleet_peak": questions.fleetPeak(connectionTable),
+            "session_kinds": sessionTable.groupBy("transport", "end_reason").count(),
+            "traffic": trafficTable.groupBy("window_start").agg(
+                F.sum("publishes").alias("publishes"),
+                F.sum("deliveries").alias("deliveries"),
+            ),
+            "histogram": histogramTable,
+            "connections": questions.connectionsByWindow(connectionTable, connectionStep),
+            "publishers": publisherTable.orderBy(
+                col("publishes").desc(), col("bytes").desc()
+            ).limit(TOP),
+            "latency": latencyTable,
+            "health": healthTable,
+            "latency_per_bucket": latencyPerBucket,
+        }
+        if messageEvents:
+            small["transports"] = trafficTable.groupBy("transport").agg(
+                *(F.sum(name).alias(name) for name in TRANSPORT_MEASURES)
+            )
+        collected = collectTogether(small)
+        runRows = _sortedBy(collected["runs"], "run")
+        topicRows = collected["topics"]
         topicRows.sort(key=lambda row: (-row["publishes"], -row["deliveries"], row["topic"] or ""))
-        lossRows = _rows(lossTable)
-        errorRows = _rows(errorTable)
+        lossRows = collected["loss"]
+        errorRows = collected["errors"]
         summary = summarize(
             messageEvents=messageEvents,
-            summarizedPerBroker=_rows(
-                summarizedTable.groupBy("broker").agg(
-                    *(F.sum(name).alias(name) for name in SUMMARIZED_MEASURES)
-                )
-            ),
+            summarizedPerBroker=collected["summarized_per_broker"],
             window=window,
             survey=survey,
             starts=starts,
-            fleetPeak=_rows(questions.fleetPeak(connectionTable))[0],
+            fleetPeak=collected["fleet_peak"][0],
             unparsedExamples=unparsedExamples,
             runRows=runRows,
             topicRows=topicRows,
             lossRows=lossRows,
             errorRows=errorRows,
-            overallLatency=overallLatency,
-            sessionKinds=_rows(sessionTable.groupBy("transport", "end_reason").count()),
-            transports=_rows(
-                trafficTable.groupBy("transport").agg(
-                    *(F.sum(name).alias(name) for name in TRANSPORT_MEASURES)
-                )
-            )
-            if messageEvents
-            else [],
+            overallLatency=questions.overallLatency(collected["latency_per_bucket"]),
+            sessionKinds=collected["session_kinds"],
+            transports=collected.get("transports", []),
         )
         (outDir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-        connectionStep = chartStep(runRows)
         htmlreport.write(
             outDir / "report.html",
             summary,
-            traffic=_sortedRows(
-                trafficTable.groupBy("window_start").agg(
-                    F.sum("publishes").alias("publishes"),
-                    F.sum("deliveries").alias("deliveries"),
-                ),
-                "window_start",
-            ),
-            histogram=_sortedRows(histogramTable, "bucket"),
-            connections=_sortedRows(
-                questions.connectionsByWindow(connectionTable, connectionStep),
-                "window_start",
-            ),
+            traffic=_sortedBy(collected["traffic"], "window_start"),
+            histogram=_sortedBy(collected["histogram"], "bucket"),
+            connections=_sortedBy(collected["connections"], "window_start"),
             connectionStep=connectionStep,
             topics=topicRows[:TOP],
-            publishers=_rows(
-                publisherTable.orderBy(col("publishes").desc(), col("bytes").desc()).limit(TOP)
+            # In the order of the query's: publishes, then bytes, the most
+            # first (nulls last).
+            publishers=sorted(
+                collected["publishers"],
+                key=lambda row: (-row["publishes"], row["bytes"] is None, -(row["bytes"] or 0)),
             ),
             latency=sorted(
-                _rows(latencyTable),
+                collected["latency"],
                 key=lambda row: (-row["acks"], row["topic"] or "", row["transport"]),
             )[:TOP],
             loss=sorted(lossRows, key=lambda row: (-row["matched"], row["topic"] or ""))[:TOP],
             errors=sorted(errorRows, key=lambda row: -row["errors"])[:TOP],
-            health=_sortedRows(healthTable, "window_start"),
+            health=_sortedBy(collected["health"], "window_start"),
             runs=runRows,
         )
     return summary

@@ -6,7 +6,9 @@ this module with C{pytest_plugins} and reach what it holds through fixtures
 One SparkSession serves every test: starting a JVM costs seconds.
 """
 
+import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,7 +39,7 @@ def spark(tmp_path_factory):
     session.stop()
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def reportCommand():
     """
     The installed dallal-report command, run as a user would.
@@ -47,6 +49,91 @@ def reportCommand():
     if not command.exists():
         pytest.skip("the dallal-report command is not installed (pip install '.[analytics]')")
     return [str(command)]
+
+
+def siteConfiguration(folder, settings):
+    """
+    A SPARK_CONF_DIR holding a spark-defaults.conf of C{settings}.
+    """
+    folder.mkdir()
+    (folder / "spark-defaults.conf").write_text(
+        "".join(f"{key} {value}\n" for key, value in settings.items())
+    )
+    return folder
+
+
+def privateSparkHome(folder):
+    """
+    A SPARK_HOME that links to the installed PySpark's: local-cluster
+    workers write their executors' folders and logs under SPARK_HOME/work,
+    which must not be the installed package.
+    """
+    import pyspark
+
+    installed = Path(pyspark.__file__).parent
+    folder.mkdir()
+    for name in ("bin", "jars", "python"):
+        (folder / name).symlink_to(installed / name)
+    return folder
+
+
+# A site's Spark configuration: a collector of its choice in the driver's
+# defaultJavaOptions, a system property in its extraJavaOptions, a job
+# setting the report would otherwise set, and its shuffle partitions.
+SITE_SETTINGS = {
+    "spark.driver.defaultJavaOptions": "-XX:+UseG1GC",
+    "spark.driver.extraJavaOptions": "-Dsite.marker=kept",
+    "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
+    "spark.sql.shuffle.partitions": "3",
+}
+# A master, two workers and an executor JVM each, as on a real cluster.
+LOCAL_CLUSTER = "local-cluster[2,1,1024]"
+
+
+class SiteReport:
+    """
+    What the C{siteReport} fixture gives: the finished C{dallal-report}
+    process (C{result}), its report folder (C{out}) and the SPARK_HOME its
+    workers ran in (C{sparkHome}).
+    """
+
+    def __init__(self, result, out, sparkHome):
+        self.result = result
+        self.out = out
+        self.sparkHome = sparkHome
+
+
+@pytest.fixture(scope="session")
+def siteReport(reportCommand, handWrittenLogs, tmp_path_factory):
+    """
+    C{dallal-report} of the hand-written log, run as a user would on a site
+    with a Spark configuration of its own (L{SITE_SETTINGS} in
+    SPARK_CONF_DIR) and a L{LOCAL_CLUSTER} master, from another working
+    directory without this checkout on PYTHONPATH.  One process serves the
+    tests of the site's settings and of the cluster: a JVM start and a
+    report each would cost the suite a minute.
+    """
+    folder = tmp_path_factory.mktemp("site-report")
+    elsewhere = folder / "elsewhere"
+    elsewhere.mkdir()
+    environment = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in ("PYTHONPATH", "SPARK_HOME")
+    }
+    sparkHome = privateSparkHome(folder / "spark-home")
+    environment["SPARK_HOME"] = str(sparkHome)
+    environment["SPARK_CONF_DIR"] = str(siteConfiguration(folder / "conf", SITE_SETTINGS))
+    out = folder / "report"
+    result = subprocess.run(
+        [*reportCommand, str(handWrittenLogs), "--out", str(out), "--master", LOCAL_CLUSTER],
+        cwd=elsewhere,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
+    return SiteReport(result, out, sparkHome)
 
 
 def twistdStamp(t):

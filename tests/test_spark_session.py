@@ -2,8 +2,8 @@
 The report's SparkSession honours the site's Spark configuration
 (spark-defaults.conf in SPARK_CONF_DIR): it adds only the settings the job
 needs where the site has none, replaces no JVM option, and a JVM that cannot
-start says why.  Each test runs `dallal-report` in a process of its own, as
-a user would, with a configuration folder of its own.
+start says why.  Each test reads a `dallal-report` run in a process of its
+own, as a user would, with a configuration folder of its own.
 """
 
 import json
@@ -13,50 +13,19 @@ import subprocess
 import pytest
 
 pytest_plugins = ["conftest_spark"]
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(480)]
 
 
-def siteConfiguration(folder, settings):
-    """
-    A SPARK_CONF_DIR holding a spark-defaults.conf of C{settings}.
-    """
-    folder.mkdir()
-    (folder / "spark-defaults.conf").write_text(
-        "".join(f"{key} {value}\n" for key, value in settings.items())
-    )
-    return folder
-
-
-def runReport(reportCommand, logs, out, confDir, *options):
-    environment = dict(os.environ, SPARK_CONF_DIR=str(confDir))
-    return subprocess.run(
-        [*reportCommand, str(logs), "--out", str(out), "--master", "local[1]", "--quiet", *options],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-
-
-def test_the_sites_settings_are_kept(reportCommand, handWrittenLogs, handWrittenSummary, tmp_path):
+def test_the_sites_settings_are_kept(siteReport, handWrittenSummary):
     """
     A site's JVM options (a collector of its choice in defaultJavaOptions, a
     system property in extraJavaOptions) are in effect in the driver, and a
-    job setting the site chose is not replaced.
+    job setting the site chose is not replaced (conftest_spark's
+    C{SITE_SETTINGS}).
     """
     from dallal_analytics.report import EFFECTIVE_SETTINGS
 
-    confDir = siteConfiguration(
-        tmp_path / "conf",
-        {
-            "spark.driver.defaultJavaOptions": "-XX:+UseG1GC",
-            "spark.driver.extraJavaOptions": "-Dsite.marker=kept",
-            "spark.sql.mapKeyDedupPolicy": "LAST_WIN",
-            "spark.sql.shuffle.partitions": "3",
-        },
-    )
-    out = tmp_path / "report"
-    result = runReport(reportCommand, handWrittenLogs, out, confDir)
+    result, out = siteReport.result, siteReport.out
     assert result.returncode == 0, result.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["publishes"] == handWrittenSummary["publishes"]
@@ -74,13 +43,26 @@ def test_a_jvm_that_cannot_start_says_why(reportCommand, handWrittenLogs, tmp_pa
     no traceback.  (Spark has the JVM ignore unknown options: two
     collectors at once is a setting a JVM refuses.)
     """
-    confDir = siteConfiguration(
-        tmp_path / "conf",
-        {
-            "spark.driver.extraJavaOptions": "-XX:+UseG1GC -XX:+UseParallelGC",
-        },
+    confDir = tmp_path / "conf"
+    confDir.mkdir()
+    (confDir / "spark-defaults.conf").write_text(
+        "spark.driver.extraJavaOptions -XX:+UseG1GC -XX:+UseParallelGC\n"
     )
-    result = runReport(reportCommand, handWrittenLogs, tmp_path / "report", confDir)
+    result = subprocess.run(
+        [
+            *reportCommand,
+            str(handWrittenLogs),
+            "--out",
+            str(tmp_path / "report"),
+            "--master",
+            "local[1]",
+            "--quiet",
+        ],
+        env=dict(os.environ, SPARK_CONF_DIR=str(confDir)),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert result.returncode == 1
     # HotSpot writes why it did not start on standard output.
     assert "Multiple garbage collectors selected" in result.stdout + result.stderr
