@@ -174,6 +174,33 @@ def test_aLoginIsCheckedByTheBrokersCheckers():
     assert harness.broker.counters["logins_failed"] == 1
 
 
+def test_aSessionIsResumedOrTakenOverOnlyByItsOwnUser():
+    """
+    A client id is no credential: another user's CONNECT with it neither
+    resumes the session (nor reads what waits in it) nor closes the
+    connection that carries it; it is refused, counted and logged.  The
+    session's own user still takes it over.
+    """
+    harness = BrokerHarness(users={"alice": b"a-pw", "mallory": b"m-pw"})
+    alice = connected(harness, "phone", cleanStart=False, username="alice", password=b"a-pw")
+    resuming = MQTTClient(harness)
+    assert resuming.connect("phone", cleanStart=False, username="mallory", password=b"m-pw") == [
+        ConnAck(reasonCode=2)
+    ]
+    assert resuming.closing
+    kicking = MQTTClient(harness, MQTT_5)
+    (answer,) = kicking.connect("phone", cleanStart=True, username="mallory", password=b"m-pw")
+    assert answer.reasonCode == ReasonCode.CLIENT_IDENTIFIER_NOT_VALID
+    assert "another user's session" in answer.properties[Property.REASON_STRING]
+    assert not alice.closing and alice.received() == []
+    assert [f["code"] for f in harness.fields("protocol_error")] == ["CLIENT_ID_TAKEN"] * 2
+    again = MQTTClient(harness)
+    assert again.connect("phone", cleanStart=False, username="alice", password=b"a-pw") == [
+        ConnAck(sessionPresent=True)
+    ]
+    assert alice.closing
+
+
 def test_mqttLoginsWaitWithinTheBoundPerAddress():
     """
     MQTT logins take their turn in the same check queue as Dallal's, by

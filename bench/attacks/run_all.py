@@ -35,6 +35,8 @@ ATTACKS = [
     ("udp_lockout.py", ()),
     ("acl_clientid.py", ()),
     ("udp_garbage.py", ()),
+    # MQTT (--mqtt).
+    ("mqtt_session_hijack.py", ()),
 ]
 TIMEOUT = 300
 

@@ -132,6 +132,9 @@ from dallal.server.streams import (
 PACKET_OVERHEAD = 64 * 1024
 # The topic aliases a client may set (MQTT 5), as Mosquitto's default.
 TOPIC_ALIAS_MAXIMUM = 10
+# The error code a CONNECT is refused with (counted, logged) when its
+# client id names another user's session.
+CLIENT_ID_TAKEN = "CLIENT_ID_TAKEN"
 # A client's Receive Maximum when it gives none (3.1.2.11.3).
 DEFAULT_RECEIVE_MAXIMUM = 65535
 
@@ -486,8 +489,21 @@ class MQTTProtocol(Protocol, BoundedOutput):
     def _accept(self, connect, clientId, assigned, user):
         """
         The CONNECT is accepted: take the client id's session over, or
-        start one, and answer CONNACK.
+        start one, and answer CONNACK.  A session belongs to the user that
+        started it: another user's CONNECT with its client id is refused,
+        as the client id is no credential (it neither resumes the session
+        nor closes its connection).
         """
+        owner = self.factory.sessions.get(clientId)
+        userName = None if user is None else user.name
+        if owner is not None and owner is not self.session and owner.user != userName:
+            self.broker.protocolError(self.session, CLIENT_ID_TAKEN, True)
+            self._refuseConnect(
+                ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+                ConnectReturnCode.IDENTIFIER_REJECTED,
+                f"client id {clientId!r} belongs to another user's session",
+            )
+            return
         session = self._takeSession(connect, clientId)
         if user is not None:
             self.broker.login(session, user)
