@@ -159,6 +159,9 @@ RETAINED = Limit("retained", STORE_FAILED)
 RETAINED_BYTES = Limit("retained_bytes", STORE_FAILED)
 # An MQTT session that would outlive its connection ends with it instead.
 OFFLINE_SESSIONS = Limit("offline_sessions", None)
+# An MQTT client left more QoS 2 publishes unreleased than the broker's
+# Receive Maximum (--max-inflight): its connection closes.
+RECEIVE_MAXIMUM = Limit("receive_maximum", None)
 
 LIMITS = (
     CONNECTIONS,
@@ -185,6 +188,7 @@ LIMITS = (
     RETAINED,
     RETAINED_BYTES,
     OFFLINE_SESSIONS,
+    RECEIVE_MAXIMUM,
 )
 
 

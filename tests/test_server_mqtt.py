@@ -307,6 +307,32 @@ def test_qos2FromTheClientIsPublishedOnceAndReleased(harness):
     assert [p.payload for p in subscriber.received()] == [b"again"]
 
 
+@pytest.mark.parametrize("version", [MQTT_3_1_1, MQTT_5])
+def test_unreleasedQos2PublishesAreBoundedByTheReceiveMaximum(version):
+    """
+    A client may leave at most the broker's Receive Maximum (--max-inflight,
+    told in an MQTT 5 CONNACK) QoS 2 publishes unreleased, whose packet
+    identifiers its session holds: one more closes the connection (MQTT 5:
+    DISCONNECT 0x93), counted and logged as a limit.  A PUBREL frees one.
+    """
+    harness = BrokerHarness(BrokerConfig(delivery=DeliveryConfig(maxInflight=2)))
+    client = MQTTClient(harness, version)
+    (answer,) = client.connect("p", cleanStart=False)
+    if version == MQTT_5:
+        assert answer.properties[Property.RECEIVE_MAXIMUM] == 2
+    client.send(Publish("t", b"1", qos=2, packetId=1), Publish("t", b"2", qos=2, packetId=2))
+    client.send(PubRel(1), Publish("t", b"3", qos=2, packetId=3))
+    assert client.received() == [PubRec(1), PubRec(2), PubComp(1), PubRec(3)]
+    assert not client.closing
+    client.send(Publish("t", b"4", qos=2, packetId=4))
+    expected = [] if version == MQTT_3_1_1 else [ReasonCode.RECEIVE_MAXIMUM_EXCEEDED]
+    assert [packet.reasonCode for packet in client.received()] == expected
+    assert client.closing
+    assert harness.broker.stats()["refused_receive_maximum"] == 1
+    (event,) = harness.fields("limit_reached")
+    assert event["limit"] == "receive_maximum" and event["max"] == 2
+
+
 def test_anUnknownPubrelIsAnsweredWithNotFoundInMQTT5(harness):
     client = connected(harness, "p", MQTT_5)
     client.send(PubRel(3))

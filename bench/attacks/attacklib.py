@@ -218,6 +218,20 @@ def anyBroker(kind, directory, extra=()):
     return peer(kind, directory)
 
 
+@contextlib.contextmanager
+def anyMqttBroker(kind, directory, extra=()):
+    """
+    Dallal with C{--mqtt} (and C{extra} options) or Mosquitto, as a context
+    manager giving C{(server, its MQTT port)}.
+    """
+    if kind == "dallal":
+        with dallal(directory, extra, mqtt=True) as broker:
+            yield broker, broker.mqttPort
+    else:
+        with peer(kind, directory) as server:
+            yield server, server.port
+
+
 def writePasswords(directory, users):
     """
     A password file made with C{dallal-passwd}, for C{users} (name ->

@@ -37,6 +37,7 @@ ATTACKS = [
     ("udp_garbage.py", ()),
     # MQTT (--mqtt).
     ("mqtt_session_hijack.py", ()),
+    ("mqtt_qos2_hoard.py", ("mosquitto",)),
 ]
 TIMEOUT = 300
 

@@ -64,6 +64,7 @@ from dallal.limits import (
     DEFAULT_MAX_OFFLINE_SESSIONS,
     OFFLINE_SESSIONS,
     PAYLOAD,
+    RECEIVE_MAXIMUM,
     ConnectionTable,
 )
 from dallal.modes import ALL, FIRE
@@ -521,6 +522,7 @@ class MQTTProtocol(Protocol, BoundedOutput):
             properties = {
                 Property.MAXIMUM_PACKET_SIZE: self._decoder.maxPacketSize,
                 Property.TOPIC_ALIAS_MAXIMUM: TOPIC_ALIAS_MAXIMUM,
+                Property.RECEIVE_MAXIMUM: self._receiveMaximumOfBroker(),
             }
             if self.broker.retained is None:
                 properties[Property.RETAIN_AVAILABLE] = 0
@@ -662,6 +664,8 @@ class MQTTProtocol(Protocol, BoundedOutput):
             # Sent again before its PUBREL: published already [MQTT-4.3.3-10].
             self._send(PubRec(packetId))
             return
+        if qos == 2 and len(self.session.unreleased) >= self._receiveMaximumOfBroker():
+            self._receiveMaximumExceeded()
         requestId = NO_ID if packetId is None else str(packetId)
         try:
             self.broker.publish(
@@ -684,6 +688,26 @@ class MQTTProtocol(Protocol, BoundedOutput):
             stored.addErrback(ignoreStoreFailure, topic)
         elif qos:
             self._acknowledgePublish(packet)
+
+    def _receiveMaximumOfBroker(self):
+        """
+        The QoS 2 publishes a client may leave unreleased (PUBREC sent, no
+        PUBREL yet): the broker's Receive Maximum, its in-flight window.
+        """
+        return min(self.broker.config.delivery.maxInflight, DEFAULT_RECEIVE_MAXIMUM)
+
+    def _receiveMaximumExceeded(self):
+        """
+        One more QoS 2 publish than the Receive Maximum is unreleased: the
+        connection closes [MQTT-3.3.4-9] (MQTT 3.1.1 has no word for it;
+        closed alike rather than publish without holding its identifier, or
+        hold identifiers, which the session keeps while its client is away,
+        without bound).
+        """
+        maximum = self._receiveMaximumOfBroker()
+        why = f"more than the Receive Maximum of {maximum} QoS 2 publishes await their PUBREL"
+        self.broker.refusedByLimit(self.session, RECEIVE_MAXIMUM, maximum, why)
+        raise ProtocolViolation(why, ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
 
     def _acknowledgePublish(self, packet, reasonCode=0, properties=NO_PROPERTIES):
         if packet.qos == 1:
