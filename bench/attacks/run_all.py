@@ -38,6 +38,7 @@ ATTACKS = [
     # MQTT (--mqtt).
     ("mqtt_session_hijack.py", ()),
     ("mqtt_qos2_hoard.py", ("mosquitto",)),
+    ("mqtt_offline_queues.py", ("mosquitto",)),
 ]
 TIMEOUT = 300
 

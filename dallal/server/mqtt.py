@@ -61,6 +61,7 @@ from dallal.errors import (
     RequestError,
 )
 from dallal.limits import (
+    DEFAULT_MAX_OFFLINE_BYTES,
     DEFAULT_MAX_OFFLINE_SESSIONS,
     OFFLINE_SESSIONS,
     PAYLOAD,
@@ -979,6 +980,9 @@ class MQTTFactory(ServerFactory):
         connection (C{--max-offline-sessions}).
     @param store: the L{dallal.server.mqttstore.SessionStore} that keeps
         sessions across restarts, or C{None}.
+    @param maxOfflineBytes: the most payload bytes the sessions without a
+        connection hold together (C{--max-offline-bytes}).
+    @ivar offlineBytes: the payload bytes they hold now.
     @ivar sessions: client id -> its L{MQTTSession}, with a connection or
         not.
     @ivar offline: the sessions without a connection.
@@ -994,6 +998,7 @@ class MQTTFactory(ServerFactory):
         connections=None,
         maxOfflineSessions=DEFAULT_MAX_OFFLINE_SESSIONS,
         store=None,
+        maxOfflineBytes=DEFAULT_MAX_OFFLINE_BYTES,
     ):
         self.broker = broker
         self.gatekeeper = gatekeeper
@@ -1003,6 +1008,8 @@ class MQTTFactory(ServerFactory):
             connections = ConnectionTable(config.maxConnections, config.maxConnectionsPerIp)
         self.connections = connections
         self.maxOfflineSessions = maxOfflineSessions
+        self.maxOfflineBytes = maxOfflineBytes
+        self.offlineBytes = 0
         self.store = store
         self.sessions = {}
         self.offline = set()
