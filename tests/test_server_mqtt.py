@@ -657,6 +657,37 @@ def test_aMalformedPacketClosesWithItsReasonInMQTT5(harness):
     assert harness.fields("disconnect")[-1]["reason"] == "protocol_error"
 
 
+def test_aPacketBegunMustBeCompleteWithinTheFrameDeadline():
+    """
+    A packet begun must be complete within --max-frame-seconds of the read
+    that completed the one before, however slowly it trickles in: then the
+    connection closes (MQTT 5: DISCONNECT 0x8D), counted and logged.  A
+    client whose reads end in the middle of packets, but that completes
+    them, is not cut.
+    """
+    harness = BrokerHarness(BrokerConfig(maxFrameSeconds=10))
+    busy = connected(harness, "busy")
+    encoded = Publish("t", b"x" * 100).encode(MQTT_3_1_1)
+    busy.connection.send(encoded[:50])
+    for _ in range(3):
+        harness.clock.advance(9)
+        busy.connection.send(encoded[50:] + encoded[:50])
+    busy.connection.send(encoded[50:])
+    assert not busy.closing
+    slow = connected(harness, "slow", MQTT_5)
+    encoded = Publish("t", b"x" * 100).encode(MQTT_5)
+    for index in range(9):
+        slow.connection.send(encoded[index : index + 1])
+        harness.clock.advance(1)
+    assert not slow.closing
+    harness.clock.advance(1)
+    (answer,) = slow.received()
+    assert answer.reasonCode == ReasonCode.KEEP_ALIVE_TIMEOUT
+    assert "not complete within 10 seconds" in answer.properties[Property.REASON_STRING]
+    assert slow.closing
+    assert harness.broker.stats()["refused_frame_seconds"] == 1
+
+
 def test_aFirstPacketThatIsNoConnectCloses(harness):
     client = MQTTClient(harness)
     client.connection.send(b"\xc0\x00")

@@ -63,6 +63,7 @@ from dallal.errors import (
 from dallal.limits import (
     DEFAULT_MAX_OFFLINE_BYTES,
     DEFAULT_MAX_OFFLINE_SESSIONS,
+    FRAME_SECONDS,
     OFFLINE_SESSIONS,
     PAYLOAD,
     RECEIVE_MAXIMUM,
@@ -209,6 +210,7 @@ class MQTTProtocol(Protocol, BoundedOutput):
         self._lastHeard = 0.0
         self._keepAliveTimer = None
         self._connectDeadline = None
+        self._frameDeadline = None
 
     # Connection
 
@@ -230,6 +232,7 @@ class MQTTProtocol(Protocol, BoundedOutput):
         self.dropOutput()
         cancelDelayed(self, "_connectDeadline")
         cancelDelayed(self, "_keepAliveTimer")
+        cancelDelayed(self, "_frameDeadline")
         self.factory.connections.closed(self._host)
         if self._carriesSession():
             self.session.connectionEnded(self._closeReason)
@@ -308,8 +311,37 @@ class MQTTProtocol(Protocol, BoundedOutput):
             # Whatever follows a DISCONNECT or a refusal is not read.
             return
         self._lastHeard = self.clock.seconds()
-        self._decoder.feed(data)
+        decoder = self._decoder
+        before = decoder.buffered + len(data)
+        decoder.feed(data)
         self.batch.run(self._readPackets)
+        self._watchPacket(decoder.buffered < before)
+
+    def _watchPacket(self, progressed):
+        """
+        A packet begun must be complete within C{--max-frame-seconds}, from
+        the read that completed the packet before it: a client that sends
+        a few bytes now and then (keeping its keep alive) holds a
+        connection and a buffer no longer.  Before its CONNECT is accepted,
+        the connect timeout bounds it; while reading is paused, the packets
+        waiting are the broker's doing.
+
+        @param progressed: whether this read completed a packet.
+        """
+        waiting = self._accepted and not self.readPause and self._decoder.buffered
+        if progressed or not waiting:
+            cancelDelayed(self, "_frameDeadline")
+        if waiting and self._frameDeadline is None and not self._closing:
+            self._frameDeadline = self.clock.callLater(
+                self.broker.config.maxFrameSeconds, self._packetTimedOut
+            )
+
+    def _packetTimedOut(self):
+        self._frameDeadline = None
+        seconds = self.broker.config.maxFrameSeconds
+        why = f"a packet begun was not complete within {seconds} seconds"
+        self.broker.refusedByLimit(self._subscriber, FRAME_SECONDS, seconds, why)
+        self.refuseStream(ReasonCode.KEEP_ALIVE_TIMEOUT, why)
 
     def _readPackets(self):
         try:
