@@ -40,6 +40,7 @@ ATTACKS = [
     ("mqtt_qos2_hoard.py", ("mosquitto",)),
     ("mqtt_offline_queues.py", ("mosquitto",)),
     ("mqtt_fuzz.py", ("mosquitto",)),
+    ("mqtt_websocket_flood.py", ()),
 ]
 TIMEOUT = 300
 
