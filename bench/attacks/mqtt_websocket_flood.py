@@ -87,7 +87,7 @@ def pingFlood(port):
     sock.settimeout(5)
     sent = 0
     try:
-        for start in range(0, PINGS, 1000):
+        for _ in range(PINGS // 1000):
             sock.sendall(ping * 1000)
             sent += 1000
     except (TimeoutError, OSError):
