@@ -252,10 +252,10 @@ def watcher(harness):
     return client
 
 
-def dying(harness, delay, expiry):
+def dying(harness, delay, expiry, clientId="d"):
     client = connected(
         harness,
-        "d",
+        clientId,
         MQTT_5,
         cleanStart=False,
         properties={Property.SESSION_EXPIRY_INTERVAL: expiry},
@@ -280,6 +280,26 @@ def test_aReconnectionWithinTheDelayCancelsTheWill(harness):
     resumed(harness, "d")
     harness.clock.advance(10)
     assert watching.received() == []
+
+
+def test_aWillKeptForItsDelayCountsInWhatOfflineSessionsHold(harness):
+    """
+    A will waiting for its delay is held as the messages are, within
+    --max-offline-bytes: a session whose will would take more ends with its
+    connection, its will published then, as one over --max-offline-sessions.
+    """
+    factory = harness.service.mqttFactory
+    factory.maxOfflineBytes = 6
+    watching = watcher(harness)
+    dying(harness, 60, 3600, "d1")
+    assert factory.offlineBytes == 4 and watching.received() == []
+    dying(harness, 60, 3600, "d2")
+    assert [p.payload for p in watching.received()] == [b"gone"]
+    assert harness.broker.stats()["refused_offline_bytes"] == 1
+    assert not resumed(harness, "d2")[1].sessionPresent
+    harness.clock.advance(60)
+    assert [p.payload for p in watching.received()] == [b"gone"]
+    assert factory.offlineBytes == 0
 
 
 def test_theWillGoesWhenTheSessionEndsIfSooner(harness):

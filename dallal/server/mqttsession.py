@@ -316,8 +316,9 @@ class MQTTSession:
         self.user = None
         self.ended = False
         # The payload bytes of the messages that came to pending while the
-        # client was away (or from the store), counted in the factory's
-        # offlineBytes until a connection resumes the session.
+        # client was away (or from the store), and of a will kept for its
+        # delay, counted in the factory's offlineBytes until a connection
+        # resumes the session.
         self.heldBytes = 0
         # Set while the session hands what it holds to the store: what the
         # core delivers meanwhile waits here.
@@ -435,9 +436,13 @@ class MQTTSession:
         self.heldBytes += size
         self.factory.offlineBytes += size
 
+    def _release(self, size):
+        size = min(size, self.heldBytes)
+        self.heldBytes -= size
+        self.factory.offlineBytes -= size
+
     def _releaseHeld(self):
-        self.factory.offlineBytes -= self.heldBytes
-        self.heldBytes = 0
+        self._release(self.heldBytes)
 
     def _awayWindow(self, away):
         """
@@ -577,24 +582,30 @@ class MQTTSession:
             self.end(reason)
             return
         factory = self.factory
+        will = self.will
+        # A will kept for its delay is held as the messages are.
+        willBytes = 0 if will is None or not will.delay else len(will.payload)
         if len(factory.offline) >= factory.maxOfflineSessions:
+            limit, maximum = OFFLINE_SESSIONS, factory.maxOfflineSessions
+        elif factory.offlineBytes + willBytes > factory.maxOfflineBytes:
+            limit, maximum = OFFLINE_BYTES, factory.maxOfflineBytes
+        else:
+            limit = None
+        if limit is not None:
             self.broker.limits.refused(
-                OFFLINE_SESSIONS,
-                factory.maxOfflineSessions,
-                self.peer,
-                self.transportName,
-                self.broker.sessionId(self),
+                limit, maximum, self.peer, self.transportName, self.broker.sessionId(self)
             )
             self.end(reason)
             return
         factory.offline.add(self)
         self._awayWindow(True)
-        will = self.will
         if will is not None:
             if not will.delay:
                 self.publishWill()
-            elif self.expiry is None or will.delay < self.expiry:
-                self._willCall = self.clock.callLater(will.delay, self._willDelayPassed)
+            else:
+                self._hold(willBytes)
+                if self.expiry is None or will.delay < self.expiry:
+                    self._willCall = self.clock.callLater(will.delay, self._willDelayPassed)
         self._awaitClient()
         # A transport that was full paused the core's delivery: the session
         # takes what its window holds.
@@ -640,6 +651,9 @@ class MQTTSession:
 
     def publishWill(self):
         will, self.will = self.will, None
+        if self.protocol is None:
+            # Held while its client was away, if it waited for its delay.
+            self._release(len(will.payload))
         broker = self.broker
         try:
             broker.publish(self, will.topic, will.payload, NO_ID, will.attributes)
