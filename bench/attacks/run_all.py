@@ -41,6 +41,7 @@ ATTACKS = [
     ("mqtt_offline_queues.py", ("mosquitto",)),
     ("mqtt_fuzz.py", ("mosquitto",)),
     ("mqtt_websocket_flood.py", ()),
+    ("mqtt_overlap.py", ("mosquitto",)),
 ]
 TIMEOUT = 300
 
