@@ -252,6 +252,22 @@ def writePasswords(directory, users):
     return path
 
 
+def aliceAndMallory(directory):
+    """
+    The password file and ACL of the identity attacks: alice may read and
+    write secret/#, mallory users/mallory/# only.
+
+    @return: the C{--passwords} and C{--acl} options naming them.
+    """
+    passwords = writePasswords(directory, {"alice": "alice-pw", "mallory": "mallory-pw"})
+    acl = writeFile(
+        directory,
+        "acl",
+        "user alice\ntopic readwrite secret/#\n\nuser mallory\ntopic readwrite users/mallory/#\n",
+    )
+    return ["--passwords", passwords, "--acl", acl]
+
+
 def writeFile(directory, name, text):
     path = os.path.join(directory, name)
     with open(path, "w") as file:
@@ -290,6 +306,24 @@ class Closed(Exception):
     """
     The broker closed the connection.
     """
+
+
+def receiveBefore(sock, deadline):
+    """
+    What C{sock} receives before C{deadline} (of C{time.monotonic()}):
+    bytes, C{b""} once the broker has closed the connection, or None if the
+    time runs out.
+    """
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return None
+    sock.settimeout(remaining)
+    try:
+        return sock.recv(1 << 20)
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        return b""
 
 
 # The verbs whose frames carry a payload, its size the third token.
@@ -355,16 +389,9 @@ class Connection:
                 return frame
             if self.closed:
                 raise Closed()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            data = receiveBefore(self.sock, deadline)
+            if data is None:
                 return None
-            self.sock.settimeout(remaining)
-            try:
-                data = self.sock.recv(1 << 20)
-            except TimeoutError:
-                return None
-            except ConnectionResetError:
-                data = b""
             if not data:
                 self.closed = True
                 continue
@@ -658,16 +685,9 @@ class MqttClient:
             packet = self._takePacket()
             if packet is not None:
                 return packet
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            data = receiveBefore(self.sock, deadline)
+            if data is None:
                 return None
-            self.sock.settimeout(remaining)
-            try:
-                data = self.sock.recv(1 << 20)
-            except TimeoutError:
-                return None
-            except ConnectionResetError:
-                data = b""
             if not data:
                 raise Closed()
             self.buffer += data

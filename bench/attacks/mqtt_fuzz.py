@@ -16,30 +16,15 @@ log is not read for tracebacks).
 """
 
 import random
-import struct
 import time
 
 import attacklib as lib
+from protocols import mqttPacket as packet
+from protocols import mqttRemainingLength as varint
+from protocols import mqttString as string
 
 NAME = "mqtt-fuzz"
 SECONDS = 20.0
-
-
-def varint(value):
-    out = bytearray()
-    while True:
-        value, digit = divmod(value, 128)
-        out.append(digit | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def string(value):
-    return struct.pack("!H", len(value)) + value
-
-
-def packet(kind, flags, body):
-    return bytes([kind << 4 | flags]) + varint(len(body)) + body
 
 
 def properties(version, encoded):
