@@ -232,6 +232,20 @@ def anyMqttBroker(kind, directory, extra=()):
             yield server, server.port
 
 
+@contextlib.contextmanager
+def brokerAndPort(kind, directory, extra=()):
+    """
+    L{anyBroker} as C{(server, the port attacked)}; C{dallal-mqtt} is
+    Dallal's C{--mqtt} listener, attacked as Mosquitto is.
+    """
+    if kind == "dallal-mqtt":
+        with anyMqttBroker("dallal", directory, extra) as (server, port):
+            yield server, port
+    else:
+        with anyBroker(kind, directory, extra) as server:
+            yield server, server.port
+
+
 def writePasswords(directory, users):
     """
     A password file made with C{dallal-passwd}, for C{users} (name ->

@@ -21,7 +21,7 @@ ATTACKS = [
     ("udp_hijack.py", ()),
     ("bridge_forgery.py", ()),
     ("login_flood.py", ()),
-    ("output_bound.py", ("mosquitto", "nats", "redis")),
+    ("output_bound.py", ("dallal-mqtt", "mosquitto", "nats", "redis")),
     ("fanout_freeze.py", ("mosquitto",)),
     ("garbage_stream.py", ("mosquitto", "nats", "redis")),
     ("slowloris.py", ("dallal-mqtt", "mosquitto", "nats", "redis")),

@@ -22,7 +22,6 @@ large-payload header (Redis's bulk string, NATS's PUB, an MQTT PUBLISH) and
 unfinished line (an inline command, a NATS PUB line, an MQTT CONNECT).
 """
 
-import contextlib
 import socket
 import time
 
@@ -59,22 +58,6 @@ def headers(kind, number):
     publish = bytes([0x30]) + mqttRemainingLength(SIZE + 6) + mqttString(b"slow")
     # The line attack for MQTT: a CONNECT announcing 1000 bytes, never finished.
     return connect, publish, bytes([0x10]) + mqttRemainingLength(1000) + mqttString(b"MQTT")
-
-
-def brokerUnderAttack(kind, directory, extra):
-    """
-    The broker, as C{(server, the port attacked)}: C{dallal-mqtt} is Dallal's
-    C{--mqtt} listener, attacked as Mosquitto is.
-    """
-    if kind == "dallal-mqtt":
-        return lib.anyMqttBroker("dallal", directory, extra)
-    return _withPort(lib.anyBroker(kind, directory, extra))
-
-
-@contextlib.contextmanager
-def _withPort(broker):
-    with broker as server:
-        yield server, server.port
 
 
 class Slow:
@@ -126,7 +109,7 @@ def heldBy(payloads):
 
 def attack(kind):
     extra, note = lib.optionsIfPresent(FRAME_SECONDS) if kind.startswith("dallal") else ((), None)
-    with lib.scratch() as directory, brokerUnderAttack(kind, directory, extra) as (server, port):
+    with lib.scratch() as directory, lib.brokerAndPort(kind, directory, extra) as (server, port):
         payloads = [Slow(port, *headers(kind, number)[:2]) for number in range(PAYLOADS)]
         lines = [Slow(port, *headers(kind, PAYLOADS + number)[::2]) for number in range(LINES)]
         start = time.monotonic()
