@@ -405,6 +405,26 @@ class MQTTProtocol(Protocol, BoundedOutput):
             return NO_PROPERTIES
         return {Property.REASON_STRING: why}
 
+    def _receiveMaximumOfBroker(self):
+        """
+        The QoS 2 publishes a client may leave unreleased (PUBREC sent, no
+        PUBREL yet): the broker's Receive Maximum, its in-flight window.
+        """
+        return min(self.broker.config.delivery.maxInflight, DEFAULT_RECEIVE_MAXIMUM)
+
+    def _receiveMaximumExceeded(self):
+        """
+        One more QoS 2 publish than the Receive Maximum is unreleased: the
+        connection closes [MQTT-3.3.4-9] (MQTT 3.1.1 has no word for it;
+        closed alike rather than publish without holding its identifier, or
+        hold identifiers, which the session keeps while its client is away,
+        without bound).
+        """
+        maximum = self._receiveMaximumOfBroker()
+        why = f"more than the Receive Maximum of {maximum} QoS 2 publishes await their PUBREL"
+        self.broker.refusedByLimit(self.session, RECEIVE_MAXIMUM, maximum, why)
+        raise ProtocolViolation(why, ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
+
     # CONNECT
 
     def _connectReceived(self, connect):
@@ -721,26 +741,6 @@ class MQTTProtocol(Protocol, BoundedOutput):
             stored.addErrback(ignoreStoreFailure, topic)
         elif qos:
             self._acknowledgePublish(packet)
-
-    def _receiveMaximumOfBroker(self):
-        """
-        The QoS 2 publishes a client may leave unreleased (PUBREC sent, no
-        PUBREL yet): the broker's Receive Maximum, its in-flight window.
-        """
-        return min(self.broker.config.delivery.maxInflight, DEFAULT_RECEIVE_MAXIMUM)
-
-    def _receiveMaximumExceeded(self):
-        """
-        One more QoS 2 publish than the Receive Maximum is unreleased: the
-        connection closes [MQTT-3.3.4-9] (MQTT 3.1.1 has no word for it;
-        closed alike rather than publish without holding its identifier, or
-        hold identifiers, which the session keeps while its client is away,
-        without bound).
-        """
-        maximum = self._receiveMaximumOfBroker()
-        why = f"more than the Receive Maximum of {maximum} QoS 2 publishes await their PUBREL"
-        self.broker.refusedByLimit(self.session, RECEIVE_MAXIMUM, maximum, why)
-        raise ProtocolViolation(why, ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
 
     def _acknowledgePublish(self, packet, reasonCode=0, properties=NO_PROPERTIES):
         if packet.qos == 1:
