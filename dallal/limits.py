@@ -72,6 +72,9 @@ DEFAULT_MAX_LISTED = 1000
 # Session Expiry Interval): each may hold as much as a connected client's
 # queue, --max-queued and --max-queued-bytes.
 DEFAULT_MAX_OFFLINE_SESSIONS = 1_000
+# Payload bytes all MQTT sessions whose clients are away may hold together:
+# without it, what they hold grows with their number (1000 x 8 MiB).
+DEFAULT_MAX_OFFLINE_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_RETAINED = 100_000
 DEFAULT_MAX_RETAINED_BYTES = 256 * 1024 * 1024
 # Requests refused in a row on one TCP connection: a client that means well
@@ -159,6 +162,12 @@ RETAINED = Limit("retained", STORE_FAILED)
 RETAINED_BYTES = Limit("retained_bytes", STORE_FAILED)
 # An MQTT session that would outlive its connection ends with it instead.
 OFFLINE_SESSIONS = Limit("offline_sessions", None)
+# An MQTT client left more QoS 2 publishes unreleased than the broker's
+# Receive Maximum (--max-inflight): its connection closes.
+RECEIVE_MAXIMUM = Limit("receive_maximum", None)
+# A message for an MQTT session whose client is away, dropped as all such
+# sessions hold --max-offline-bytes.
+OFFLINE_BYTES = Limit("offline_bytes", None)
 
 LIMITS = (
     CONNECTIONS,
@@ -185,6 +194,8 @@ LIMITS = (
     RETAINED,
     RETAINED_BYTES,
     OFFLINE_SESSIONS,
+    RECEIVE_MAXIMUM,
+    OFFLINE_BYTES,
 )
 
 

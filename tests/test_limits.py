@@ -594,7 +594,7 @@ LIMIT_OPTIONS = {
 # The queues' limits, of dallal.broker.delivery, are in the same table.
 QUEUE_OPTIONS = ["max-queued", "max-queued-bytes"]
 # And the MQTT sessions' (dallal.server.mqttsession).
-SESSION_OPTIONS = ["max-offline-sessions"]
+SESSION_OPTIONS = ["max-offline-sessions", "max-offline-bytes"]
 
 
 class FakeRlimit:

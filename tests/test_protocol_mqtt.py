@@ -846,6 +846,29 @@ def test_byteByByte():
     assert decoded == samples(MQTT_5)[2:]
 
 
+def test_aPacketFedAByteAtATimeCostsLittleMoreThanItsBytes():
+    """
+    A packet sent a byte a segment (slowloris) is held in about its own
+    size, not as one object per byte; C{buffered} says how much is held.
+    """
+    import tracemalloc
+
+    packet = Publish("t", b"x" * 200_000).encode(MQTT_3_1_1)
+    decoder = MQTTDecoder(MQTT_3_1_1)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for index in range(100_000):
+            assert list(decoder.feed(packet[index : index + 1])) == []
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert decoder.buffered == 100_000
+    assert held < 2 * 100_000
+    (decoded,) = decoder.feed(packet[100_000:])
+    assert decoded.payload == b"x" * 200_000 and decoder.buffered == 0
+
+
 def test_stoppingEarlyKeepsTheRest():
     decoder = MQTTDecoder(MQTT_3_1_1)
     stream = b"".join(Publish("t", bytes([index])).encode(MQTT_3_1_1) for index in range(5))

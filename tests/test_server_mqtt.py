@@ -173,6 +173,33 @@ def test_aLoginIsCheckedByTheBrokersCheckers():
     assert harness.broker.counters["logins_failed"] == 1
 
 
+def test_aSessionIsResumedOrTakenOverOnlyByItsOwnUser():
+    """
+    A client id is no credential: another user's CONNECT with it neither
+    resumes the session (nor reads what waits in it) nor closes the
+    connection that carries it; it is refused, counted and logged.  The
+    session's own user still takes it over.
+    """
+    harness = BrokerHarness(users={"alice": b"a-pw", "mallory": b"m-pw"})
+    alice = connected(harness, "phone", cleanStart=False, username="alice", password=b"a-pw")
+    resuming = MQTTClient(harness)
+    assert resuming.connect("phone", cleanStart=False, username="mallory", password=b"m-pw") == [
+        ConnAck(reasonCode=2)
+    ]
+    assert resuming.closing
+    kicking = MQTTClient(harness, MQTT_5)
+    (answer,) = kicking.connect("phone", cleanStart=True, username="mallory", password=b"m-pw")
+    assert answer.reasonCode == ReasonCode.CLIENT_IDENTIFIER_NOT_VALID
+    assert "another user's session" in answer.properties[Property.REASON_STRING]
+    assert not alice.closing and alice.received() == []
+    assert [f["code"] for f in harness.fields("protocol_error")] == ["CLIENT_ID_TAKEN"] * 2
+    again = MQTTClient(harness)
+    assert again.connect("phone", cleanStart=False, username="alice", password=b"a-pw") == [
+        ConnAck(sessionPresent=True)
+    ]
+    assert alice.closing
+
+
 def test_mqttLoginsWaitWithinTheBoundPerAddress():
     """
     MQTT logins take their turn in the same check queue as Dallal's, by
@@ -277,6 +304,32 @@ def test_qos2FromTheClientIsPublishedOnceAndReleased(harness):
     # Released: the identifier may carry a new message.
     publisher.send(Publish("t", b"again", qos=2, packetId=9))
     assert [p.payload for p in subscriber.received()] == [b"again"]
+
+
+@pytest.mark.parametrize("version", [MQTT_3_1_1, MQTT_5])
+def test_unreleasedQos2PublishesAreBoundedByTheReceiveMaximum(version):
+    """
+    A client may leave at most the broker's Receive Maximum (--max-inflight,
+    told in an MQTT 5 CONNACK) QoS 2 publishes unreleased, whose packet
+    identifiers its session holds: one more closes the connection (MQTT 5:
+    DISCONNECT 0x93), counted and logged as a limit.  A PUBREL frees one.
+    """
+    harness = BrokerHarness(BrokerConfig(delivery=DeliveryConfig(maxInflight=2)))
+    client = MQTTClient(harness, version)
+    (answer,) = client.connect("p", cleanStart=False)
+    if version == MQTT_5:
+        assert answer.properties[Property.RECEIVE_MAXIMUM] == 2
+    client.send(Publish("t", b"1", qos=2, packetId=1), Publish("t", b"2", qos=2, packetId=2))
+    client.send(PubRel(1), Publish("t", b"3", qos=2, packetId=3))
+    assert client.received() == [PubRec(1), PubRec(2), PubComp(1), PubRec(3)]
+    assert not client.closing
+    client.send(Publish("t", b"4", qos=2, packetId=4))
+    expected = [] if version == MQTT_3_1_1 else [ReasonCode.RECEIVE_MAXIMUM_EXCEEDED]
+    assert [packet.reasonCode for packet in client.received()] == expected
+    assert client.closing
+    assert harness.broker.stats()["refused_receive_maximum"] == 1
+    (event,) = harness.fields("limit_reached")
+    assert event["limit"] == "receive_maximum" and event["max"] == 2
 
 
 def test_anUnknownPubrelIsAnsweredWithNotFoundInMQTT5(harness):
@@ -622,6 +675,37 @@ def test_aMalformedPacketClosesWithItsReasonInMQTT5(harness):
     assert error["code"] == "MALFORMED_PACKET" and error["fatal"] is True
     client.lose()
     assert harness.fields("disconnect")[-1]["reason"] == "protocol_error"
+
+
+def test_aPacketBegunMustBeCompleteWithinTheFrameDeadline():
+    """
+    A packet begun must be complete within --max-frame-seconds of the read
+    that completed the one before, however slowly it trickles in: then the
+    connection closes (MQTT 5: DISCONNECT 0x8D), counted and logged.  A
+    client whose reads end in the middle of packets, but that completes
+    them, is not cut.
+    """
+    harness = BrokerHarness(BrokerConfig(maxFrameSeconds=10))
+    busy = connected(harness, "busy")
+    encoded = Publish("t", b"x" * 100).encode(MQTT_3_1_1)
+    busy.connection.send(encoded[:50])
+    for _ in range(3):
+        harness.clock.advance(9)
+        busy.connection.send(encoded[50:] + encoded[:50])
+    busy.connection.send(encoded[50:])
+    assert not busy.closing
+    slow = connected(harness, "slow", MQTT_5)
+    encoded = Publish("t", b"x" * 100).encode(MQTT_5)
+    for index in range(9):
+        slow.connection.send(encoded[index : index + 1])
+        harness.clock.advance(1)
+    assert not slow.closing
+    harness.clock.advance(1)
+    (answer,) = slow.received()
+    assert answer.reasonCode == ReasonCode.KEEP_ALIVE_TIMEOUT
+    assert "not complete within 10 seconds" in answer.properties[Property.REASON_STRING]
+    assert slow.closing
+    assert harness.broker.stats()["refused_frame_seconds"] == 1
 
 
 def test_aFirstPacketThatIsNoConnectCloses(harness):

@@ -181,8 +181,9 @@ def test_aDisconnectCannotGiveAnExpiryToASessionWithout(harness):
 
 def test_anOfflineQueueHasTheBoundsOfAConnectedOne():
     """
-    What waits for a client that is away meets the same queue limits: the
-    publisher is held for the stall timeout, then the oldest are dropped.
+    What waits for a client that is away meets the same queue limits, and
+    holds no publisher back: the core sends the session all it has, and
+    over --max-queued the newest are dropped, as Mosquitto drops them.
     """
     delivery = DeliveryConfig(maxQueued=2)
     harness = BrokerHarness(BrokerConfig(delivery=delivery))
@@ -190,19 +191,43 @@ def test_anOfflineQueueHasTheBoundsOfAConnectedOne():
     publisher = connected(harness, "p")
     for number in range(6):
         publisher.send(Publish("t", b"%d" % number, qos=1, packetId=number + 1))
-    harness.clock.advance(delivery.stallTimeout)
-    for number in range(6, 8):
-        publisher.send(Publish("t", b"%d" % number, qos=1, packetId=number + 1))
+    assert [type(p) for p in publisher.received()] == [PubAck] * 6
+    harness.clock.advance(0)
     counters = harness.broker.stats()
-    assert counters["dropped_queue_full"] > 0
+    assert counters["dropped_queue_full"] == counters["refused_queued_messages"] == 4
+    assert counters["publishers_held"] == 0
     client, _, packets = resumed(harness)
     received = [p.payload for p in packets]
     while packets:
         client.send(*(PubAck(p.packetId) for p in packets))
         packets = client.received()
         received += [p.payload for p in packets]
-    # The first (in flight when the client went), then the newest two.
-    assert received == [b"0", b"6", b"7"]
+    assert received == [b"0", b"1"]
+    assert countersAddUp(harness.broker.stats())
+
+
+def test_whatOfflineSessionsHoldTogetherIsBounded(harness):
+    """
+    The payload bytes all sessions whose clients are away hold together
+    are bounded by --max-offline-bytes, however many they are: a message
+    for one more is dropped, counted and logged; a session that resumes
+    frees what it held.
+    """
+    harness.service.mqttFactory.maxOfflineBytes = 10
+    away(harness, "a", topicFilter="a")
+    away(harness, "b", topicFilter="b")
+    publisher = connected(harness, "p")
+    for number, topic in enumerate(["a", "b", "a", "b"]):
+        publisher.send(Publish(topic, b"4444", qos=1, packetId=number + 1))
+    harness.clock.advance(0)
+    counters = harness.broker.stats()
+    assert counters["refused_offline_bytes"] == counters["dropped_queue_full"] == 2
+    (event,) = harness.fields("limit_reached")
+    assert event["limit"] == "offline_bytes" and event["max"] == 10
+    assert [p.payload for p in resumed(harness, "a")[2]] == [b"4444"]
+    publisher.send(Publish("b", b"4444", qos=1, packetId=9))
+    assert [p.payload for p in resumed(harness, "b")[2]] == [b"4444", b"4444"]
+    assert harness.service.mqttFactory.offlineBytes == 0
     assert countersAddUp(harness.broker.stats())
 
 
@@ -226,10 +251,10 @@ def watcher(harness):
     return client
 
 
-def dying(harness, delay, expiry):
+def dying(harness, delay, expiry, clientId="d"):
     client = connected(
         harness,
-        "d",
+        clientId,
         MQTT_5,
         cleanStart=False,
         properties={Property.SESSION_EXPIRY_INTERVAL: expiry},
@@ -254,6 +279,26 @@ def test_aReconnectionWithinTheDelayCancelsTheWill(harness):
     resumed(harness, "d")
     harness.clock.advance(10)
     assert watching.received() == []
+
+
+def test_aWillKeptForItsDelayCountsInWhatOfflineSessionsHold(harness):
+    """
+    A will waiting for its delay is held as the messages are, within
+    --max-offline-bytes: a session whose will would take more ends with its
+    connection, its will published then, as one over --max-offline-sessions.
+    """
+    factory = harness.service.mqttFactory
+    factory.maxOfflineBytes = 6
+    watching = watcher(harness)
+    dying(harness, 60, 3600, "d1")
+    assert factory.offlineBytes == 4 and watching.received() == []
+    dying(harness, 60, 3600, "d2")
+    assert [p.payload for p in watching.received()] == [b"gone"]
+    assert harness.broker.stats()["refused_offline_bytes"] == 1
+    assert not resumed(harness, "d2")[1].sessionPresent
+    harness.clock.advance(60)
+    assert [p.payload for p in watching.received()] == [b"gone"]
+    assert factory.offlineBytes == 0
 
 
 def test_theWillGoesWhenTheSessionEndsIfSooner(harness):
@@ -392,11 +437,14 @@ def test_theSessionEventsCarryTheCataloguedFields(tmp_path):
 @pytest_twisted.ensureDeferred
 async def test_theOptionsReachTheFactory(tmp_path):
     options = Options()
-    options.parseOptions(["--data-dir", str(tmp_path), "--max-offline-sessions", "7"])
+    options.parseOptions(
+        ["--data-dir", str(tmp_path), "--max-offline-sessions", "7", "--max-offline-bytes", "9"]
+    )
     service = makeService(options, reactor)
     await service.broker.retained.close().addTimeout(STOP_TIMEOUT, reactor)
     factory = service.mqttFactory
     assert factory.maxOfflineSessions == 7
+    assert factory.maxOfflineBytes == 9
     assert factory.store.path == str(tmp_path / FILE_NAME)
 
 

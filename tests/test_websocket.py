@@ -10,7 +10,7 @@ import struct
 
 import pytest
 from helpers import BrokerHarness
-from test_server_mqtt import MQTTClient
+from test_server_mqtt import MQTTClient, connected
 from twisted.internet.testing import StringTransport
 
 from dallal.broker.core import BrokerConfig
@@ -30,6 +30,7 @@ from dallal.protocol.mqtt import (
     Subscription,
     Will,
 )
+from dallal.server.websocket import READ_PIECE
 
 TEXT, BINARY, CLOSE = 1, 2, 8
 KEY = base64.b64encode(b"sixteen byte key")
@@ -241,6 +242,34 @@ def test_aPacketMaySpanFramesAndAFrameHoldPackets(harness):
         clientFrame(ping + ping),
     )
     assert client.received() == [PingResp()] * 3
+
+
+def test_aMessageInOneByteFramesIsTakenInPiecesOfARead(harness):
+    """
+    A message cut into frames of one byte, all in one read, reaches the
+    MQTT protocol a piece of the read at a time (READ_PIECE), not a frame
+    at a time: autobahn copies what is left of what it is given for each
+    frame, so a whole read of tiny frames would cost its size times their
+    number.
+    """
+    client = WebSocketMQTTClient(harness)
+    client.send(Connect("c", MQTT_3_1_1))
+    subscriber = connected(harness, "s")
+    subscriber.subscribe(("t", 0))
+    encoded = Publish("t", b"x" * 4000).encode(MQTT_3_1_1)
+    frames = [clientFrame(encoded[:1], final=False)] + [
+        clientFrame(encoded[index : index + 1], opcode=0, final=index == len(encoded) - 1)
+        for index in range(1, len(encoded))
+    ]
+    read = b"".join(frames)
+    mqtt = client.connection.protocol.mqtt
+    calls = []
+    original = mqtt.dataReceived
+    mqtt.dataReceived = lambda data: (calls.append(len(data)), original(data))
+    client.connection.send(read)
+    assert [p.payload for p in subscriber.received()] == [b"x" * 4000]
+    assert sum(calls) == len(encoded)
+    assert len(calls) <= len(read) // READ_PIECE + 1
 
 
 def test_aTextMessageClosesTheConnection(harness):

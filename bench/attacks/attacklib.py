@@ -160,11 +160,12 @@ def scratch():
 
 
 @contextlib.contextmanager
-def dallal(directory, extra=(), udp=False):
+def dallal(directory, extra=(), udp=False, mqtt=False):
     """
-    A C{twistd -n dallal} on free loopback ports, stopped on exit.
+    A C{twistd -n dallal} on free loopback ports, stopped on exit (with
+    C{mqtt}, its MQTT port is C{mqttPort}).
     """
-    broker = Broker(directory, extra=extra, udp=udp)
+    broker = Broker(directory, extra=extra, udp=udp, mqtt=mqtt)
     try:
         yield broker
     finally:
@@ -217,6 +218,34 @@ def anyBroker(kind, directory, extra=()):
     return peer(kind, directory)
 
 
+@contextlib.contextmanager
+def anyMqttBroker(kind, directory, extra=()):
+    """
+    Dallal with C{--mqtt} (and C{extra} options) or Mosquitto, as a context
+    manager giving C{(server, its MQTT port)}.
+    """
+    if kind == "dallal":
+        with dallal(directory, extra, mqtt=True) as broker:
+            yield broker, broker.mqttPort
+    else:
+        with peer(kind, directory) as server:
+            yield server, server.port
+
+
+@contextlib.contextmanager
+def brokerAndPort(kind, directory, extra=()):
+    """
+    L{anyBroker} as C{(server, the port attacked)}; C{dallal-mqtt} is
+    Dallal's C{--mqtt} listener, attacked as Mosquitto is.
+    """
+    if kind == "dallal-mqtt":
+        with anyMqttBroker("dallal", directory, extra) as (server, port):
+            yield server, port
+    else:
+        with anyBroker(kind, directory, extra) as server:
+            yield server, server.port
+
+
 def writePasswords(directory, users):
     """
     A password file made with C{dallal-passwd}, for C{users} (name ->
@@ -235,6 +264,22 @@ def writePasswords(directory, users):
             timeout=60,
         )
     return path
+
+
+def aliceAndMallory(directory):
+    """
+    The password file and ACL of the identity attacks: alice may read and
+    write secret/#, mallory users/mallory/# only.
+
+    @return: the C{--passwords} and C{--acl} options naming them.
+    """
+    passwords = writePasswords(directory, {"alice": "alice-pw", "mallory": "mallory-pw"})
+    acl = writeFile(
+        directory,
+        "acl",
+        "user alice\ntopic readwrite secret/#\n\nuser mallory\ntopic readwrite users/mallory/#\n",
+    )
+    return ["--passwords", passwords, "--acl", acl]
 
 
 def writeFile(directory, name, text):
@@ -275,6 +320,24 @@ class Closed(Exception):
     """
     The broker closed the connection.
     """
+
+
+def receiveBefore(sock, deadline):
+    """
+    What C{sock} receives before C{deadline} (of C{time.monotonic()}):
+    bytes, C{b""} once the broker has closed the connection, or None if the
+    time runs out.
+    """
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return None
+    sock.settimeout(remaining)
+    try:
+        return sock.recv(1 << 20)
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        return b""
 
 
 # The verbs whose frames carry a payload, its size the third token.
@@ -340,16 +403,9 @@ class Connection:
                 return frame
             if self.closed:
                 raise Closed()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            data = receiveBefore(self.sock, deadline)
+            if data is None:
                 return None
-            self.sock.settimeout(remaining)
-            try:
-                data = self.sock.recv(1 << 20)
-            except TimeoutError:
-                return None
-            except ConnectionResetError:
-                data = b""
             if not data:
                 self.closed = True
                 continue
@@ -522,6 +578,187 @@ class UdpClient:
 
     def close(self):
         self.sock.close()
+
+
+class MqttClient:
+    """
+    A blocking MQTT 3.1.1 or 5.0 client over raw packets (an attacker's:
+    it sends what it is told, checks nothing).
+
+    @ivar connAck: the return code (reason code in MQTT 5) of its CONNACK,
+        and whether it said session present, once L{connect} returned.
+    """
+
+    def __init__(self, port, source="127.0.0.1", version=4, timeout=10.0):
+        from protocols import mqttPacket, mqttRemainingLength, mqttString
+
+        self._packet, self._length, self._string = mqttPacket, mqttRemainingLength, mqttString
+        self.version = version
+        self.sock = socket.socket()
+        self.sock.bind((source, 0))
+        self.sock.settimeout(timeout)
+        self.sock.connect(("127.0.0.1", port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buffer = b""
+        self.connAck = None
+
+    def properties(self, encoded=b""):
+        """
+        An MQTT 5 property block of already encoded properties (nothing in
+        MQTT 3.1.1).
+        """
+        return self._length(len(encoded)) + encoded if self.version == 5 else b""
+
+    def connectPacket(
+        self,
+        clientId,
+        cleanStart=True,
+        user=None,
+        password=None,
+        keepAlive=60,
+        sessionExpiry=None,
+        will=None,
+    ):
+        flags = 0x02 if cleanStart else 0
+        payload = self._string(clientId.encode())
+        properties = b""
+        if sessionExpiry is not None:
+            properties += b"\x11" + sessionExpiry.to_bytes(4, "big")
+        if will is not None:
+            topic, message, willProperties = will
+            flags |= 0x04
+            payload += self.properties(willProperties) + self._string(topic) + self._string(message)
+        if user is not None:
+            flags |= 0x80
+            payload += self._string(user.encode())
+        if password is not None:
+            flags |= 0x40
+            payload += self._string(password.encode())
+        body = self._string(b"MQTT") + bytes([self.version, flags]) + keepAlive.to_bytes(2, "big")
+        return self._packet(1, 0, body + self.properties(properties) + payload)
+
+    def connect(self, clientId, timeout=10.0, **options):
+        """
+        CONNECT and wait for the CONNACK: its return (reason) code, or None
+        if the broker closed the connection without one.
+        """
+        self.send(self.connectPacket(clientId, **options))
+        try:
+            packet = self.readPacket(timeout)
+        except Closed:
+            return None
+        if packet is None or packet[0] != 2:
+            return None
+        self.connAck = (packet[2][1], bool(packet[2][0] & 1))
+        return packet[2][1]
+
+    def subscribe(self, topicFilter, qos=1, packetId=1, timeout=10.0):
+        """
+        SUBSCRIBE to one filter: the SUBACK's return code, or None.
+        """
+        body = packetId.to_bytes(2, "big") + self.properties() + self._string(topicFilter.encode())
+        self.send(self._packet(8, 2, body + bytes([qos])))
+        packet = self.waitFor(lambda kind, flags, body: kind == 9, timeout)
+        return None if packet is None else packet[2][-1]
+
+    def publishPacket(self, topic, payload, qos=0, packetId=1, retain=False, properties=b""):
+        body = self._string(topic.encode())
+        if qos:
+            body += packetId.to_bytes(2, "big")
+        return self._packet(3, qos << 1 | retain, body + self.properties(properties) + payload)
+
+    def send(self, data):
+        self.sock.sendall(data)
+
+    def _takePacket(self):
+        buffer = self.buffer
+        length, multiplier, position = 0, 1, 1
+        while True:
+            if position >= len(buffer):
+                return None
+            digit = buffer[position]
+            length += (digit & 0x7F) * multiplier
+            multiplier *= 128
+            position += 1
+            if not digit & 0x80:
+                break
+        if len(buffer) < position + length:
+            return None
+        self.buffer = buffer[position + length :]
+        return buffer[0] >> 4, buffer[0] & 0x0F, buffer[position : position + length]
+
+    def readPacket(self, timeout):
+        """
+        The next packet, C{(type, flags, body)}, within C{timeout} seconds,
+        or None.
+
+        @raise Closed: the broker closed the connection.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            packet = self._takePacket()
+            if packet is not None:
+                return packet
+            data = receiveBefore(self.sock, deadline)
+            if data is None:
+                return None
+            if not data:
+                raise Closed()
+            self.buffer += data
+
+    def waitFor(self, predicate, timeout):
+        """
+        Read packets until C{predicate(type, flags, body)}: that packet, or
+        None if the time runs out or the broker closes the connection.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                packet = self.readPacket(max(0.0, deadline - time.monotonic()))
+            except Closed:
+                return None
+            if packet is None or predicate(*packet):
+                return packet
+
+    def publishes(self, timeout):
+        """
+        The payloads of the PUBLISHes that arrive within C{timeout}
+        seconds (QoS 1 ones acked).
+        """
+        got = []
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                packet = self.readPacket(max(0.0, deadline - time.monotonic()))
+            except Closed:
+                return got
+            if packet is None:
+                return got
+            kind, flags, body = packet
+            if kind != 3:
+                continue
+            topicLength = int.from_bytes(body[:2], "big")
+            position = 2 + topicLength
+            qos = flags >> 1 & 3
+            if qos:
+                packetId = body[position : position + 2]
+                self.send(self._packet(4 if qos == 1 else 5, 0, packetId))
+                position += 2
+            if self.version == 5:
+                size, shift = 0, 0
+                while True:
+                    digit = body[position]
+                    position += 1
+                    size |= (digit & 0x7F) << shift
+                    shift += 7
+                    if not digit & 0x80:
+                        break
+                position += size
+            got.append(body[position:])
+
+    def close(self):
+        with contextlib.suppress(OSError):
+            self.sock.close()
 
 
 # Measuring

@@ -21,10 +21,10 @@ ATTACKS = [
     ("udp_hijack.py", ()),
     ("bridge_forgery.py", ()),
     ("login_flood.py", ()),
-    ("output_bound.py", ("mosquitto", "nats", "redis")),
+    ("output_bound.py", ("dallal-mqtt", "mosquitto", "nats", "redis")),
     ("fanout_freeze.py", ("mosquitto",)),
     ("garbage_stream.py", ("mosquitto", "nats", "redis")),
-    ("slowloris.py", ("mosquitto", "nats", "redis")),
+    ("slowloris.py", ("dallal-mqtt", "mosquitto", "nats", "redis")),
     ("udp_answer_cache.py", ()),
     ("retained_flood.py", ()),
     ("traceback_fuzz.py", ()),
@@ -35,6 +35,13 @@ ATTACKS = [
     ("udp_lockout.py", ()),
     ("acl_clientid.py", ()),
     ("udp_garbage.py", ()),
+    # MQTT (--mqtt).
+    ("mqtt_session_hijack.py", ()),
+    ("mqtt_qos2_hoard.py", ("mosquitto",)),
+    ("mqtt_offline_queues.py", ("mosquitto",)),
+    ("mqtt_fuzz.py", ("mosquitto",)),
+    ("mqtt_websocket_flood.py", ()),
+    ("mqtt_overlap.py", ("mosquitto",)),
 ]
 TIMEOUT = 300
 
@@ -77,7 +84,10 @@ def main():
     ]
     results = []
     for script, peers in chosen:
-        for broker in ("dallal", *(peers if options.peers else ())):
+        # Dallal's other listeners (dallal-mqtt) always; the peers with --peers.
+        ours = [broker for broker in peers if broker.startswith("dallal")]
+        others = [broker for broker in peers if broker not in ours] if options.peers else []
+        for broker in ("dallal", *ours, *others):
             verdict, seconds = run(script, broker)
             print(f"[{seconds:5.1f} s] {verdict}", flush=True)
             results.append((script, broker, verdict.split(" ", 1)[0]))
@@ -86,10 +96,10 @@ def main():
     for script, broker, word in results:
         print(f"{script.removesuffix('.py'):<22} {broker:<10} {word}")
     dallalFailed = [
-        script for script, broker, word in results if broker == "dallal" and word != "PASS"
+        script for script, broker, word in results if broker.startswith("dallal") and word != "PASS"
     ]
     print(
-        f"\nDallal: {sum(1 for _, b, w in results if b == 'dallal' and w == 'PASS')} passed, "
+        f"\nDallal: {sum(1 for _, b, w in results if b.startswith('dallal') and w == 'PASS')} passed, "
         f"{len(dallalFailed)} not passed"
     )
     sys.exit(1 if dallalFailed else 0)

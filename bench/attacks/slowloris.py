@@ -16,7 +16,8 @@ PASS if the broker holds at most 8 bytes of memory per payload byte held
 and cuts every slow connection within 30 s of its first byte (a partial
 frame must complete within a deadline).
 
-With --broker redis|nats|mosquitto, the same with each protocol's own
+With --broker dallal-mqtt, the same over Dallal's --mqtt listener as
+against Mosquitto. With --broker redis|nats|mosquitto, the same with each protocol's own
 large-payload header (Redis's bulk string, NATS's PUB, an MQTT PUBLISH) and
 unfinished line (an inline command, a NATS PUB line, an MQTT CONNECT).
 """
@@ -107,12 +108,10 @@ def heldBy(payloads):
 
 
 def attack(kind):
-    extra, note = lib.optionsIfPresent(FRAME_SECONDS) if kind == "dallal" else ((), None)
-    with lib.scratch() as directory, lib.anyBroker(kind, directory, extra) as server:
-        payloads = [Slow(server.port, *headers(kind, number)[:2]) for number in range(PAYLOADS)]
-        lines = [
-            Slow(server.port, *headers(kind, PAYLOADS + number)[::2]) for number in range(LINES)
-        ]
+    extra, note = lib.optionsIfPresent(FRAME_SECONDS) if kind.startswith("dallal") else ((), None)
+    with lib.scratch() as directory, lib.brokerAndPort(kind, directory, extra) as (server, port):
+        payloads = [Slow(port, *headers(kind, number)[:2]) for number in range(PAYLOADS)]
+        lines = [Slow(port, *headers(kind, PAYLOADS + number)[::2]) for number in range(LINES)]
         start = time.monotonic()
         lastLine = 0.0
         # What the connections themselves cost is not what they hold: the
@@ -153,4 +152,6 @@ def attack(kind):
 
 
 if __name__ == "__main__":
-    lib.runAttack(NAME, __doc__, lambda options: attack(options.broker), peers=tuple(lib.PEERS))
+    lib.runAttack(
+        NAME, __doc__, lambda options: attack(options.broker), peers=("dallal-mqtt", *lib.PEERS)
+    )

@@ -30,13 +30,7 @@ MESSAGES = 3
 
 def attack():
     with lib.scratch() as directory:
-        passwords = lib.writePasswords(directory, {"alice": "alice-pw", "mallory": "mallory-pw"})
-        acl = lib.writeFile(
-            directory,
-            "acl",
-            "user alice\ntopic readwrite secret/#\n\nuser mallory\ntopic readwrite users/mallory/#\n",
-        )
-        with lib.dallal(directory, ["--passwords", passwords, "--acl", acl], udp=True) as broker:
+        with lib.dallal(directory, lib.aliceAndMallory(directory), udp=True) as broker:
             return run(broker)
 
 

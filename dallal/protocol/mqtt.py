@@ -1145,6 +1145,11 @@ def _checkTopicName(topic):
     return topic
 
 
+# Pieces of a stream shorter than this are gathered in one buffer as they
+# are fed to an MQTTDecoder.
+_SMALL_PIECE = 512
+
+
 class MQTTDecoder:
     """
     Packets from a byte stream, read in pieces of any size.
@@ -1204,9 +1209,26 @@ class MQTTDecoder:
         """
         # A refused stream is over: what follows is not kept.
         if data and self._error is None:
-            self._pending.append(data)
+            pending = self._pending
+            if len(data) >= _SMALL_PIECE:
+                pending.append(data)
+            elif pending and type(pending[-1]) is bytearray:
+                # Small pieces (a packet sent a few bytes a segment) are
+                # gathered into one: kept apart, each would cost some 40
+                # bytes of memory beyond its own.
+                pending[-1] += data
+            else:
+                pending.append(bytearray(data))
             self._pendingSize += len(data)
         return self
+
+    @property
+    def buffered(self):
+        """
+        The bytes fed and not yet read as packets: those of a packet not
+        complete yet (or of packets not read yet).
+        """
+        return len(self._buffer) - self._position + self._pendingSize
 
     def __iter__(self):
         return self

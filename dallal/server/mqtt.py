@@ -61,9 +61,12 @@ from dallal.errors import (
     RequestError,
 )
 from dallal.limits import (
+    DEFAULT_MAX_OFFLINE_BYTES,
     DEFAULT_MAX_OFFLINE_SESSIONS,
+    FRAME_SECONDS,
     OFFLINE_SESSIONS,
     PAYLOAD,
+    RECEIVE_MAXIMUM,
     ConnectionTable,
 )
 from dallal.modes import ALL, FIRE
@@ -132,6 +135,9 @@ from dallal.server.streams import (
 PACKET_OVERHEAD = 64 * 1024
 # The topic aliases a client may set (MQTT 5), as Mosquitto's default.
 TOPIC_ALIAS_MAXIMUM = 10
+# The error code a CONNECT is refused with (counted, logged) when its
+# client id names another user's session.
+CLIENT_ID_TAKEN = "CLIENT_ID_TAKEN"
 # A client's Receive Maximum when it gives none (3.1.2.11.3).
 DEFAULT_RECEIVE_MAXIMUM = 65535
 
@@ -206,6 +212,7 @@ class MQTTProtocol(Protocol, BoundedOutput):
         self._lastHeard = 0.0
         self._keepAliveTimer = None
         self._connectDeadline = None
+        self._frameDeadline = None
 
     # Connection
 
@@ -227,6 +234,7 @@ class MQTTProtocol(Protocol, BoundedOutput):
         self.dropOutput()
         cancelDelayed(self, "_connectDeadline")
         cancelDelayed(self, "_keepAliveTimer")
+        cancelDelayed(self, "_frameDeadline")
         self.factory.connections.closed(self._host)
         if self._carriesSession():
             self.session.connectionEnded(self._closeReason)
@@ -305,8 +313,37 @@ class MQTTProtocol(Protocol, BoundedOutput):
             # Whatever follows a DISCONNECT or a refusal is not read.
             return
         self._lastHeard = self.clock.seconds()
-        self._decoder.feed(data)
+        decoder = self._decoder
+        before = decoder.buffered + len(data)
+        decoder.feed(data)
         self.batch.run(self._readPackets)
+        self._watchPacket(decoder.buffered < before)
+
+    def _watchPacket(self, progressed):
+        """
+        A packet begun must be complete within C{--max-frame-seconds}, from
+        the read that completed the packet before it: a client that sends
+        a few bytes now and then (keeping its keep alive) holds a
+        connection and a buffer no longer.  Before its CONNECT is accepted,
+        the connect timeout bounds it; while reading is paused, the packets
+        waiting are the broker's doing.
+
+        @param progressed: whether this read completed a packet.
+        """
+        waiting = self._accepted and not self.readPause and self._decoder.buffered
+        if progressed or not waiting:
+            cancelDelayed(self, "_frameDeadline")
+        if waiting and self._frameDeadline is None and not self._closing:
+            self._frameDeadline = self.clock.callLater(
+                self.broker.config.maxFrameSeconds, self._packetTimedOut
+            )
+
+    def _packetTimedOut(self):
+        self._frameDeadline = None
+        seconds = self.broker.config.maxFrameSeconds
+        why = f"a packet begun was not complete within {seconds} seconds"
+        self.broker.refusedByLimit(self._subscriber, FRAME_SECONDS, seconds, why)
+        self.refuseStream(ReasonCode.KEEP_ALIVE_TIMEOUT, why)
 
     def _readPackets(self):
         try:
@@ -374,6 +411,26 @@ class MQTTProtocol(Protocol, BoundedOutput):
         if not self._problemInformation:
             return NO_PROPERTIES
         return {Property.REASON_STRING: why}
+
+    def _receiveMaximumOfBroker(self):
+        """
+        The QoS 2 publishes a client may leave unreleased (PUBREC sent, no
+        PUBREL yet): the broker's Receive Maximum, its in-flight window.
+        """
+        return min(self.broker.config.delivery.maxInflight, DEFAULT_RECEIVE_MAXIMUM)
+
+    def _receiveMaximumExceeded(self):
+        """
+        One more QoS 2 publish than the Receive Maximum is unreleased: the
+        connection closes [MQTT-3.3.4-9] (MQTT 3.1.1 has no word for it;
+        closed alike rather than publish without holding its identifier, or
+        hold identifiers, which the session keeps while its client is away,
+        without bound).
+        """
+        maximum = self._receiveMaximumOfBroker()
+        why = f"more than the Receive Maximum of {maximum} QoS 2 publishes await their PUBREL"
+        self.broker.refusedByLimit(self.session, RECEIVE_MAXIMUM, maximum, why)
+        raise ProtocolViolation(why, ReasonCode.RECEIVE_MAXIMUM_EXCEEDED)
 
     # CONNECT
 
@@ -493,8 +550,21 @@ class MQTTProtocol(Protocol, BoundedOutput):
     def _accept(self, connect, clientId, assigned, user):
         """
         The CONNECT is accepted: take the client id's session over, or
-        start one, and answer CONNACK.
+        start one, and answer CONNACK.  A session belongs to the user that
+        started it: another user's CONNECT with its client id is refused,
+        as the client id is no credential (it neither resumes the session
+        nor closes its connection).
         """
+        owner = self.factory.sessions.get(clientId)
+        userName = None if user is None else user.name
+        if owner is not None and owner is not self.session and owner.user != userName:
+            self.broker.protocolError(self.session, CLIENT_ID_TAKEN, True)
+            self._refuseConnect(
+                ReasonCode.CLIENT_IDENTIFIER_NOT_VALID,
+                ConnectReturnCode.IDENTIFIER_REJECTED,
+                f"client id {clientId!r} belongs to another user's session",
+            )
+            return
         session = self._takeSession(connect, clientId)
         if user is not None:
             self.broker.login(session, user)
@@ -512,6 +582,7 @@ class MQTTProtocol(Protocol, BoundedOutput):
             properties = {
                 Property.MAXIMUM_PACKET_SIZE: self._decoder.maxPacketSize,
                 Property.TOPIC_ALIAS_MAXIMUM: TOPIC_ALIAS_MAXIMUM,
+                Property.RECEIVE_MAXIMUM: self._receiveMaximumOfBroker(),
             }
             if self.broker.retained is None:
                 properties[Property.RETAIN_AVAILABLE] = 0
@@ -657,6 +728,8 @@ class MQTTProtocol(Protocol, BoundedOutput):
             # Sent again before its PUBREL: published already [MQTT-4.3.3-10].
             self._send(PubRec(packetId))
             return
+        if qos == 2 and len(self.session.unreleased) >= self._receiveMaximumOfBroker():
+            self._receiveMaximumExceeded()
         requestId = NO_ID if packetId is None else str(packetId)
         try:
             self.broker.publish(
@@ -1034,6 +1107,9 @@ class MQTTFactory(ServerFactory):
         connection (C{--max-offline-sessions}).
     @param store: the L{dallal.server.mqttstore.SessionStore} that keeps
         sessions across restarts, or C{None}.
+    @param maxOfflineBytes: the most payload bytes the sessions without a
+        connection hold together (C{--max-offline-bytes}).
+    @ivar offlineBytes: the payload bytes they hold now.
     @ivar sessions: client id -> its L{MQTTSession}, with a connection or
         not.
     @ivar offline: the sessions without a connection.
@@ -1050,6 +1126,7 @@ class MQTTFactory(ServerFactory):
         connections=None,
         maxOfflineSessions=DEFAULT_MAX_OFFLINE_SESSIONS,
         store=None,
+        maxOfflineBytes=DEFAULT_MAX_OFFLINE_BYTES,
     ):
         self.broker = broker
         self.gatekeeper = gatekeeper
@@ -1059,6 +1136,8 @@ class MQTTFactory(ServerFactory):
             connections = ConnectionTable(config.maxConnections, config.maxConnectionsPerIp)
         self.connections = connections
         self.maxOfflineSessions = maxOfflineSessions
+        self.maxOfflineBytes = maxOfflineBytes
+        self.offlineBytes = 0
         self.store = store
         self.sessions = {}
         self.offline = set()

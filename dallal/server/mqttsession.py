@@ -34,11 +34,11 @@ from collections import deque
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from dallal.broker.counters import DISCONNECTED
+from dallal.broker.counters import DISCONNECTED, QUEUE_FULL
 from dallal.broker.interfaces import ISubscriber
 from dallal.broker.message import Message
 from dallal.errors import BAD_TOPIC, NO_ID, RequestError
-from dallal.limits import OFFLINE_SESSIONS
+from dallal.limits import OFFLINE_BYTES, OFFLINE_SESSIONS, QUEUED_BYTES, QUEUED_MESSAGES
 from dallal.modes import ALL, FIRE
 from dallal.protocol.mqtt import (
     MQTT_5,
@@ -278,7 +278,8 @@ class MQTTSession:
     @ivar outgoing: packet identifier -> the L{Outgoing} message sent and
         not yet acked.
     @ivar pending: what the core delivered that no connection has been
-        sent yet, oldest first: C{(message, subscriptionId, deliveryId)}.
+        sent yet, oldest first: C{(message, subscriptionId, deliveryId)}
+        (no delivery id for what came from the store).
     @ivar unreleased: incoming QoS 2 packet identifiers, from PUBLISH to
         PUBREL.
     @ivar unresent: the packet identifiers of the L{outgoing} messages to
@@ -318,6 +319,11 @@ class MQTTSession:
         self.will = None
         self.user = None
         self.ended = False
+        # The payload bytes of the messages that came to pending while the
+        # client was away (or from the store), and of a will kept for its
+        # delay, counted in the factory's offlineBytes until a connection
+        # resumes the session.
+        self.heldBytes = 0
         # Set while the session hands what it holds to the store: what the
         # core delivers meanwhile waits here.
         self.saving = False
@@ -395,10 +401,64 @@ class MQTTSession:
         if protocol is None and qosOf(message, self.grantedFor(message.topic, subscriptionId)) == 0:
             self.settleLater(deliveryId, DISCONNECTED)
             return
+        if protocol is None and not self.saving:
+            self._holdWhileAway(message, subscriptionId, deliveryId)
+            return
         if protocol is not None and not (self.pending or self.unresent) and protocol.hasRoom():
             protocol.deliver(message, subscriptionId, deliveryId)
         else:
             self.pending.append((message, subscriptionId, deliveryId))
+
+    def _holdWhileAway(self, message, subscriptionId, deliveryId):
+        """
+        Keep a message for the client while it is away.  The core sends
+        the session all it has meanwhile (L{_awayWindow}), so nothing waits
+        in its queue, nor holds a publisher back: what the session holds
+        counts against a client's queue limits (C{--max-queued},
+        C{--max-queued-bytes}) and, with what every other session whose
+        client is away holds, against C{--max-offline-bytes}, so that it
+        does not grow with the number of sessions.  Over them the message
+        is dropped (C{queue_full}), as Mosquitto drops what comes for an
+        offline client whose queue is full.
+        """
+        size = len(message.payload)
+        factory, delivery = self.factory, self.broker.config.delivery
+        if len(self.pending) >= delivery.maxQueued:
+            limit, maximum = QUEUED_MESSAGES, delivery.maxQueued
+        elif self.heldBytes + size > delivery.maxQueuedBytes:
+            limit, maximum = QUEUED_BYTES, delivery.maxQueuedBytes
+        elif factory.offlineBytes + size > factory.maxOfflineBytes:
+            limit, maximum = OFFLINE_BYTES, factory.maxOfflineBytes
+        else:
+            self._hold(size)
+            self.pending.append((message, subscriptionId, deliveryId))
+            return
+        self.broker.refusedByLimit(self, limit, maximum)
+        self.settleLater(deliveryId, QUEUE_FULL)
+
+    def _hold(self, size):
+        self.heldBytes += size
+        self.factory.offlineBytes += size
+
+    def _release(self, size):
+        size = min(size, self.heldBytes)
+        self.heldBytes -= size
+        self.factory.offlineBytes -= size
+
+    def _releaseHeld(self):
+        self._release(self.heldBytes)
+
+    def _awayWindow(self, away):
+        """
+        Set the session's window in the core: while its client is away,
+        wide enough for all a session may hold (its window and
+        C{--max-queued}), so that the core sends it everything and queues
+        nothing (L{_holdWhileAway} bounds it); with a connection, its own.
+        """
+        delivery = self.broker.config.delivery
+        window = self.window + delivery.maxQueued if away else self.window
+        outbox = self.broker.sessions[self].outbox
+        outbox.config = outbox.config.replace(maxInflight=window)
 
     def sendPending(self):
         """
@@ -488,6 +548,8 @@ class MQTTSession:
         cancelDelayed(self, "_expiryCall")
         cancelDelayed(self, "_willCall")
         self.factory.offline.discard(self)
+        self._releaseHeld()
+        self._awayWindow(False)
         # Within the Receive Maximum of this connection, which may be less
         # than the one they were sent under.
         self.unresent = deque(self.outgoing)
@@ -524,23 +586,30 @@ class MQTTSession:
             self.end(reason)
             return
         factory = self.factory
+        will = self.will
+        # A will kept for its delay is held as the messages are.
+        willBytes = 0 if will is None or not will.delay else len(will.payload)
         if len(factory.offline) >= factory.maxOfflineSessions:
+            limit, maximum = OFFLINE_SESSIONS, factory.maxOfflineSessions
+        elif factory.offlineBytes + willBytes > factory.maxOfflineBytes:
+            limit, maximum = OFFLINE_BYTES, factory.maxOfflineBytes
+        else:
+            limit = None
+        if limit is not None:
             self.broker.limits.refused(
-                OFFLINE_SESSIONS,
-                factory.maxOfflineSessions,
-                self.peer,
-                self.transportName,
-                self.broker.sessionId(self),
+                limit, maximum, self.peer, self.transportName, self.broker.sessionId(self)
             )
             self.end(reason)
             return
         factory.offline.add(self)
-        will = self.will
+        self._awayWindow(True)
         if will is not None:
             if not will.delay:
                 self.publishWill()
-            elif self.expiry is None or will.delay < self.expiry:
-                self._willCall = self.clock.callLater(will.delay, self._willDelayPassed)
+            else:
+                self._hold(willBytes)
+                if self.expiry is None or will.delay < self.expiry:
+                    self._willCall = self.clock.callLater(will.delay, self._willDelayPassed)
         self._awaitClient()
         # A transport that was full paused the core's delivery: the session
         # takes what its window holds.
@@ -579,12 +648,16 @@ class MQTTSession:
 
     def _ended(self):
         self.ended = True
+        self._releaseHeld()
         cancelDelayed(self, "_expiryCall")
         cancelDelayed(self, "_willCall")
         self.factory.forget(self)
 
     def publishWill(self):
         will, self.will = self.will, None
+        if self.protocol is None:
+            # Held while its client was away, if it waited for its delay.
+            self._release(len(will.payload))
         broker = self.broker
         try:
             broker.publish(self, will.topic, will.payload, NO_ID, will.attributes)
@@ -697,6 +770,7 @@ class MQTTSession:
                 properties=publishAttributes(publish.qos, publish.retain, publish.properties),
             )
             if kept.packetId is None:
+                session._hold(len(message.payload))
                 session.pending.append((message, kept.subscription, None))
             else:
                 outgoing = Outgoing(None, kept.qos, message, kept.subscription)
@@ -706,6 +780,7 @@ class MQTTSession:
         session.nextPacketId = stored.nextPacketId
         factory.sessions[session.clientId] = session
         factory.offline.add(session)
+        session._awayWindow(True)
         session._awaitClient()
         return session
 

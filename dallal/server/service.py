@@ -25,7 +25,7 @@ from dallal.broker.origin import storedName
 from dallal.broker.retained import RetainedStore
 from dallal.broker.sysstats import DEFAULT_INTERVAL as DEFAULT_SYS_INTERVAL
 from dallal.broker.sysstats import SysPublisher
-from dallal.limits import DEFAULT_MAX_OFFLINE_SESSIONS
+from dallal.limits import DEFAULT_MAX_OFFLINE_BYTES, DEFAULT_MAX_OFFLINE_SESSIONS
 from dallal.protocol.datagram import MAX_PACKET_SIZE
 from dallal.security.auth import beyondLoopback
 from dallal.server.addresses import formatAddress
@@ -279,6 +279,7 @@ class DallalService(MultiService):
         events=None,
         reloadOnHangup=False,
         maxOfflineSessions=DEFAULT_MAX_OFFLINE_SESSIONS,
+        maxOfflineBytes=DEFAULT_MAX_OFFLINE_BYTES,
     ):
         """
         @param dataDir: the directory of the retained message store and of
@@ -296,6 +297,7 @@ class DallalService(MultiService):
             L{reload} (not on Windows, which has no SIGHUP).
         @param maxOfflineSessions: the most MQTT sessions kept while their
             clients are away.
+        @param maxOfflineBytes: the most payload bytes they hold together.
         @raise dallal.broker.retained.StoreError: the store cannot be opened.
         @raise dallal.broker.origin.BrokerNameError: C{config} names no broker, and
             the name kept in C{dataDir} cannot be read or written.
@@ -319,6 +321,7 @@ class DallalService(MultiService):
             self.factory.connections,
             maxOfflineSessions,
             SessionStore.open(dataDir) if dataDir is not None else None,
+            maxOfflineBytes,
         )
         self.mqttFactory.restoreSessions()
         self.sysPublisher = SysPublisher(self.broker, reactor, sysInterval) if sysInterval else None

@@ -24,6 +24,7 @@ from dallal.broker.retained import StoreError
 from dallal.broker.sysstats import DEFAULT_INTERVAL as DEFAULT_SYS_INTERVAL
 from dallal.limits import (
     CONNECTIONS,
+    DEFAULT_MAX_OFFLINE_BYTES,
     DEFAULT_MAX_OFFLINE_SESSIONS,
     MAX_CONTROL_LINE,
     MIN_CONTROL_LINE,
@@ -365,6 +366,14 @@ class Options(usage.Options):
             DEFAULT_MAX_OFFLINE_SESSIONS,
             "MQTT sessions kept while their clients are away; one more ends with its connection.",
             _number("max-offline-sessions"),
+        ],
+        [
+            "max-offline-bytes",
+            None,
+            DEFAULT_MAX_OFFLINE_BYTES,
+            "Payload bytes all MQTT sessions whose clients are away hold together; "
+            "a message for one over it is dropped.",
+            _number("max-offline-bytes"),
         ],
     ]
     del _config
@@ -750,6 +759,7 @@ def makeService(options, reactor=None, rlimit=resource):
             shutdownGrace=options["shutdown-grace"],
             reloadOnHangup=True,
             maxOfflineSessions=options["max-offline-sessions"],
+            maxOfflineBytes=options["max-offline-bytes"],
         )
     except (StoreError, PasswordFileError, AclError, BrokerNameError) as error:
         # twistd would show a traceback; the operator needs the reason.
