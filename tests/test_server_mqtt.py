@@ -460,6 +460,47 @@ def test_subscriptionIdentifiersOfEveryMatchingSubscription(harness):
     assert second.properties[Property.SUBSCRIPTION_IDENTIFIER] == [7]
 
 
+def test_manyOverlappingSubscriptionsGiveEveryIdentifierToEveryNewTopic(harness):
+    """
+    64 overlapping filters, each with its identifier, all match every
+    a/b/c/d/e/f/<n>: each new topic's message carries the 64 identifiers
+    beside its own properties (more than 127 bytes of them), and a new
+    subscription changes what the topics it matches get, and only those.
+    """
+    subscriber = connected(harness, "s", MQTT_5)
+    levels = "abcdef"
+    filters = [
+        "/".join("+" if mask >> depth & 1 else level for depth, level in enumerate(levels)) + "/+"
+        for mask in range(64)
+    ]
+    subscriber.send(
+        *(
+            Subscribe(
+                number, [Subscription(topicFilter, 0)], {Property.SUBSCRIPTION_IDENTIFIER: [number]}
+            )
+            for number, topicFilter in enumerate(filters, 1)
+        )
+    )
+    assert len(subscriber.received()) == 64
+    tagged = {Property.USER_PROPERTY: [("k", "v")]}
+    publisher = connected(harness, "p", MQTT_5)
+    publisher.send(
+        Publish("a/b/c/d/e/f/1", b"x", properties=tagged),
+        Publish("a/b/c/d/e/f/2", b"y", properties=tagged),
+    )
+    for message in subscriber.received():
+        assert message.properties[Property.USER_PROPERTY] == [("k", "v")]
+        assert sorted(message.properties[Property.SUBSCRIPTION_IDENTIFIER]) == list(range(1, 65))
+    subscriber.send(
+        Subscribe(65, [Subscription("a/b/c/d/e/f/3", 0)], {Property.SUBSCRIPTION_IDENTIFIER: [65]})
+    )
+    subscriber.received()
+    publisher.send(Publish("a/b/c/d/e/f/3", b"z"), Publish("a/b/c/d/e/f/4", b"w"))
+    third, fourth = subscriber.received()
+    assert sorted(third.properties[Property.SUBSCRIPTION_IDENTIFIER]) == list(range(1, 66))
+    assert sorted(fourth.properties[Property.SUBSCRIPTION_IDENTIFIER]) == list(range(1, 65))
+
+
 def test_aQos0MessageIsEncodedForEachSubscribersVersionAndOptions(harness):
     old = connected(harness, "old")
     new = connected(harness, "new", MQTT_5)

@@ -1035,11 +1035,10 @@ class MQTTProtocol(Protocol, BoundedOutput):
         The bytes of a message's PUBLISH to this client before its payload.
         """
         if self.version == MQTT_5:
-            identifiers = () if granted is None else granted.identifiers
             if attributes is None:
                 attributes = PLAIN[qos, False]
             properties = attributes.encodedProperties(
-                message.published, self.clock.seconds(), identifiers
+                message.published, self.clock.seconds(), granted
             )
         else:
             properties = None

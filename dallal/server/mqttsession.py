@@ -46,13 +46,14 @@ from dallal.protocol.mqtt import (
     PacketType,
     Property,
     encodeProperties,
+    encodeVariableByteInteger,
 )
 from dallal.security.auth import IBrokerUser
 from dallal.server.mqttstore import StoredMessage, StoredSession, storedPublish
 from dallal.topictree import SubscriptionTree
 
 SHARED_SUBSCRIPTION_PREFIX = "$share/"
-# Topics whose matching filters a session remembers, past which it
+# Topic shapes whose matching filters a session remembers, past which it
 # starts again: a message is matched against the session's own filters
 # only when they overlap.
 TOPICS_REMEMBERED = 1000
@@ -88,22 +89,29 @@ class PublishAttributes:
         self.expiry = properties.get(Property.MESSAGE_EXPIRY_INTERVAL)
         self._encoded = None
 
-    def encodedProperties(self, published, now, identifiers):
+    def encodedProperties(self, published, now, granted):
         """
         The properties as an MQTT 5 PUBLISH to a subscriber carries them,
         encoded once for every subscriber that adds none.  The Message
         Expiry Interval counts down from C{published} to C{now}
         [MQTT-3.3.2-6].
 
-        @param identifiers: the subscription identifiers of the
-            subscriber's matching subscriptions [MQTT-3.3.4-3].
+        @param granted: the L{Granted} of the subscriber's matching
+            subscriptions, whose subscription identifiers it gets
+            [MQTT-3.3.4-3], or C{None}.
         """
         properties = self.properties
         expiry = self.expiry
-        if expiry is None and not identifiers:
+        identifiers = () if granted is None else granted.identifiers
+        if expiry is None:
             if self._encoded is None:
                 self._encoded = encodeProperties(properties, PacketType.PUBLISH)
-            return self._encoded
+            if not identifiers:
+                return self._encoded
+            # The message's own properties, then the subscriber's
+            # identifiers, each encoded once.
+            body = _withoutLength(self._encoded) + granted.encodedIdentifiers()
+            return encodeVariableByteInteger(len(body)) + body
         properties = dict(properties)
         if expiry is not None:
             properties[Property.MESSAGE_EXPIRY_INTERVAL] = max(1, int(expiry - (now - published)))
@@ -113,6 +121,16 @@ class PublishAttributes:
 
     def expired(self, published, now):
         return self.expiry is not None and now - published >= self.expiry
+
+
+def _withoutLength(encoded):
+    """
+    Encoded properties without the Variable Byte Integer of their length.
+    """
+    start = 1
+    while encoded[start - 1] & 0x80:
+        start += 1
+    return encoded[start:]
 
 
 # The attributes of messages without properties, shared: (qos, retain).
@@ -192,13 +210,28 @@ class Granted:
     identifiers (none, or the one its SUBSCRIBE gave).
     """
 
-    __slots__ = ("qos", "noLocal", "retainAsPublished", "identifiers")
+    __slots__ = ("qos", "noLocal", "retainAsPublished", "identifiers", "_encodedIdentifiers")
 
     def __init__(self, qos, noLocal=False, retainAsPublished=False, identifiers=()):
         self.qos = qos
         self.noLocal = noLocal
         self.retainAsPublished = retainAsPublished
         self.identifiers = identifiers
+        self._encodedIdentifiers = None
+
+    def encodedIdentifiers(self):
+        """
+        Its subscription identifiers as the properties of a PUBLISH carry
+        them, without the properties' length: encoded once, however many
+        messages they go with (a client's overlapping subscriptions may
+        give a message a thousand).
+        """
+        if self._encodedIdentifiers is None:
+            encoded = encodeProperties(
+                {Property.SUBSCRIPTION_IDENTIFIER: self.identifiers}, PacketType.PUBLISH
+            )
+            self._encodedIdentifiers = _withoutLength(encoded)
+        return self._encodedIdentifiers
 
     @classmethod
     def combined(cls, matching):
@@ -307,8 +340,8 @@ class MQTTSession:
         self.protocol = None
         self.expiry = 0
         self.granted = {}
-        # The same subscriptions by filter, and what a topic's message gets
-        # from those that match it, when they overlap.
+        # The same subscriptions by filter, and what a message gets from
+        # those that match its topic, when they overlap, by topic shape.
         self.filters = SubscriptionTree()
         self.combined = {}
         self.outgoing = {}
@@ -366,7 +399,10 @@ class MQTTSession:
         granted = self.granted
         if len(granted) < 2 or subscriptionId.startswith(SHARED_SUBSCRIPTION_PREFIX):
             return granted.get(subscriptionId)
-        combined = self.combined.get(topic)
+        # Topics of one shape match the same filters (SubscriptionTree.shape):
+        # a new topic of a known shape costs no match.
+        shape = self.filters.shape(topic)
+        combined = self.combined.get(shape)
         if combined is None:
             matching = self.filters.match(topic).get(self)
             if not matching:
@@ -375,7 +411,7 @@ class MQTTSession:
             combined = matching[0] if len(matching) == 1 else Granted.combined(matching)
             if len(self.combined) >= TOPICS_REMEMBERED:
                 self.combined.clear()
-            self.combined[topic] = combined
+            self.combined[shape] = combined
         return combined
 
     def allocatePacketId(self):
