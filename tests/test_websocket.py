@@ -272,6 +272,45 @@ def test_aMessageInOneByteFramesIsTakenInPiecesOfARead(harness):
     assert len(calls) <= len(read) // READ_PIECE + 1
 
 
+def test_aReadOfTinyFramesTakesTurnsWithOtherConnections(harness):
+    """
+    A read whose frames take the broker longer than TURN_SECONDS is taken
+    over several turns of the reactor: the rest waits, with the TCP
+    connection not read, while the other connections have their turn, and
+    the message arrives whole and in order.
+    """
+    client = WebSocketMQTTClient(harness)
+    client.send(Connect("c", MQTT_3_1_1))
+    subscriber = connected(harness, "s")
+    subscriber.subscribe(("t", 0))
+    encoded = Publish("t", b"x" * 4000).encode(MQTT_3_1_1)
+    frames = [clientFrame(encoded[:1], final=False)] + [
+        clientFrame(encoded[index : index + 1], opcode=0, final=index == len(encoded) - 1)
+        for index in range(1, len(encoded))
+    ]
+    clock = harness.clock
+    # Each piece of the read takes the broker a millisecond.
+    seconds = clock.seconds
+    clock.seconds = lambda: seconds() + 0.001 * calls.count(True)
+    calls = []
+    mqtt = client.connection.protocol.mqtt
+    original = mqtt.dataReceived
+    mqtt.dataReceived = lambda data: (calls.append(True), original(data))
+    transport = client.connection.transport
+    pauses = []
+    pause = transport.pauseProducing
+    transport.pauseProducing = lambda: (pauses.append(True), pause())
+    client.connection.send(b"".join(frames))
+    assert transport.producerState == "paused"
+    assert subscriber.received() == []
+    clock.advance(0)
+    (message,) = subscriber.received()
+    assert message.payload == b"x" * 4000
+    # 28 KiB of frames, three pieces a turn.
+    assert len(pauses) >= 8
+    assert transport.producerState == "producing"
+
+
 def test_aTextMessageClosesTheConnection(harness):
     client = WebSocketMQTTClient(harness, MQTT_5)
     client.connect("c")

@@ -26,6 +26,7 @@ from zope.interface import implementer
 
 from dallal.protocol.mqtt import ReasonCode
 from dallal.server.mqtt import PACKET_OVERHEAD
+from dallal.server.streams import TURN_OVER, ReadPause
 
 # The WebSocket subprotocol of MQTT (MQTT 3.1.1, 6; MQTT 5.0, 6).
 SUBPROTOCOL = "mqtt"
@@ -36,6 +37,16 @@ NORMAL_CLOSURE = 1000
 # 64 KiB read of one-byte frames, 300 MB of copying): reads are handed to it
 # in pieces of at most this size.
 READ_PIECE = 1024
+# The broker's time one WebSocket connection's frames may take before the
+# other connections have their turn: autobahn takes each frame at a cost
+# of its own, so a client that cuts its messages into one-byte frames
+# spends that much time for a few hundred bytes.  Short, so that twenty
+# such clients at once still let others through within tens of
+# milliseconds.
+TURN_SECONDS = 0.002
+# Why a WebSocket connection is not read, beside TURN_OVER: its MQTT
+# protocol paused its transport.
+MQTT_PAUSED = "mqtt"
 
 
 @implementer(ITransport, IConsumer, IPushProducer)
@@ -100,10 +111,10 @@ class MessageTransport:
         self._websocket.transport.unregisterProducer()
 
     def pauseProducing(self):
-        self._websocket.transport.pauseProducing()
+        self._websocket.pauseReading(MQTT_PAUSED)
 
     def resumeProducing(self):
-        self._websocket.transport.resumeProducing()
+        self._websocket.resumeReading(MQTT_PAUSED)
 
     def stopProducing(self):
         self.abortConnection()
@@ -125,11 +136,45 @@ class MQTTWebSocketProtocol(WebSocketServerProtocol):
         # The frames' bytes of the piece of a read being taken, handed to
         # the MQTT protocol at once (L{_handOver}), not frame by frame.
         self._frameData = []
+        # Why the TCP connection is not read: the MQTT protocol's pause,
+        # this connection's turn being over.
+        self._readPause = ReadPause()
+        # What was read and waits for this connection's next turn.
+        self._unread = b""
+
+    def pauseReading(self, reason):
+        if self._readPause.add(reason):
+            self.transport.pauseProducing()
+
+    def resumeReading(self, reason):
+        if self._readPause.discard(reason):
+            self.transport.resumeProducing()
 
     def dataReceived(self, data):
+        if TURN_OVER in self._readPause:
+            # Read before the pause took effect: after what waits.
+            self._unread += data
+            return
+        clock = self.factory.mqttFactory.broker.clock
+        started = clock.seconds()
         for start in range(0, len(data), READ_PIECE):
             WebSocketServerProtocol.dataReceived(self, data[start : start + READ_PIECE])
             self._handOver()
+            rest = start + READ_PIECE
+            if rest < len(data) and clock.seconds() - started > TURN_SECONDS:
+                self._unread = data[rest:]
+                self.pauseReading(TURN_OVER)
+                clock.callLater(0, self._nextTurn)
+                return
+
+    def _nextTurn(self):
+        """
+        Take what waited for this connection's turn, then read again.
+        """
+        unread, self._unread = self._unread, b""
+        self.resumeReading(TURN_OVER)
+        if unread and self.state != WebSocketServerProtocol.STATE_CLOSED:
+            self.dataReceived(unread)
 
     def _handOver(self):
         """
