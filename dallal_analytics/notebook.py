@@ -28,7 +28,7 @@ def load(spark, paths):
     """
     lines = parse.parseLines(parse.readLines(spark, list(paths)))
     survey = questions.lineSurvey(lines, parse.KINDS).first()
-    runs = questions.Runs.find(lines, survey["brokers"], survey["listening"])
+    runs = questions.Runs.find(lines, survey["brokers"], survey["starting"])
     return questions.assignRuns(lines, runs)
 
 

@@ -214,25 +214,35 @@ def brokerName():
     return F.coalesce(col(BROKER), F.lit(UNNAMED_BROKER))
 
 
+# What a broker logs as it starts (EVENTS.md): the MQTT sessions it took
+# up from its data directory, then one `listening` per listener.
+START_EVENTS = ("sessions_restored", "listening")
+
+
+def isStart():
+    """
+    Whether an event is one of those a broker logs as it starts.
+    """
+    return isEvent(*START_EVENTS)
+
+
 def _starts(lines, broker, listening):
     """
-    The times C{broker} started: the first C{listening} event of each group
-    of them (one start logs one per listener) that no other event of the
-    broker separates.
+    The times C{broker} started: the first L{START_EVENTS} event of each
+    group of them (one start logs one per listener) that no other event of
+    the broker separates.
     """
     if len(listening) <= 1:
         return list(listening)
     gap = _timesAtOrBefore(listening, col("t"))
     occupied = {
         row.gap
-        for row in lines.where(
-            (col("kind") == EVENT) & ~isEvent("listening") & (brokerName() == broker)
-        )
+        for row in lines.where((col("kind") == EVENT) & ~isStart() & (brokerName() == broker))
         .select(gap.alias("gap"))
         .distinct()
         .collect()
     }
-    # Gap i holds the events after the i-th listening event.
+    # Gap i holds the events after the i-th start event.
     return [
         t for position, t in enumerate(listening, 1) if position == 1 or (position - 1) in occupied
     ]
@@ -259,13 +269,13 @@ class Runs:
             number += len(times) + 1
 
     @classmethod
-    def find(cls, lines, brokers, listening):
+    def find(cls, lines, brokers, starting):
         """
         The runs of C{lines}, from the L{lineSurvey}'s C{brokers} and
-        C{listening} events.
+        C{starting} events.
         """
         times = {broker: [] for broker in brokers}
-        for event in listening:
+        for event in starting:
             times.setdefault(event["broker"], []).append(event["t"])
         return cls(
             {
@@ -278,14 +288,11 @@ class Runs:
     def ofEvents(cls, events):
         """
         The runs of events that L{assignRuns} numbered: each broker's starts
-        are the first C{listening} event of each of its runs.
+        are the first start event (L{START_EVENTS}) of each of its runs.
         """
         brokers = [row[0] for row in events.select(BROKER).distinct().collect()]
         listening = (
-            events.where(isEvent("listening"))
-            .groupBy(BROKER, "run")
-            .agg(F.min("t").alias("t"))
-            .collect()
+            events.where(isStart()).groupBy(BROKER, "run").agg(F.min("t").alias("t")).collect()
         )
         starts = {broker: [] for broker in brokers}
         for row in sorted(listening, key=lambda row: row["run"]):
@@ -344,9 +351,9 @@ def lineSurvey(lines, kinds):
     """
     One row: how many lines in all and of each kind, how many messages
     they start (C{publish} and C{retained} events), the first and last
-    events' times, the brokers that logged events, and the C{listening}
-    events' broker and time (a broker logs one per listener at each start,
-    so they are few).
+    events' times, the brokers that logged events, and the C{starting}
+    events' broker and time (L{START_EVENTS}: a broker logs one per
+    listener at each start, so they are few).
     """
     isEventLine = col("kind") == EVENT
     return lines.agg(
@@ -358,10 +365,10 @@ def lineSurvey(lines, kinds):
         F.collect_set(F.when(isEventLine, brokerName())).alias("brokers"),
         F.collect_list(
             F.when(
-                isEventLine & isEvent("listening"),
+                isEventLine & isStart(),
                 F.struct(brokerName().alias("broker"), col("t").alias("t")),
             )
-        ).alias("listening"),
+        ).alias("starting"),
     )
 
 

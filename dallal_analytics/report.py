@@ -370,7 +370,7 @@ def runReport(
         # Every run with clients logs their connects, which are among the
         # other lines: they tell the starts apart without reading the
         # per-message events again.
-        starts = questions.Runs.find(others, survey.pop("brokers"), survey.pop("listening"))
+        starts = questions.Runs.find(others, survey.pop("brokers"), survey.pop("starting"))
         messages = survey.pop("messages")
         unparsedExamples = (
             [

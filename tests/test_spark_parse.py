@@ -325,9 +325,15 @@ def test_sessions_are_told_apart_across_broker_starts(spark, tmp_path, logLines)
     """
     from dallal_analytics import parse, questions
 
-    def start(t, broker):
-        # One start logs a listening event per listener, nothing between.
+    def start(t, broker, restored=False):
+        # One start logs a listening event per listener, nothing between;
+        # a broker with a data directory first says what MQTT sessions it
+        # took up from it.
+        restoring = [
+            logLines.event(t - 0.001, "sessions_restored", count=0, path="data", broker=broker)
+        ]
         return [
+            *(restoring if restored else []),
             logLines.event(
                 t, "listening", transport="tcp", address="127.0.0.1:1373", broker=broker
             ),
@@ -349,14 +355,14 @@ def test_sessions_are_told_apart_across_broker_starts(spark, tmp_path, logLines)
         session(T + 11, "hub"),
     ]
     # The leaf starts between the hub's starts, and an older broker too.
-    leaf = [*start(T + 5, "leaf"), session(T + 6, "leaf")]
+    leaf = [*start(T + 5.001, "leaf", restored=True), session(T + 6, "leaf")]
     older = [*start(T + 2, None), session(T + 3, None)]
     logLines.write(tmp_path / "hub" / "twistd.log", hub)
     logLines.write(tmp_path / "leaf" / "twistd.log", leaf)
     logLines.write(tmp_path / "older" / "twistd.log", older)
     parsed = parse.parseLines(parse.readLines(spark, [str(tmp_path / "*")]))
     survey = questions.lineSurvey(parsed, parse.KINDS).first()
-    runs = questions.Runs.find(parsed, survey.brokers, survey.listening)
+    runs = questions.Runs.find(parsed, survey.brokers, survey.starting)
     assert runs.starts == {
         "hub": pytest.approx([T, T + 10]),
         "leaf": pytest.approx([T + 5]),
