@@ -599,7 +599,8 @@ class Broker:
         @raise RequestError: the topic or the payload is refused, or the
             broker is shutting down.
         """
-        self._checkAccepting(requestId)
+        if self.shuttingDown:
+            self._checkAccepting(requestId)
         self._checkPublish(subscriber, topic, payload, requestId)
         return self.router.publish(topic, payload, subscriber, properties=properties)
 
@@ -607,8 +608,12 @@ class Broker:
         """
         Refuse a message its topic, its size or the ACL refuses.
         """
-        self.checkTopic(subscriber, topic, requestId)
-        self.checkPayloadSize(subscriber, len(payload), requestId)
+        # Once per message: what passes (a topic already checked, a size
+        # within the broker's maximum) costs no call.
+        if topic not in self._validTopics:
+            self.checkTopic(subscriber, topic, requestId)
+        if len(payload) > self.config.maxPayload:
+            self.checkPayloadSize(subscriber, len(payload), requestId)
         if self.sessions.restricted:
             session = self.sessions[subscriber]
             if session.permissions is not None and not session.permissions.mayWrite(topic):

@@ -24,42 +24,37 @@ TURN_OVER = "turn_over"
 OUTPUT_SOFT_MARK = 65536
 
 
-class ReadPause:
+class ReadPause(set):
     """
     The reasons a connection's reading is paused: it reads nothing while
     any is left, and reads again, buffered frames first, once the last one
     is gone (L{BrokerProtocol.pauseReading}, L{BrokerProtocol.resumeReading}).
 
-    It keeps no reference to its connection: a connection is freed as soon
-    as it ends, with what it had buffered, rather than by the cyclic garbage
-    collector some time later.
+    A set of reasons, so that asking whether reading is paused (once per
+    request) and whether for a reason costs no Python call.  It keeps no
+    reference to its connection: a connection is freed as soon as it ends,
+    with what it had buffered, rather than by the cyclic garbage collector
+    some time later.
     """
 
-    def __init__(self):
-        self._reasons = set()
-
-    def __contains__(self, reason):
-        return reason in self._reasons
-
-    def __bool__(self):
-        return bool(self._reasons)
+    __slots__ = ()
 
     def add(self, reason):
         """
         @return: whether reading stops now: C{reason} is the first.
         """
-        first = not self._reasons
-        self._reasons.add(reason)
+        first = not self
+        set.add(self, reason)
         return first
 
     def discard(self, reason):
         """
         @return: whether reading goes on now: C{reason} was the last.
         """
-        if reason not in self._reasons:
+        if reason not in self:
             return False
-        self._reasons.remove(reason)
-        return not self._reasons
+        self.remove(reason)
+        return not self
 
 
 class WriteBatch:
