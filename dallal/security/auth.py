@@ -54,7 +54,10 @@ from dallal.security.passwords import (
 )
 
 FAILURE_DELAY = 1.0
-MAX_CONCURRENT_CHECKS = 4
+# Each scrypt check holds 16 MiB while it runs, and checks beyond the
+# machine's cores gain no speed: two at a time bound a flood of wrong
+# passwords to 32 MiB of the broker's memory.
+MAX_CONCURRENT_CHECKS = 2
 # Seconds a connection has to log in (time for a person typing into nc),
 # after which it is closed: an idle connection that never logs in would
 # otherwise hold a descriptor for ever by answering pings.
