@@ -244,6 +244,16 @@ def test_aPacketMaySpanFramesAndAFrameHoldPackets(harness):
     assert client.received() == [PingResp()] * 3
 
 
+def oneByteFrames(data):
+    """
+    One binary message of C{data}, cut into frames of one byte each.
+    """
+    return [clientFrame(data[:1], final=False)] + [
+        clientFrame(data[index : index + 1], opcode=0, final=index == len(data) - 1)
+        for index in range(1, len(data))
+    ]
+
+
 def test_aMessageInOneByteFramesIsTakenInPiecesOfARead(harness):
     """
     A message cut into frames of one byte, all in one read, reaches the
@@ -257,10 +267,7 @@ def test_aMessageInOneByteFramesIsTakenInPiecesOfARead(harness):
     subscriber = connected(harness, "s")
     subscriber.subscribe(("t", 0))
     encoded = Publish("t", b"x" * 4000).encode(MQTT_3_1_1)
-    frames = [clientFrame(encoded[:1], final=False)] + [
-        clientFrame(encoded[index : index + 1], opcode=0, final=index == len(encoded) - 1)
-        for index in range(1, len(encoded))
-    ]
+    frames = oneByteFrames(encoded)
     read = b"".join(frames)
     mqtt = client.connection.protocol.mqtt
     calls = []
@@ -284,10 +291,7 @@ def test_aReadOfTinyFramesTakesTurnsWithOtherConnections(harness):
     subscriber = connected(harness, "s")
     subscriber.subscribe(("t", 0))
     encoded = Publish("t", b"x" * 4000).encode(MQTT_3_1_1)
-    frames = [clientFrame(encoded[:1], final=False)] + [
-        clientFrame(encoded[index : index + 1], opcode=0, final=index == len(encoded) - 1)
-        for index in range(1, len(encoded))
-    ]
+    frames = oneByteFrames(encoded)
     clock = harness.clock
     # Each piece of the read takes the broker a millisecond.
     seconds = clock.seconds
