@@ -1153,7 +1153,7 @@ class MQTTFactory(ServerFactory):
         restored = 0
         for stored in self.store.load():
             if len(self.offline) >= self.maxOfflineSessions:
-                self.broker.limits.refused(
+                self.broker.refusedPeer(
                     OFFLINE_SESSIONS, self.maxOfflineSessions, stored.peer, "mqtt"
                 )
                 continue
@@ -1216,7 +1216,7 @@ class MQTTFactory(ServerFactory):
         if refusal is not None:
             # Closed at once, as Mosquitto over its max_connections.
             limit, maximum, reason = refusal
-            self.broker.limits.refused(
+            self.broker.refusedPeer(
                 limit, maximum, formatAddress(addr), MQTTProtocol.transportName, reason=reason
             )
             return None

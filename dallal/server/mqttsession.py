@@ -493,8 +493,7 @@ class MQTTSession:
         """
         delivery = self.broker.config.delivery
         window = self.window + delivery.maxQueued if away else self.window
-        outbox = self.broker.sessions[self].outbox
-        outbox.config = outbox.config.replace(maxInflight=window)
+        self.broker.setInflightWindow(self, window)
 
     def sendPending(self):
         """
@@ -632,13 +631,10 @@ class MQTTSession:
         else:
             limit = None
         if limit is not None:
-            self.broker.limits.refused(
-                limit, maximum, self.peer, self.transportName, self.broker.sessionId(self)
-            )
+            self.broker.refusedByLimit(self, limit, maximum)
             self.end(reason)
             return
         factory.offline.add(self)
-        self._awayWindow(True)
         if will is not None:
             if not will.delay:
                 self.publishWill()
@@ -646,6 +642,9 @@ class MQTTSession:
                 self._hold(willBytes)
                 if self.expiry is None or will.delay < self.expiry:
                     self._willCall = self.clock.callLater(will.delay, self._willDelayPassed)
+        # After the delayed will is held: what the wider window sends at once
+        # counts against the offline bounds with it.
+        self._awayWindow(True)
         self._awaitClient()
         # A transport that was full paused the core's delivery: the session
         # takes what its window holds.
