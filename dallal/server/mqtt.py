@@ -572,7 +572,7 @@ class MQTTProtocol(Protocol, BoundedOutput):
         self.clientId = clientId
         self._accepted = True
         session.expiry = sessionExpiry(connect)
-        session.will = None if connect.will is None else DelayedWill(connect.will)
+        session.will = None if connect.will is None else DelayedWill.of(connect.will)
         if connect.keepAlive:
             # [MQTT-3.1.2-24]: one and a half times the client's keep alive.
             self._keepAlive = connect.keepAlive * 1.5

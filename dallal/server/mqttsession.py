@@ -275,16 +275,28 @@ class DelayedWill:
     """
     A connection's will, as its session publishes it.
 
+    @ivar attributes: its L{PublishAttributes}.
     @ivar delay: its MQTT 5 Will Delay Interval, in seconds.
     """
 
     __slots__ = ("topic", "payload", "attributes", "delay")
 
-    def __init__(self, will):
-        self.topic = will.topic
-        self.payload = will.payload
-        self.attributes = publishAttributes(will.qos, will.retain, will.properties)
-        self.delay = will.properties.get(Property.WILL_DELAY_INTERVAL, 0)
+    def __init__(self, topic, payload, attributes, delay):
+        self.topic = topic
+        self.payload = payload
+        self.attributes = attributes
+        self.delay = delay
+
+    @classmethod
+    def of(cls, will, delay=None):
+        """
+        The will of a CONNECT (a L{dallal.protocol.mqtt.Will}), or one kept
+        as a L{Publish} by the store with its C{delay}.
+        """
+        if delay is None:
+            delay = will.properties.get(Property.WILL_DELAY_INTERVAL, 0)
+        attributes = publishAttributes(will.qos, will.retain, will.properties)
+        return cls(will.topic, will.payload, attributes, delay)
 
 
 def sessionExpiry(connect):
@@ -749,6 +761,17 @@ class MQTTSession:
         messages += [
             _storedMessage(None, None, False, message, sid) for message, sid, _ in self.pending
         ]
+        will, willDelay, willDue = self.will, 0, None
+        if will is not None and self.protocol is None:
+            # Away, its will waits for its delay (or the session's end): the
+            # store keeps it with the time it has left.
+            willDelay = will.delay
+            if self._willCall is not None:
+                willDue = self._willCall.getTime() - self.clock.seconds()
+            will = storedPublish(will.topic, will.payload, will.attributes)
+        else:
+            # A connection's will: none goes out as the broker stops.
+            will = None
         return StoredSession(
             self.clientId,
             self.user,
@@ -762,6 +785,9 @@ class MQTTSession:
                 for topicFilter, g in self.granted.items()
             ],
             messages,
+            will,
+            willDelay,
+            willDue,
         )
 
     @classmethod
@@ -815,6 +841,13 @@ class MQTTSession:
         session.nextPacketId = stored.nextPacketId
         factory.sessions[session.clientId] = session
         factory.offline.add(session)
+        if stored.will is not None:
+            session.will = DelayedWill.of(stored.will, stored.willDelay)
+            session._hold(len(stored.will.payload))
+            if stored.willDue is not None:
+                session._willCall = session.clock.callLater(
+                    stored.willDue, session._willDelayPassed
+                )
         session._awayWindow(True)
         session._awaitClient()
         return session
