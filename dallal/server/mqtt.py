@@ -54,6 +54,7 @@ from dallal.broker.interfaces import ISubscriber
 from dallal.errors import (
     BAD_TOPIC,
     FORBIDDEN,
+    LOGIN_TIMEOUT,
     NO_ID,
     NOT_AUTHORIZED,
     PAYLOAD_TOO_LARGE,
@@ -96,7 +97,7 @@ from dallal.protocol.mqtt import (
     encodeBareAcknowledgement,
     encodePublishHeader,
 )
-from dallal.security.auth import LOGIN_TIMEOUT
+from dallal.security.auth import LOGIN_TIMEOUT as CONNECT_TIMEOUT
 from dallal.server.addresses import formatAddress
 from dallal.server.login import (
     PASSWORD_NEEDED,
@@ -226,7 +227,7 @@ class MQTTProtocol(Protocol, BoundedOutput):
         self._connectDeadline = self.clock.callLater(self._connectTimeout(), self._connectTimedOut)
 
     def _connectTimeout(self):
-        return LOGIN_TIMEOUT if self.gatekeeper is None else self.gatekeeper.loginTimeout
+        return CONNECT_TIMEOUT if self.gatekeeper is None else self.gatekeeper.loginTimeout
 
     def connectionLost(self, reason):
         # Nothing more is written, not even to this client's own will.
@@ -619,7 +620,13 @@ class MQTTProtocol(Protocol, BoundedOutput):
         return self.session
 
     def _connectTimedOut(self):
+        """
+        No CONNECT in time (nothing, or a packet begun and not finished):
+        counted and logged as Dallal's own protocol's login timeout, and
+        closed, as Mosquitto closes it, without a CONNACK.
+        """
         self._connectDeadline = None
+        self.broker.protocolError(self, LOGIN_TIMEOUT, True)
         self._close()
 
     def sessionTakenOver(self):
