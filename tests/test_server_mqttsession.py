@@ -593,6 +593,24 @@ def test_whatIsSentAgainKeepsWithinTheNewReceiveMaximum(harness):
     assert received == [b"0", b"1", b"2"]
 
 
+def test_aResumedSessionTakesTheReceiveMaximumOfItsNewConnection(harness):
+    """
+    The core sends a session as much at a time as the Receive Maximum of
+    the connection that carries it now, not of the one that began it.
+    """
+    client = keeping(harness, 1)
+    client.subscribe(("t", 1))
+    client.lose()
+    publisher = connected(harness, "p")
+    for number in range(2):
+        publisher.send(Publish("t", b"away %d" % number, qos=1, packetId=number + 1))
+    client, _, packets = resumed(harness, properties={Property.RECEIVE_MAXIMUM: 5})
+    assert [p.payload for p in packets] == [b"away 0", b"away 1"]
+    for number in range(4):
+        publisher.send(Publish("t", b"back %d" % number, qos=1, packetId=number + 3))
+    assert [p.payload for p in client.received()] == [b"back 0", b"back 1", b"back 2"]
+
+
 _RECONNECT, _TICK = "reconnect", "tick"
 
 

@@ -466,10 +466,8 @@ class MQTTProtocol(Protocol, BoundedOutput):
             config.delivery.maxInflight,
         )
         # Until the CONNECT is accepted, a session of its own: whether it
-        # resumes one is known once it has logged in.
-        # The session's window, for as long as it lasts, is the Receive
-        # Maximum of this first connection; a later one with less takes
-        # less at a time (L{hasRoom}).
+        # resumes one is known once it has logged in.  Its window is this
+        # connection's Receive Maximum, as is that of a session it resumes.
         self.session = MQTTSession(self.factory, clientId, self.peer, self._receiveMaximum)
         self.session.protocol = self
         user = userWithoutPassword(self.gatekeeper, clientId)
@@ -602,6 +600,7 @@ class MQTTProtocol(Protocol, BoundedOutput):
                 client_id=clientId,
                 queued=len(session.pending) + len(session.outgoing),
             )
+            session.window = self._receiveMaximum
             session.resume(self)
 
     def _takeSession(self, connect, clientId):
