@@ -3,6 +3,7 @@ The layers of the code (README.md, "Layout"): the import contracts in
 pyproject.toml hold, checked by import-linter, and cover every module.
 """
 
+import ast
 import subprocess
 import sys
 import tomllib
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO
+
+from dallal.broker.core import Broker
 
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
@@ -69,3 +72,106 @@ def test_import_contracts_hold():
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 broken" in result.stdout
+
+
+# What of a Broker's own state its transports may read besides its
+# methods: the parts it composes (its session table, router, directory,
+# ledger, flow control, limit log, ...) are the core's alone.
+FACADE_STATE = {"clock", "config", "events", "counters", "shuttingDown", "started"}
+
+
+def syntaxTrees(package):
+    """
+    The parsed modules of a package of the source tree, by path.
+    """
+    return {
+        path: ast.parse(path.read_text())
+        for path in sorted((REPO / package.replace(".", "/")).glob("*.py"))
+    }
+
+
+def isPrivate(name):
+    return name.startswith("_") and not name.startswith("__")
+
+
+def privateNames(tree):
+    """
+    The private methods and instance attributes a module defines.
+    """
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and isPrivate(node.name):
+            names.add(node.name)
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+            and isPrivate(node.attr)
+        ):
+            names.add(node.attr)
+    return names
+
+
+def reachesIntoTheBroker(tree, brokerPrivates):
+    """
+    Where a module reads a private attribute of a broker object, or what
+    of a Broker is neither a method nor L{FACADE_STATE}.
+
+    @return: C{(line, expression)} pairs.
+    """
+    facade = {name for name in vars(Broker) if not isPrivate(name)} | FACADE_STATE
+    ownPrivates = privateNames(tree)
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        owner = node.value
+        ownerName = (
+            owner.id
+            if isinstance(owner, ast.Name)
+            else owner.attr
+            if isinstance(owner, ast.Attribute)
+            else None
+        )
+        if ownerName == "broker" and node.attr not in facade:
+            found.append((node.lineno, ast.unparse(node)))
+        elif (
+            ownerName not in ("self", "cls")
+            and node.attr in brokerPrivates
+            and node.attr not in ownPrivates
+        ):
+            found.append((node.lineno, ast.unparse(node)))
+    return sorted(found)
+
+
+def test_serversUseTheBrokersFacade():
+    """
+    The transports reach the core through L{Broker}'s methods: no module
+    of C{dallal/server/} reads a private attribute of a broker object, nor
+    a part of the broker behind its facade (a session's outbox, the
+    router, the directory, ...).
+    """
+    brokerPrivates = set().union(*map(privateNames, syntaxTrees("dallal.broker").values()))
+    found = {
+        path.name: reaching
+        for path, tree in syntaxTrees("dallal.server").items()
+        if (reaching := reachesIntoTheBroker(tree, brokerPrivates))
+    }
+    assert found == {}
+
+
+def test_reachingIntoTheBrokerIsFound():
+    """
+    The check above finds a window set on a session's outbox, and a
+    private attribute of the core read by another name.
+    """
+    tree = ast.parse(
+        "outbox = self.broker.sessions[self].outbox\n"
+        "outbox.config = outbox.config.replace(maxInflight=window)\n"
+        "used = outbox._windowUsed\n"
+    )
+    assert reachesIntoTheBroker(tree, {"_windowUsed"}) == [
+        (1, "self.broker.sessions"),
+        (3, "outbox._windowUsed"),
+    ]

@@ -26,7 +26,7 @@ from twisted.cred.checkers import ANONYMOUS
 from twisted.cred.credentials import UsernamePassword
 from twisted.cred.error import UnauthorizedLogin
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.task import Clock
 from twisted.python import usage
 
@@ -169,15 +169,23 @@ class RecordingHash(PasswordHash):
 @pytest_twisted.ensureDeferred
 async def test_checksRunOffTheReactorThread():
     """
-    By default a check runs in the reactor's thread pool: a client trying
-    passwords does not hold up the others' traffic.
+    By default a check runs on the checks' own threads: a client trying
+    passwords does not hold up the others' traffic, and however many
+    checks run, they run on no more threads than run at once (each thread
+    keeps the memory its checks took).
     """
     hashed = PasswordHash.make(b"pw", **CHEAP_SCRYPT)
     recording = RecordingHash(hashed.n, hashed.r, hashed.p, hashed.salt, hashed.digest)
     checker = PasswordFileChecker({"alice": recording})
-    name = await checker.requestAvatarId(UsernamePassword(b"alice", b"pw")).addTimeout(30, reactor)
-    assert name == "alice"
-    assert recording.threads and threading.get_ident() not in recording.threads
+    names = await gatherResults(
+        [
+            checker.requestAvatarId(UsernamePassword(b"alice", b"pw")).addTimeout(30, reactor)
+            for _ in range(20)
+        ]
+    )
+    assert names == ["alice"] * 20
+    assert threading.get_ident() not in recording.threads
+    assert 1 <= len(set(recording.threads)) <= MAX_CONCURRENT_CHECKS
 
 
 def test_failedLoginIsAnsweredAfterADelay():

@@ -232,6 +232,26 @@ def test_allWindowIsPerConnection():
     bench.assertAccountsAgree()
 
 
+def test_aWiderWindowSendsWhatWaitedAtOnce():
+    """
+    A client's window changed through the broker (an MQTT Receive Maximum)
+    bounds what it is sent from then on: a wider one sends at once what
+    waited for room, a narrower one holds back what the next acks free.
+    """
+    bench = Bench(maxInflight=2)
+    subscriber = bench.subscribe(ALL)
+    bench.publish(*payloads(6))
+    assert subscriber.takePayloads() == [b"m1", b"m2"]
+    bench.broker.setInflightWindow(subscriber, 4)
+    assert subscriber.takePayloads() == [b"m3", b"m4"]
+    bench.broker.setInflightWindow(subscriber, 1)
+    bench.ack(subscriber, "1", "2", "3")
+    assert subscriber.take() == []
+    bench.ack(subscriber, "4")
+    assert subscriber.takePayloads() == [b"m5"]
+    bench.assertAccountsAgree()
+
+
 @pytest.mark.parametrize("mode", [LATEST, ALL])
 def test_redeliveredAfterTheAckTimeout(mode):
     """

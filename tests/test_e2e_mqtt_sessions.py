@@ -200,14 +200,14 @@ def test_pahoSessionThatExpiredIsGone(restartable):
         client.loop_stop()
 
 
-def dyingWithDelayedWill(port, clientId, delay):
+def dyingWithDelayedWill(port, clientId, delay, willQos="0"):
     """
     An MQTT 5 mosquitto_sub whose session outlives it (C{-c}: for ever),
     with a will delayed by C{delay} seconds, killed.
     """
     doomed = mosquittoSub(
         port, "-V", "mqttv5", "-c", "-i", clientId, "-t", "anything",
-        "--will-topic", f"status/{clientId}", "--will-payload", "gone",
+        "--will-topic", f"status/{clientId}", "--will-payload", "gone", "--will-qos", willQos,
         "-D", "will", "will-delay-interval", str(delay),
     )  # fmt: skip
     doomed.process.send_signal(signal.SIGKILL)
@@ -222,6 +222,31 @@ def test_theWillWaitsForItsDelay(restartable):
         killed = dyingWithDelayedWill(restartable.port, "slow", 2)
         received(watcher, b"status/slow gone")
         assert time.monotonic() - killed >= 1.5
+    finally:
+        watcher.kill()
+
+
+@needsClients
+def test_aDelayedWillIsNotLostAcrossABrokerRestart(restartable):
+    """
+    A client with a will delay is killed, and the broker restarts before
+    the delay is over: a persistent watcher still gets the will (Mosquitto
+    publishes it as it stops; Dallal keeps it in the data dir and
+    publishes it when the delay is over).
+    """
+
+    def watching():
+        return mosquittoSub(restartable.port, "-c", "-i", "watcher", "-q", "1", "-t", "status/#")
+
+    watcher = watching()
+    watcher.process.send_signal(signal.SIGKILL)
+    watcher.kill()
+    # At QoS 1: Mosquitto queues no QoS 0 message for a client that is away.
+    dyingWithDelayedWill(restartable.port, "restarted", 3, willQos="1")
+    restartable.restart()
+    watcher = watching()
+    try:
+        received(watcher, b"status/restarted gone")
     finally:
         watcher.kill()
 

@@ -147,11 +147,22 @@ def test_keepAliveClosesASilentClientAfterOneAndAHalfTimes(harness):
 
 
 def test_noConnectWithinTheLoginTimeoutCloses(harness):
-    client = MQTTClient(harness)
+    """
+    A connection that sends no CONNECT, or half of one, is closed after
+    the login timeout, and counted and logged as a LOGIN_TIMEOUT.
+    """
+    silent = MQTTClient(harness)
+    half = MQTTClient(harness)
+    half.connection.send(Connect("c1").encode(MQTT_3_1_1)[:8])
     harness.clock.advance(59)
-    assert not client.closing
+    assert not silent.closing and not half.closing
     harness.clock.advance(1)
-    assert client.closing
+    assert silent.closing and half.closing
+    assert harness.broker.counters["errors"] == 2
+    assert [(e["code"], e["fatal"]) for e in harness.fields("protocol_error")] == [
+        ("LOGIN_TIMEOUT", True),
+        ("LOGIN_TIMEOUT", True),
+    ]
 
 
 # Logins and the ACL

@@ -399,6 +399,106 @@ def test_aSessionThatExpiredWhileTheBrokerWasStoppedIsGone(tmp_path):
     assert not resumed(harness)[1].sessionPresent
 
 
+def diedBeforeAStop(tmp_path, delay, expiry, wait=0):
+    """
+    A broker with a store, a client with a delayed will lost C{wait}
+    seconds before the broker stops (at 1000 on the store's clock).
+    """
+    harness = BrokerHarness()
+    harness.service.mqttFactory.store = storedIn(tmp_path)
+    dying(harness, delay, expiry)
+    harness.clock.advance(wait)
+    stopped(harness)
+    assert harness.fields("publish") == []
+
+
+def restartedWithWatcher(tmp_path, now):
+    harness = restarted(storedIn(tmp_path, now=now))
+    return harness, watcher(harness)
+
+
+def test_aWillWaitingForItsDelayOutlivesARestart(tmp_path):
+    """
+    A will whose delay had not passed when the broker stopped goes out
+    when the time it had left is over, unless its client is back first.
+    """
+    diedBeforeAStop(tmp_path, 30, 3600, wait=10)
+    # 20 seconds were left; 5 went by while the broker was stopped.
+    harness, watching = restartedWithWatcher(tmp_path, now=1005.0)
+    harness.clock.advance(14.9)
+    assert watching.received() == []
+    harness.clock.advance(0.1)
+    assert [p.payload for p in watching.received()] == [b"gone"]
+    assert harness.service.mqttFactory.offlineBytes == 0
+
+    harness, watching = restartedWithWatcher(tmp_path, now=1005.0)
+    harness.clock.advance(10)
+    assert resumed(harness, "d")[1].sessionPresent
+    harness.clock.advance(60)
+    assert watching.received() == []
+
+
+def test_aWillWhoseDelayPassedWhileTheBrokerWasStoppedGoesAtOnce(tmp_path):
+    diedBeforeAStop(tmp_path, 30, 3600)
+    harness, watching = restartedWithWatcher(tmp_path, now=1031.0)
+    harness.clock.advance(0)
+    assert [p.payload for p in watching.received()] == [b"gone"]
+    assert resumed(harness, "d")[1].sessionPresent
+
+
+def test_aWillDueAtTheSessionsEndOutlivesARestart(tmp_path):
+    """
+    A will whose delay is longer than its session's expiry goes out when
+    the session expires, after the restart, or at once if it expired
+    while the broker was stopped.
+    """
+    diedBeforeAStop(tmp_path, 3600, 60)
+    harness, watching = restartedWithWatcher(tmp_path, now=1030.0)
+    harness.clock.advance(29)
+    assert watching.received() == []
+    harness.clock.advance(1)
+    assert [p.payload for p in watching.received()] == [b"gone"]
+
+    harness, watching = restartedWithWatcher(tmp_path, now=1060.0)
+    harness.clock.advance(0)
+    assert [p.payload for p in watching.received()] == [b"gone"]
+    assert not resumed(harness, "d")[1].sessionPresent
+
+
+def test_aConnectedClientsWillIsNotKept(tmp_path):
+    harness = BrokerHarness()
+    harness.service.mqttFactory.store = storedIn(tmp_path)
+    connected(
+        harness,
+        "d",
+        MQTT_5,
+        cleanStart=False,
+        properties={Property.SESSION_EXPIRY_INTERVAL: 60},
+        will=Will("status", b"gone", properties={Property.WILL_DELAY_INTERVAL: 5}),
+    )
+    stopped(harness)
+    harness, watching = restartedWithWatcher(tmp_path, now=1000.0)
+    harness.clock.advance(60)
+    assert watching.received() == []
+
+
+def test_aStoreWrittenWithoutWillsIsRead(tmp_path):
+    """
+    A store whose schema has no table of wills yet (written before they
+    were kept) is read, and gains the table when it is next written.
+    """
+    harness = BrokerHarness()
+    harness.service.mqttFactory.store = storedIn(tmp_path)
+    away(harness)
+    stopped(harness)
+    path = tmp_path / FILE_NAME
+    sqlite3.connect(path, isolation_level=None).execute("DROP TABLE wills")
+    harness = restarted(storedIn(tmp_path))
+    stopped(harness)
+    harness = restarted(storedIn(tmp_path))
+    assert resumed(harness)[1].sessionPresent
+
+
 def test_aStoreNeverWrittenToHoldsNoSession(tmp_path):
     sqlite3.connect(tmp_path / FILE_NAME).execute("CREATE TABLE unfinished (x)")
     assert storedIn(tmp_path).load() == []
@@ -491,6 +591,24 @@ def test_whatIsSentAgainKeepsWithinTheNewReceiveMaximum(harness):
         client.send(PubAck(packet.packetId))
         packets = client.received()
     assert received == [b"0", b"1", b"2"]
+
+
+def test_aResumedSessionTakesTheReceiveMaximumOfItsNewConnection(harness):
+    """
+    The core sends a session as much at a time as the Receive Maximum of
+    the connection that carries it now, not of the one that began it.
+    """
+    client = keeping(harness, 1)
+    client.subscribe(("t", 1))
+    client.lose()
+    publisher = connected(harness, "p")
+    for number in range(2):
+        publisher.send(Publish("t", b"away %d" % number, qos=1, packetId=number + 1))
+    client, _, packets = resumed(harness, properties={Property.RECEIVE_MAXIMUM: 5})
+    assert [p.payload for p in packets] == [b"away 0", b"away 1"]
+    for number in range(4):
+        publisher.send(Publish("t", b"back %d" % number, qos=1, packetId=number + 3))
+    assert [p.payload for p in client.received()] == [b"back 0", b"back 1", b"back 2"]
 
 
 _RECONNECT, _TICK = "reconnect", "tick"

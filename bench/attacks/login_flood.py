@@ -11,7 +11,11 @@ log in with the right password while answering the broker's PINGs.
 PASS if in both rounds every real login completes in under 3 s, none is
 dropped, and the broker's resident memory peaks less than 32 MiB above
 its peak during four password checks at once (scrypt takes 16 MiB each,
-and the broker runs four at a time).
+and the broker runs two at a time).
+
+With --broker dallal-mqtt, the same over Dallal's --mqtt listener: each
+attacking connection sends a CONNECT with a wrong password, and the real
+users a CONNECT with theirs (a login is its CONNACK).
 """
 
 import socket
@@ -19,6 +23,7 @@ import threading
 import time
 
 import attacklib as lib
+from protocols import mqttPacket, mqttString
 
 NAME = "login-flood"
 ROUNDS = (200, 700)
@@ -36,12 +41,31 @@ def wrongHello(number):
     )
 
 
-def realLogin(port, source, outcome):
+def wrongConnect(number):
+    """
+    An MQTT 3.1.1 CONNECT (Clean Session, user name and password) as alice
+    with a wrong password.
+    """
+    return mqttPacket(
+        1,
+        0,
+        mqttString(b"MQTT")
+        + bytes([4, 0xC2, 0, 60])
+        + mqttString(b"flood%d" % number)
+        + mqttString(b"alice")
+        + mqttString(b"wrong-%d" % number),
+    )
+
+
+def realLogin(kind, port, source, outcome):
     """
     Log in as alice from C{source}, answering PINGs meanwhile; put in
     C{outcome} the seconds it took, or why it failed.
     """
     start = time.monotonic()
+    if kind == "dallal-mqtt":
+        outcome[source] = realConnect(port, source, start)
+        return
     try:
         connection = lib.Connection(port, source=source, timeout=REAL_TIMEOUT)
         connection.send(
@@ -65,6 +89,26 @@ def realLogin(port, source, outcome):
     connection.close()
 
 
+def realConnect(port, source, start):
+    """
+    alice's CONNECT from C{source}: the seconds to its CONNACK, or why it
+    failed.
+    """
+    client = lib.MqttClient(port, source=source, timeout=REAL_TIMEOUT)
+    try:
+        code = client.connect(
+            "real-" + source, timeout=REAL_TIMEOUT, user="alice", password="alice-pw"
+        )
+    finally:
+        client.close()
+    took = time.monotonic() - start
+    if code is None:
+        return f"no CONNACK in {took:.1f} s"
+    if code != 0:
+        return f"refused after {took:.1f} s: return code {code}"
+    return took
+
+
 class MemoryWatch(threading.Thread):
     """
     The broker's largest resident memory while it runs.
@@ -85,32 +129,49 @@ class MemoryWatch(threading.Thread):
             time.sleep(0.05)
 
 
-def floodRound(size):
+def warmUp(kind, port):
+    """
+    Four password checks at once, answered.
+    """
+    if kind == "dallal-mqtt":
+        warm = [lib.MqttClient(port) for _ in range(4)]
+        for number, client in enumerate(warm):
+            client.send(wrongConnect(number))
+        for client in warm:
+            client.waitFor(lambda kind, flags, body: kind == 2, 20)
+            client.close()
+        return
+    warm = [lib.Connection(port) for _ in range(4)]
+    for number, connection in enumerate(warm):
+        connection.send(wrongHello(number))
+    for connection in warm:
+        connection.waitFor(lambda line: line.startswith(b"ERR"), 20)
+        connection.close()
+
+
+def floodRound(kind, size):
     with lib.scratch() as directory:
         passwords = lib.writePasswords(directory, {"alice": "alice-pw"})
-        with lib.dallal(directory, ["--passwords", passwords, "--ping-interval", "1"]) as broker:
+        options = ["--passwords", passwords, "--ping-interval", "1"]
+        with lib.brokerAndPort(kind, directory, options) as (broker, port):
             # Four checks at once first: the memory they take is not the flood's.
-            warm = [lib.Connection(broker.port) for _ in range(4)]
-            for number, connection in enumerate(warm):
-                connection.send(wrongHello(number))
-            for connection in warm:
-                connection.waitFor(lambda line: line.startswith(b"ERR"), 20)
-                connection.close()
+            warmUp(kind, port)
             # The flood's cost is what it adds to their peak.
             baseline = broker.peakMemory()
             watch = MemoryWatch(broker)
             watch.start()
             flood = []
             for _ in range(size):
-                sock = socket.create_connection(("127.0.0.1", broker.port), timeout=10)
+                sock = socket.create_connection(("127.0.0.1", port), timeout=10)
                 flood.append(sock)
+            wrong = wrongConnect if kind == "dallal-mqtt" else wrongHello
             burst = time.monotonic()
             for number, sock in enumerate(flood):
-                sock.send(wrongHello(number))
+                sock.send(wrong(number))
             burst = time.monotonic() - burst
             outcome = {}
             threads = [
-                threading.Thread(target=realLogin, args=(broker.port, source, outcome))
+                threading.Thread(target=realLogin, args=(kind, port, source, outcome))
                 for source in REAL_USERS
             ]
             for thread in threads:
@@ -124,11 +185,11 @@ def floodRound(size):
             return outcome, watch.peak - baseline, burst
 
 
-def attack():
+def attack(kind):
     passed = True
     parts = []
     for size in ROUNDS:
-        outcome, growth, burst = floodRound(size)
+        outcome, growth, burst = floodRound(kind, size)
         times = [value for value in outcome.values() if isinstance(value, float)]
         failures = [value for value in outcome.values() if not isinstance(value, float)]
         slowest = max(times) if times else float("nan")
@@ -143,7 +204,7 @@ def attack():
         if failures:
             described += f", {'; '.join(failures)}"
         parts.append(
-            f"{size} wrong HELLOs in {burst * 1000:.0f} ms: {described}, RSS +{lib.mib(growth)}"
+            f"{kind}: {size} wrong {'CONNECT' if kind == 'dallal-mqtt' else 'HELLO'}s in {burst * 1000:.0f} ms: {described}, RSS +{lib.mib(growth)}"
         )
     figure = (
         " | ".join(parts)
@@ -153,4 +214,10 @@ def attack():
 
 
 if __name__ == "__main__":
-    lib.runAttack(NAME, __doc__, lambda options: attack(), note="--ping-interval 1")
+    lib.runAttack(
+        NAME,
+        __doc__,
+        lambda options: attack(options.broker),
+        peers=("dallal-mqtt",),
+        note="--ping-interval 1",
+    )

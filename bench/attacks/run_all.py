@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ATTACKS = [
     ("udp_hijack.py", ()),
     ("bridge_forgery.py", ()),
-    ("login_flood.py", ()),
+    ("login_flood.py", ("dallal-mqtt",)),
     ("output_bound.py", ("dallal-mqtt", "mosquitto", "nats", "redis")),
     ("fanout_freeze.py", ("mosquitto",)),
     ("garbage_stream.py", ("mosquitto", "nats", "redis")),
@@ -42,6 +42,8 @@ ATTACKS = [
     ("mqtt_fuzz.py", ("mosquitto",)),
     ("mqtt_websocket_flood.py", ()),
     ("mqtt_overlap.py", ("mosquitto",)),
+    ("mqtt_half_connect.py", ("mosquitto",)),
+    ("mqtt_takeover.py", ("mosquitto",)),
 ]
 TIMEOUT = 300
 

@@ -127,6 +127,11 @@ class Broker:
     """
     Routes published messages to the subscribers of their topic.
 
+    Its transports call its methods, and read its C{clock}, C{config},
+    C{events}, C{counters} and C{shuttingDown}; the parts it composes are
+    its own (tests/test_architecture.py checks that C{dallal/server/}
+    reaches no further).
+
     @ivar counters: the running totals (L{dallal.broker.counters.Counters};
         docs/EVENTS.md gives their meaning).
     @ivar sessions: the L{dallal.broker.sessions.SessionTable}.
@@ -307,6 +312,15 @@ class Broker:
         """
         self.sessions[subscriber].outbox.reject(deliveryId, reason)
 
+    def setInflightWindow(self, subscriber, window):
+        """
+        A client's window is now C{window}: at most that many C{all}-mode
+        messages await its acks (an MQTT client's Receive Maximum, which
+        each connection to a session may change); what waited for room in
+        a wider window is sent at once.
+        """
+        self.sessions[subscriber].outbox.setWindow(window)
+
     def pauseDelivery(self, subscriber):
         """
         The client's transport is full: hold its messages in the broker.
@@ -417,6 +431,18 @@ class Broker:
             reason,
             requestId,
         )
+
+    def refusedPeer(self, limit, maximum, peer, transportName, reason=None):
+        """
+        Count and log the refusal by one of the limits of L{dallal.limits}
+        of what is no client of the broker yet: a connection over the
+        connection limits, a stored session over the offline ones.
+
+        @param peer: its address, C{host:port}.
+        @return: the L{RequestError} to answer with, or C{None} for a limit
+            whose refusals are not answered.
+        """
+        return self.limits.refused(limit, maximum, peer, transportName, reason=reason)
 
     def _checkName(self, check, subscriber, name, requestId):
         try:
@@ -584,6 +610,16 @@ class Broker:
             there are in all.
         """
         return self.directory.rows(limit)
+
+    def publishedByTopic(self):
+        """
+        How many messages were published on each topic since the start (or
+        since the count began again past
+        L{dallal.broker.sysstats.TOPICS_PUBLISHED} topics).
+
+        @return: a new C{dict}, topic -> messages.
+        """
+        return dict(self.topicTraffic.published)
 
     # Publishing
 

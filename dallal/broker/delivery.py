@@ -359,6 +359,14 @@ class Outbox:
         """
         self.paused = True
 
+    def setWindow(self, maxInflight):
+        """
+        From now on at most C{maxInflight} C{all}-mode messages await their
+        ack; a wider window sends at once what waited for room in it.
+        """
+        self.config = self.config.replace(maxInflight=maxInflight)
+        self._flush()
+
     def resume(self):
         """
         The transport's buffer drained: send what waits.

@@ -7,8 +7,9 @@ The pieces are Twisted's:
  - L{PasswordFileChecker}, an C{ICredentialsChecker} of user names and
    passwords (C{IUsernamePassword}) against the password file
    (L{dallal.security.passwords}).  The scrypt check costs some tens of
-   milliseconds and 16 MiB, so it runs in the reactor's thread pool: a
-   client trying passwords never holds up the others' traffic.
+   milliseconds and 16 MiB, so it runs on threads of its own
+   (L{CheckThreads}): a client trying passwords never holds up the others'
+   traffic.
  - L{BrokerRealm}, the C{IRealm} whose avatars (L{IBrokerUser}) carry the
    user's name and what the ACL lets it do (L{dallal.security.acl}).
  - A C{Portal} joining them, which L{Gatekeeper} wraps for the transports:
@@ -33,7 +34,8 @@ from twisted.cred.error import UnauthorizedLogin
 from twisted.cred.portal import IRealm, Portal
 from twisted.internet.defer import Deferred, fail, maybeDeferred
 from twisted.internet.task import deferLater
-from twisted.internet.threads import deferToThread
+from twisted.internet.threads import deferToThreadPool
+from twisted.python.threadpool import ThreadPool
 from zope.interface import Attribute, Interface, implementer
 
 from dallal.limits import (
@@ -127,6 +129,36 @@ class UnknownUser(UnauthorizedLogin):
     """
 
 
+class CheckThreads:
+    """
+    The threads password checks run on: as many as run at once
+    (L{MAX_CONCURRENT_CHECKS}), started with the first check and stopped
+    with the reactor.  Each thread's allocator keeps the 16 MiB a check
+    took for the thread's next one (glibc's arena per thread): checks
+    spread over the reactor's pool of up to ten threads would leave up to
+    ten times that resident after a flood of wrong passwords.
+    """
+
+    def __init__(self, reactor=None, size=MAX_CONCURRENT_CHECKS):
+        if reactor is None:
+            from twisted.internet import reactor
+        self._reactor = reactor
+        self._size = size
+        self._pool = None
+
+    def __call__(self, function, *arguments):
+        """
+        Run C{function(*arguments)} on one of the threads.
+
+        @return: a Deferred of its result.
+        """
+        if self._pool is None:
+            self._pool = ThreadPool(0, self._size, "dallal-password-checks")
+            self._pool.start()
+            self._reactor.addSystemEventTrigger("during", "shutdown", self._pool.stop)
+        return deferToThreadPool(self._reactor, self._pool, function, *arguments)
+
+
 @implementer(ICredentialsChecker)
 class PasswordFileChecker:
     """
@@ -134,13 +166,13 @@ class PasswordFileChecker:
 
     @param users: user name -> L{PasswordHash}.
     @param runHash: runs C{f(*args)} somewhere and returns a Deferred of its
-        result: the reactor's thread pool by default, inline in tests.
+        result: L{CheckThreads} by default, inline in tests.
     """
 
     credentialInterfaces = (IUsernamePassword,)
 
-    def __init__(self, users, runHash=deferToThread):
-        self._runHash = runHash
+    def __init__(self, users, runHash=None):
+        self._runHash = runHash if runHash is not None else CheckThreads()
         self.replaceUsers(users)
 
     def replaceUsers(self, users):

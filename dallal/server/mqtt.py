@@ -54,6 +54,7 @@ from dallal.broker.interfaces import ISubscriber
 from dallal.errors import (
     BAD_TOPIC,
     FORBIDDEN,
+    LOGIN_TIMEOUT,
     NO_ID,
     NOT_AUTHORIZED,
     PAYLOAD_TOO_LARGE,
@@ -96,7 +97,7 @@ from dallal.protocol.mqtt import (
     encodeBareAcknowledgement,
     encodePublishHeader,
 )
-from dallal.security.auth import LOGIN_TIMEOUT
+from dallal.security.auth import LOGIN_TIMEOUT as CONNECT_TIMEOUT
 from dallal.server.addresses import formatAddress
 from dallal.server.login import (
     PASSWORD_NEEDED,
@@ -226,7 +227,7 @@ class MQTTProtocol(Protocol, BoundedOutput):
         self._connectDeadline = self.clock.callLater(self._connectTimeout(), self._connectTimedOut)
 
     def _connectTimeout(self):
-        return LOGIN_TIMEOUT if self.gatekeeper is None else self.gatekeeper.loginTimeout
+        return CONNECT_TIMEOUT if self.gatekeeper is None else self.gatekeeper.loginTimeout
 
     def connectionLost(self, reason):
         # Nothing more is written, not even to this client's own will.
@@ -465,10 +466,8 @@ class MQTTProtocol(Protocol, BoundedOutput):
             config.delivery.maxInflight,
         )
         # Until the CONNECT is accepted, a session of its own: whether it
-        # resumes one is known once it has logged in.
-        # The session's window, for as long as it lasts, is the Receive
-        # Maximum of this first connection; a later one with less takes
-        # less at a time (L{hasRoom}).
+        # resumes one is known once it has logged in.  Its window is this
+        # connection's Receive Maximum, as is that of a session it resumes.
         self.session = MQTTSession(self.factory, clientId, self.peer, self._receiveMaximum)
         self.session.protocol = self
         user = userWithoutPassword(self.gatekeeper, clientId)
@@ -572,7 +571,7 @@ class MQTTProtocol(Protocol, BoundedOutput):
         self.clientId = clientId
         self._accepted = True
         session.expiry = sessionExpiry(connect)
-        session.will = None if connect.will is None else DelayedWill(connect.will)
+        session.will = None if connect.will is None else DelayedWill.of(connect.will)
         if connect.keepAlive:
             # [MQTT-3.1.2-24]: one and a half times the client's keep alive.
             self._keepAlive = connect.keepAlive * 1.5
@@ -601,6 +600,7 @@ class MQTTProtocol(Protocol, BoundedOutput):
                 client_id=clientId,
                 queued=len(session.pending) + len(session.outgoing),
             )
+            session.window = self._receiveMaximum
             session.resume(self)
 
     def _takeSession(self, connect, clientId):
@@ -619,7 +619,13 @@ class MQTTProtocol(Protocol, BoundedOutput):
         return self.session
 
     def _connectTimedOut(self):
+        """
+        No CONNECT in time (nothing, or a packet begun and not finished):
+        counted and logged as Dallal's own protocol's login timeout, and
+        closed, as Mosquitto closes it, without a CONNACK.
+        """
         self._connectDeadline = None
+        self.broker.protocolError(self, LOGIN_TIMEOUT, True)
         self._close()
 
     def sessionTakenOver(self):
@@ -1153,7 +1159,7 @@ class MQTTFactory(ServerFactory):
         restored = 0
         for stored in self.store.load():
             if len(self.offline) >= self.maxOfflineSessions:
-                self.broker.limits.refused(
+                self.broker.refusedPeer(
                     OFFLINE_SESSIONS, self.maxOfflineSessions, stored.peer, "mqtt"
                 )
                 continue
@@ -1216,7 +1222,7 @@ class MQTTFactory(ServerFactory):
         if refusal is not None:
             # Closed at once, as Mosquitto over its max_connections.
             limit, maximum, reason = refusal
-            self.broker.limits.refused(
+            self.broker.refusedPeer(
                 limit, maximum, formatAddress(addr), MQTTProtocol.transportName, reason=reason
             )
             return None

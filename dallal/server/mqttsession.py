@@ -275,16 +275,28 @@ class DelayedWill:
     """
     A connection's will, as its session publishes it.
 
+    @ivar attributes: its L{PublishAttributes}.
     @ivar delay: its MQTT 5 Will Delay Interval, in seconds.
     """
 
     __slots__ = ("topic", "payload", "attributes", "delay")
 
-    def __init__(self, will):
-        self.topic = will.topic
-        self.payload = will.payload
-        self.attributes = publishAttributes(will.qos, will.retain, will.properties)
-        self.delay = will.properties.get(Property.WILL_DELAY_INTERVAL, 0)
+    def __init__(self, topic, payload, attributes, delay):
+        self.topic = topic
+        self.payload = payload
+        self.attributes = attributes
+        self.delay = delay
+
+    @classmethod
+    def of(cls, will, delay=None):
+        """
+        The will of a CONNECT (a L{dallal.protocol.mqtt.Will}), or one kept
+        as a L{Publish} by the store with its C{delay}.
+        """
+        if delay is None:
+            delay = will.properties.get(Property.WILL_DELAY_INTERVAL, 0)
+        attributes = publishAttributes(will.qos, will.retain, will.properties)
+        return cls(will.topic, will.payload, attributes, delay)
 
 
 def sessionExpiry(connect):
@@ -493,8 +505,7 @@ class MQTTSession:
         """
         delivery = self.broker.config.delivery
         window = self.window + delivery.maxQueued if away else self.window
-        outbox = self.broker.sessions[self].outbox
-        outbox.config = outbox.config.replace(maxInflight=window)
+        self.broker.setInflightWindow(self, window)
 
     def sendPending(self):
         """
@@ -632,13 +643,10 @@ class MQTTSession:
         else:
             limit = None
         if limit is not None:
-            self.broker.limits.refused(
-                limit, maximum, self.peer, self.transportName, self.broker.sessionId(self)
-            )
+            self.broker.refusedByLimit(self, limit, maximum)
             self.end(reason)
             return
         factory.offline.add(self)
-        self._awayWindow(True)
         if will is not None:
             if not will.delay:
                 self.publishWill()
@@ -646,6 +654,9 @@ class MQTTSession:
                 self._hold(willBytes)
                 if self.expiry is None or will.delay < self.expiry:
                     self._willCall = self.clock.callLater(will.delay, self._willDelayPassed)
+        # After the delayed will is held: what the wider window sends at once
+        # counts against the offline bounds with it.
+        self._awayWindow(True)
         self._awaitClient()
         # A transport that was full paused the core's delivery: the session
         # takes what its window holds.
@@ -750,6 +761,17 @@ class MQTTSession:
         messages += [
             _storedMessage(None, None, False, message, sid) for message, sid, _ in self.pending
         ]
+        will, willDelay, willDue = self.will, 0, None
+        if will is not None and self.protocol is None:
+            # Away, its will waits for its delay (or the session's end): the
+            # store keeps it with the time it has left.
+            willDelay = will.delay
+            if self._willCall is not None:
+                willDue = self._willCall.getTime() - self.clock.seconds()
+            will = storedPublish(will.topic, will.payload, will.attributes)
+        else:
+            # A connection's will: none goes out as the broker stops.
+            will = None
         return StoredSession(
             self.clientId,
             self.user,
@@ -763,6 +785,9 @@ class MQTTSession:
                 for topicFilter, g in self.granted.items()
             ],
             messages,
+            will,
+            willDelay,
+            willDue,
         )
 
     @classmethod
@@ -816,6 +841,13 @@ class MQTTSession:
         session.nextPacketId = stored.nextPacketId
         factory.sessions[session.clientId] = session
         factory.offline.add(session)
+        if stored.will is not None:
+            session.will = DelayedWill.of(stored.will, stored.willDelay)
+            session._hold(len(stored.will.payload))
+            if stored.willDue is not None:
+                session._willCall = session.clock.callLater(
+                    stored.willDue, session._willDelayPassed
+                )
         session._awayWindow(True)
         session._awaitClient()
         return session

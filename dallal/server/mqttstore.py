@@ -9,7 +9,12 @@ the incoming QoS 2 packet identifiers not yet released, and its QoS 1 and 2
 messages, those sent and not acked (with their packet identifiers, sent
 again with DUP when the client comes back) and those waiting.  A message is
 kept as the MQTT 5 PUBLISH that carries its topic, payload, QoS, retain flag
-and properties.  Its will is not: a session's will is its connection's.
+and properties.  The will of a client that is away, waiting for its MQTT 5
+Will Delay Interval or for the session to end, is kept with the time it had
+left: after the restart it goes out when that time is over, or at once if
+it went by while the broker was stopped (Mosquitto 2.0 publishes such wills
+as it stops, however long their delay).  A session that expired while the
+broker was stopped is read only if it had such a will, to publish it.
 
 The file is written once, when the broker stops (as Mosquitto without
 C{autosave_interval}), in one transaction on a worker thread, so a broker
@@ -69,6 +74,19 @@ CREATE TABLE messages (
 );
 """
 
+# Made by the first write of a file whose schema lacks it: a Dallal that
+# does not know it reads the rest.
+WILLS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS wills (
+    client_id TEXT PRIMARY KEY NOT NULL,
+    -- Its Will Delay Interval.
+    delay REAL NOT NULL,
+    -- Seconds it had left when written, NULL for when the session ends.
+    due REAL,
+    packet BLOB NOT NULL
+)
+"""
+
 
 class StoredMessage:
     """
@@ -101,6 +119,10 @@ class StoredSession:
     @ivar subscriptions: C{(filter, qos, noLocal, retainAsPublished,
         identifiers)} of each.
     @ivar messages: its L{StoredMessage}s, oldest first.
+    @ivar will: the L{Publish} of the will of its client, away, or C{None}.
+    @ivar willDelay: that will's Will Delay Interval, in seconds.
+    @ivar willDue: the seconds the will has left before it goes out, or
+        C{None} if it goes out when the session ends.
     """
 
     def __init__(
@@ -114,6 +136,9 @@ class StoredSession:
         unreleased,
         subscriptions=(),
         messages=(),
+        will=None,
+        willDelay=0,
+        willDue=None,
     ):
         self.clientId = clientId
         self.user = user
@@ -124,6 +149,9 @@ class StoredSession:
         self.unreleased = unreleased
         self.subscriptions = list(subscriptions)
         self.messages = list(messages)
+        self.will = will
+        self.willDelay = willDelay
+        self.willDue = willDue
 
 
 def storedPublish(topic, payload, attributes):
@@ -200,18 +228,22 @@ class SessionStore:
             )
         now = self._clock()
         sessions = {}
+        # Those that expired while the broker was stopped: only their wills
+        # are taken up.
+        expired = {}
+        elapsed = {}
         for row in connection.execute(
             "SELECT client_id, user, peer, expiry, saved, window, next_packet_id, unreleased "
             "FROM sessions"
         ):
             clientId, user, peer, expiry, saved, window, nextPacketId, unreleased = row
+            elapsed[clientId] = now - saved
             if expiry is not None:
-                expiry -= now - saved
-                if expiry <= 0:
-                    continue
-            sessions[clientId] = StoredSession(
+                expiry = max(0, expiry - elapsed[clientId])
+            session = StoredSession(
                 clientId, user, peer, expiry, window, nextPacketId, json.loads(unreleased)
             )
+            (expired if expiry == 0 else sessions)[clientId] = session
         for clientId, *subscription in connection.execute(
             "SELECT client_id, filter, qos, no_local, retain_as_published, identifiers "
             "FROM subscriptions ORDER BY rowid"
@@ -246,6 +278,21 @@ class SessionStore:
                         _decodePublish(packet),
                     )
                 )
+        hasWills = connection.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'wills'"
+        ).fetchone()
+        if hasWills:
+            for clientId, delay, due, packet in connection.execute(
+                "SELECT client_id, delay, due, packet FROM wills"
+            ):
+                session = sessions.get(clientId) or expired.get(clientId)
+                if session is None:
+                    continue
+                sessions[clientId] = session
+                session.will = _decodePublish(packet)
+                session.willDelay = delay
+                if due is not None:
+                    session.willDue = max(0, due - elapsed[clientId])
         return list(sessions.values())
 
     def save(self, sessions):
@@ -273,7 +320,8 @@ class SessionStore:
                     if statement.strip():
                         connection.execute(statement)
                 connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            for table in ("sessions", "subscriptions", "messages"):
+            connection.execute(WILLS_SCHEMA)
+            for table in ("sessions", "subscriptions", "messages", "wills"):
                 connection.execute(f"DELETE FROM {table}")
             for session in sessions:
                 _writeSession(connection, session, saved)
@@ -324,6 +372,11 @@ def _writeSession(connection, session, saved):
             for position, message in enumerate(session.messages)
         ],
     )
+    if session.will is not None:
+        connection.execute(
+            "INSERT INTO wills VALUES (?, ?, ?, ?)",
+            (clientId, session.willDelay, session.willDue, session.will.encode(MQTT_5)),
+        )
 
 
 def _errorName(error):

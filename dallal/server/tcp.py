@@ -586,7 +586,7 @@ class BrokerFactory(ServerFactory):
             )
         else:
             limit, maximum, reason = refusal
-            error = self.broker.limits.refused(
+            error = self.broker.refusedPeer(
                 limit, maximum, formatAddress(addr), BrokerProtocol.transportName, reason=reason
             )
             protocol = RefusedConnection(error, self.broker.clock)

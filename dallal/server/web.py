@@ -383,7 +383,7 @@ class LiveFigures:
             "bytesOut": stats["bytes_out"],
             "dropped": stats["dropped"],
         }
-        topicCounts = dict(broker.topicTraffic.published)
+        topicCounts = broker.publishedByTopic()
         if previous is None or now <= previous["_time"]:
             rates = None
             busiest = heapq.nlargest(TOP_TOPICS, topicCounts.items(), key=lambda item: item[1])
