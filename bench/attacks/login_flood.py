@@ -10,8 +10,8 @@ log in with the right password while answering the broker's PINGs.
 
 PASS if in both rounds every real login completes in under 3 s, none is
 dropped, and the broker's resident memory peaks less than 32 MiB above
-its peak during four password checks at once (scrypt takes 16 MiB each,
-and the broker runs two at a time).
+its peak once four wrong logins sent together are answered (scrypt takes
+16 MiB a check, and the broker runs two checks at a time).
 
 With --broker dallal-mqtt, the same over Dallal's --mqtt listener: each
 attacking connection sends a CONNECT with a wrong password, and the real
@@ -131,7 +131,7 @@ class MemoryWatch(threading.Thread):
 
 def warmUp(kind, port):
     """
-    Four password checks at once, answered.
+    Four wrong logins sent together, answered.
     """
     if kind == "dallal-mqtt":
         warm = [lib.MqttClient(port) for _ in range(4)]
@@ -154,7 +154,7 @@ def floodRound(kind, size):
         passwords = lib.writePasswords(directory, {"alice": "alice-pw"})
         options = ["--passwords", passwords, "--ping-interval", "1"]
         with lib.brokerAndPort(kind, directory, options) as (broker, port):
-            # Four checks at once first: the memory they take is not the flood's.
+            # Four wrong logins first: the memory their checks take is not the flood's.
             warmUp(kind, port)
             # The flood's cost is what it adds to their peak.
             baseline = broker.peakMemory()
