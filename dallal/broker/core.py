@@ -604,6 +604,31 @@ class Broker:
         self._checkPublish(subscriber, topic, payload, requestId)
         return self.router.publish(topic, payload, subscriber, properties=properties)
 
+    def runReceivers(self, subscriber, topic):
+        """
+        Whether a run of messages from C{subscriber} on C{topic}, each
+        within C{maxPayload}, can be published together
+        (L{publishRun}): nothing about the broker or the topic can refuse
+        one of them, and the router takes it
+        (L{dallal.broker.router.Router.runReceivers}).
+
+        @return: the subscriptions the run goes to, or C{None}: each
+            message is published on its own (L{publish}).
+        """
+        if self.shuttingDown or topic not in self._validTopics:
+            return None
+        return self.router.runReceivers(topic, subscriber)
+
+    def publishRun(self, topic, wireTopic, payloads, receivers):
+        """
+        Publish a run of messages on one topic together, as many
+        L{publish} would, to the C{receivers} L{runReceivers} gave just
+        before.
+
+        @param wireTopic: C{topic} encoded as UTF-8.
+        """
+        self.router.publishRun(topic, wireTopic, payloads, receivers)
+
     def _checkPublish(self, subscriber, topic, payload, requestId):
         """
         Refuse a message its topic, its size or the ACL refuses.

@@ -62,6 +62,11 @@ REFUSAL_GRACE = 2.0
 # the others by this much rather than by a whole read's worth.
 TURN_SECONDS = 0.01
 
+# Bytes of pipelined PUBs published together as one run at most
+# (BrokerProtocol.runReceived): a subscriber whose connection fills during
+# a run is written about this much more than it would be one by one.
+RUN_BYTES = 65536
+
 
 # What a client may send before it has logged in.
 _BEFORE_LOGIN = frozenset({wire.Hello, wire.Bye, wire.Ping, wire.Pong})
@@ -192,6 +197,72 @@ class BrokerProtocol(FrameReceiver, RequestHandler, BoundedOutput):
 
     def pongReceived(self):
         self.sweep.pongReceived(self)
+
+    # Runs of PUBs (FrameReceiver.runReceived)
+
+    runStart = b"PUB "
+
+    def runReceived(self, buffer, position):
+        """
+        Publish together the plain PUBs (L{wire.PLAIN_PUB}: no options) on
+        one topic that begin at C{position} of C{buffer}, each complete
+        with its payload, up to L{RUN_BYTES} of them, and ack them in
+        one write: when the broker takes them as a run
+        (L{dallal.broker.core.Broker.runReceivers}) and nothing of this
+        connection (a login to come, a run of errors) wants each handled
+        on its own.  A frame that is not one of them (options, another
+        topic, a payload too large or not all read) ends the run, and is
+        read as any other.
+
+        @return: where the frames taken end; C{position} if none was.
+        """
+        if not self._loggedIn or self.errorStreak or not self._attached:
+            return position
+        match = wire.PLAIN_PUB.match(buffer, position)
+        if match is None:
+            return position
+        requestId, wireTopic, size = match.groups()
+        try:
+            topic = wireTopic.decode("utf-8")
+        except UnicodeDecodeError:
+            return position
+        broker = self.broker
+        receivers = broker.runReceivers(self, topic)
+        if receivers is None:
+            return position
+        # A line longer than this is refused by the frame-by-frame reading.
+        longestLine = self.MAX_LENGTH + 1
+        maxPayload = broker.config.maxPayload
+        runEnd = position + RUN_BYTES
+        requestIds = []
+        payloads = []
+        while True:
+            lineEnd = match.end()
+            size = int(size)
+            payloadEnd = lineEnd + size
+            if (
+                lineEnd - position > longestLine
+                or size > maxPayload
+                or not buffer.startswith(b"\r\n", payloadEnd)
+            ):
+                break
+            requestIds.append(requestId)
+            payloads.append(buffer[lineEnd:payloadEnd])
+            position = payloadEnd + 2
+            if position >= runEnd:
+                break
+            match = wire.PLAIN_PUB.match(buffer, position)
+            if match is None:
+                break
+            requestId, nextTopic, size = match.groups()
+            if nextTopic != wireTopic:
+                break
+        if payloads:
+            self.framesReceived += 2 * len(payloads)
+            broker.publishRun(topic, wireTopic, payloads, receivers)
+            self.sendFrame(wire.encodePubAcks(requestIds))
+            self._carriedOut(0)
+        return position
 
     # Incoming frames
 
@@ -477,6 +548,22 @@ class BrokerProtocol(FrameReceiver, RequestHandler, BoundedOutput):
             else:
                 frame = wire.encodeMessage(message, subscriptionId, seq, deliveryId, redelivered)
             self._write(frame)
+
+    @property
+    def takesRuns(self):
+        """
+        Whether runs of messages may be written with L{sendMessageRun}: not
+        to a bridge, whose every message carries its origin.
+        """
+        return not self.bridging
+
+    def sendMessageRun(self, wireTopic, payloads, subscriptionId, firstSeq):
+        """
+        Write a run of messages on one topic to a C{fire} subscription at
+        once (L{dallal.broker.router.Router.publishRun}).
+        """
+        if self._attached and not self.transport.disconnecting:
+            self._write((wire.encodeMessageRun(wireTopic, payloads, subscriptionId, firstSeq),))
 
     def pausePublishing(self):
         self.pauseReading(CONGESTION)
