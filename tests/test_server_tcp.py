@@ -645,15 +645,19 @@ MIXED_READS = (
 )
 
 
-def mixedPublishes(messageEvents):
+def mixedPublishes(messageEvents, runs=True):
     """
     A subscriber in C{fire} mode to C{news} and C{news%d}, another in C{all}
     mode to C{other}, and a publisher sending L{MIXED_READS}.
 
+    @param runs: whether the broker takes runs of PUBs (else each is read
+        as a frame).
     @return: what the publisher and the C{fire} subscriber read, and the
         broker's counters.
     """
     harness = BrokerHarness(BrokerConfig(maxPayload=16, messageEvents=messageEvents))
+    if not runs:
+        harness.broker.acceptsRun = lambda subscriber, topic: False
     subscriber = harness.connect()
     subscriber.send(b"SUB s1 news mode=fire\r\nSUB s%2 news%d mode=fire\r\n")
     other = harness.connect()
@@ -666,10 +670,13 @@ def mixedPublishes(messageEvents):
 
 def test_runsAsOneByOne():
     """
-    Pipelined PUBs published as runs give the publisher, the subscriber
-    and the counters exactly what publishing each on its own gives.
+    Pipelined PUBs published as runs, together (per-message events off)
+    or one by one (on), give the publisher, the subscriber and the counters
+    exactly what reading each frame on its own gives.
     """
-    assert mixedPublishes(messageEvents=False) == mixedPublishes(messageEvents=True)
+    byFrame = mixedPublishes(messageEvents=False, runs=False)
+    assert mixedPublishes(messageEvents=False) == byFrame
+    assert mixedPublishes(messageEvents=True) == byFrame
     acks, delivered, counters = mixedPublishes(messageEvents=False)
     assert acks.split(b"\r\n") == [
         *(b"PUBACK %d" % n for n in range(1, 7)),
@@ -721,7 +728,8 @@ def test_runsPublishedTogether(monkeypatch):
 def test_ownMessagesOneByOne():
     """
     A publisher subscribed to its own topic reads each of its messages
-    before the PUBACK of its PUB, pipelined or not.
+    before the PUBACK of its PUB, pipelined or not: a run to it is
+    published one by one.
     """
     harness = BrokerHarness(BrokerConfig(messageEvents=False))
     client = harness.connect()

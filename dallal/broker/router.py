@@ -210,12 +210,13 @@ class Router:
         The subscriptions a run of messages from C{source} on C{topic}
         goes to, if L{publishRun} can take it: every one would be written
         each message at once, in C{fire} mode (L{firesAtOnce}), and no
-        ACL or per-message event asks about each.
+        per-message event is logged.  (The broker has checked that no ACL
+        restricts any session: L{dallal.broker.core.Broker.acceptsRun}.)
 
         @return: the subscriptions, or C{None}: the messages are published
             one by one.
         """
-        if self.events.messageEvents or self.sessions.restricted:
+        if self.events.messageEvents:
             return None
         receivers = self.routeOf(topic)
         for subscription in receivers:

@@ -204,17 +204,19 @@ class BrokerProtocol(FrameReceiver, RequestHandler, BoundedOutput):
 
     def runReceived(self, buffer, position):
         """
-        Publish together the plain PUBs (L{wire.PLAIN_PUB}: no options) on
-        one topic that begin at C{position} of C{buffer}, each complete
-        with its payload, up to L{RUN_BYTES} of them, and ack them in
-        one write: when the broker takes them as a run
-        (L{dallal.broker.core.Broker.runReceivers}) and nothing of this
-        connection (a login to come, a run of errors) wants each handled
-        on its own.  A frame that is not one of them (options, another
-        topic, a payload too large or not all read) ends the run, and is
-        read as any other.
+        Publish the plain PUBs (L{wire.PLAIN_PUB}: no options) on one
+        topic that begin at C{position} of C{buffer}, each complete with
+        its payload, up to L{RUN_BYTES} of them, without reading each as a
+        frame, when nothing can refuse them (L{Broker.acceptsRun}) and
+        nothing of this connection (a login to come, a run of errors)
+        wants each read on its own.  They are published together, and
+        acked in one write, when the broker's router takes them as a run
+        (L{Broker.runReceivers}); else one by one, as their frames would
+        be, until reading pauses.  A frame that is not one of them
+        (options, another topic, a payload too large or not all read)
+        ends the run, and is read as any other.
 
-        @return: where the frames taken end; C{position} if none was.
+        @return: where the frames published end; C{position} if none was.
         """
         if not self._loggedIn or self.errorStreak or not self._attached:
             return position
@@ -227,8 +229,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler, BoundedOutput):
         except UnicodeDecodeError:
             return position
         broker = self.broker
-        receivers = broker.runReceivers(self, topic)
-        if receivers is None:
+        if not broker.acceptsRun(self, topic):
             return position
         # A line longer than this is refused by the frame-by-frame reading.
         longestLine = self.MAX_LENGTH + 1
@@ -236,6 +237,8 @@ class BrokerProtocol(FrameReceiver, RequestHandler, BoundedOutput):
         runEnd = position + RUN_BYTES
         requestIds = []
         payloads = []
+        # Where each frame ends.
+        ends = []
         while True:
             lineEnd = match.end()
             size = int(size)
@@ -249,6 +252,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler, BoundedOutput):
             requestIds.append(requestId)
             payloads.append(buffer[lineEnd:payloadEnd])
             position = payloadEnd + 2
+            ends.append(position)
             if position >= runEnd:
                 break
             match = wire.PLAIN_PUB.match(buffer, position)
@@ -257,11 +261,22 @@ class BrokerProtocol(FrameReceiver, RequestHandler, BoundedOutput):
             requestId, nextTopic, size = match.groups()
             if nextTopic != wireTopic:
                 break
-        if payloads:
+        if not payloads:
+            return position
+        receivers = broker.runReceivers(self, topic)
+        if receivers is not None:
             self.framesReceived += 2 * len(payloads)
             broker.publishRun(topic, wireTopic, payloads, receivers)
             self.sendFrame(wire.encodePubAcks(requestIds))
             self._carriedOut(0)
+            return position
+        for requestId, payload, end in zip(requestIds, payloads, ends):
+            self.framesReceived += 2
+            broker.publishAccepted(self, topic, payload)
+            self.sendFrame(b"PUBACK %s\r\n" % (requestId,))
+            self._carriedOut(0)
+            if self.paused or self.transport.disconnecting:
+                return end
         return position
 
     # Incoming frames
