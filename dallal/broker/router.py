@@ -244,7 +244,7 @@ class Router:
             firstSeq = subscription.lastSeq + 1
             subscription.lastSeq += messages
             subscription.outbox.subscriber.sendMessageRun(
-                wireTopic, payloads, subscription.id, firstSeq
+                topic, wireTopic, payloads, subscription.id, firstSeq
             )
         self.sessions.ledger.firedTogether(
             topic,

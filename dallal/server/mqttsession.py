@@ -427,6 +427,21 @@ class MQTTSession:
 
     # ISubscriber
 
+    @property
+    def takesRuns(self):
+        """
+        Whether runs of C{fire} messages may be written with
+        L{sendMessageRun}: to a connection that takes them
+        (L{dallal.server.mqtt.MQTTProtocol.takesRuns}).
+        """
+        protocol = None if self.saving else self.protocol
+        return protocol is not None and protocol.takesRuns
+
+    def sendMessageRun(self, topic, wireTopic, payloads, subscriptionId, firstSeq):
+        protocol = None if self.saving else self.protocol
+        if protocol is not None:
+            protocol.deliverRun(wireTopic, payloads)
+
     def sendMessage(self, message, subscriptionId, seq, deliveryId, redelivered):
         protocol = None if self.saving else self.protocol
         if deliveryId is None:

@@ -47,6 +47,7 @@ from dallal.server.requests import RequestHandler, helloLimits
 from dallal.server.streams import (
     CONGESTION,
     LOGIN_CHECK,
+    RUN_BYTES,
     TURN_OVER,
     BoundedOutput,
     ReadPause,
@@ -61,11 +62,6 @@ REFUSAL_GRACE = 2.0
 # connections' reads, so that a client pipelining costly requests delays
 # the others by this much rather than by a whole read's worth.
 TURN_SECONDS = 0.01
-
-# Bytes of pipelined PUBs published together as one run at most
-# (BrokerProtocol.runReceived): a subscriber whose connection fills during
-# a run is written about this much more than it would be one by one.
-RUN_BYTES = 65536
 
 
 # What a client may send before it has logged in.
@@ -572,7 +568,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler, BoundedOutput):
         """
         return not self.bridging
 
-    def sendMessageRun(self, wireTopic, payloads, subscriptionId, firstSeq):
+    def sendMessageRun(self, topic, wireTopic, payloads, subscriptionId, firstSeq):
         """
         Write a run of messages on one topic to a C{fire} subscription at
         once (L{dallal.broker.router.Router.publishRun}).
