@@ -1097,3 +1097,36 @@ def test_runsAsOneByOne():
     assert dallal.count(b"MSG news") == 10
     assert [packet.payload for packet in MQTTDecoder(MQTT_5).feed(new)] == [b"m1", b"m2"]
     assert (counters["published"], counters["fired"]) == (12, 22)
+
+
+@pytest.mark.parametrize("mqttFirst", [True, False])
+def test_queuedMessagesEncodedOnceForEachProtocol(mqttFirst):
+    """
+    Messages queued for two MQTT 3.1.1 subscribers and a Dallal one (their
+    connections full) are each written the same bytes as messages sent at
+    once, whichever protocol's subscriber is written first.
+    """
+
+    def written(paused):
+        harness = BrokerHarness(BrokerConfig(messageEvents=False))
+        olds = [connected(harness, f"old{n}") for n in range(2)]
+        for old in olds:
+            old.subscribe(("news", 0))
+        dallal = harness.connect()
+        dallal.send(b"SUB s news mode=fire\r\n")
+        dallal.received()
+        connections = [old.connection for old in olds] + [dallal]
+        order = connections if mqttFirst else connections[::-1]
+        if paused:
+            for connection in order:
+                connection.transport.producer.pauseProducing()
+        publisher = connected(harness, "publisher")
+        publisher.send(*(Publish("news", b"m%d" % n, 0, False) for n in range(3)))
+        if paused:
+            for connection in order:
+                connection.transport.producer.resumeProducing()
+        return [connection.received() for connection in connections]
+
+    atOnce = written(paused=False)
+    assert all(atOnce)
+    assert written(paused=True) == atOnce

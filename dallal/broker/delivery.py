@@ -681,8 +681,8 @@ def firesAtOnce(subscription, publisher):
     """
     Whether a message offered to C{subscription} now would be written at
     once, in C{fire} mode, by L{offerToEach}'s first case, and by a
-    subscriber that takes runs of messages (C{takesRuns},
-    C{sendMessageRun}): a live
+    subscriber that takes runs of messages now
+    (L{dallal.broker.interfaces.IRunSubscriber}): a live
     subscription of another session than C{publisher}'s, whose outbox is
     neither paused nor queueing nor bound by a transport's payload limit,
     with no retained messages still to offer.

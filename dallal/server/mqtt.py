@@ -1045,12 +1045,23 @@ class MQTTProtocol(Protocol, BoundedOutput):
             # Its own Subscription Identifiers, or expiry count-down.
             return self._writePublish(message, attributes, granted, 0, None, False)
         retain = self._retainFlag(message, attributes, granted)
-        packets = self.factory.lastPublish.packetsOf(message)
-        key = (self.version, retain)
-        packet = packets.get(key)
-        if packet is None:
-            header = self._publishHeader(message, attributes, granted, 0, None, retain, False)
-            packet = packets[key] = header + message.payload
+        encoding = message.encoding
+        if (
+            self.version == MQTT_3_1_1
+            and not retain
+            and encoding is not None
+            and encoding[0] is _PLAIN_PUBLISH
+        ):
+            packet = encoding[1]
+        else:
+            packets = self.factory.lastPublish.packetsOf(message)
+            key = (self.version, retain)
+            packet = packets.get(key)
+            if packet is None:
+                header = self._publishHeader(message, attributes, granted, 0, None, retain, False)
+                packet = packets[key] = header + message.payload
+                if key == _PLAIN_PUBLISH_KEY and encoding is None:
+                    message.encoding = (_PLAIN_PUBLISH, packet)
         if self._clientMaxPacket is not None and len(packet) > self._clientMaxPacket:
             return False
         self._write((packet,))
@@ -1162,6 +1173,14 @@ class _PublishRun:
         payloads, self.payloads = self.payloads, []
         topic, self.topic = self.topic, None
         self.protocol.broker.publishRun(topic, self.wireTopic, payloads, self.receivers)
+
+
+# Tags an MQTT 3.1.1 QoS 0 PUBLISH without RETAIN kept as a message's
+# encoding (L{dallal.broker.message.Message.encoding}): when the message
+# waits in several subscribers' queues, each is written the packet encoded
+# for the first, as L{LastPublish} does for a message sent to all at once.
+_PLAIN_PUBLISH = "dallal.mqtt.publish"
+_PLAIN_PUBLISH_KEY = (MQTT_3_1_1, False)
 
 
 class LastPublish:

@@ -17,7 +17,7 @@ from twisted.internet.protocol import Protocol, ServerFactory
 from zope.interface import implementer
 
 from dallal import __version__
-from dallal.broker.interfaces import ISubscriber
+from dallal.broker.interfaces import IRunSubscriber
 from dallal.errors import (
     BAD_ARGUMENTS,
     BAD_FRAMING,
@@ -70,7 +70,7 @@ _BEFORE_LOGIN = frozenset({wire.Hello, wire.Bye, wire.Ping, wire.Pong})
 LOGIN_USAGE = "HELLO <id> <client-id> user=<name> password=<the password in base64>"
 
 
-@implementer(ISubscriber, IPingable)
+@implementer(IRunSubscriber, IPingable)
 class BrokerProtocol(FrameReceiver, RequestHandler, BoundedOutput):
     """
     One TCP client of the broker.
