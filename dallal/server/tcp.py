@@ -271,7 +271,7 @@ class BrokerProtocol(FrameReceiver, RequestHandler, BoundedOutput):
             broker.publishAccepted(self, topic, payload)
             self.sendFrame(b"PUBACK %s\r\n" % (requestId,))
             self._carriedOut(0)
-            if self.paused or self.transport.disconnecting:
+            if self.paused or self.transport.disconnecting or not self._attached:
                 return end
         return position
 
