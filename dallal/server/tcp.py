@@ -227,53 +227,64 @@ class BrokerProtocol(FrameReceiver, RequestHandler, BoundedOutput):
         broker = self.broker
         if not broker.acceptsRun(self, topic):
             return position
-        # A line longer than this is refused by the frame-by-frame reading.
-        longestLine = self.MAX_LENGTH + 1
-        maxPayload = broker.config.maxPayload
-        runEnd = position + RUN_BYTES
-        requestIds = []
-        payloads = []
-        # Where each frame ends.
-        ends = []
-        while True:
-            lineEnd = match.end()
-            size = int(size)
-            payloadEnd = lineEnd + size
-            if (
-                lineEnd - position > longestLine
-                or size > maxPayload
-                or not buffer.startswith(b"\r\n", payloadEnd)
-            ):
-                break
-            requestIds.append(requestId)
-            payloads.append(buffer[lineEnd:payloadEnd])
-            position = payloadEnd + 2
-            ends.append(position)
-            if position >= runEnd:
-                break
-            match = wire.PLAIN_PUB.match(buffer, position)
-            if match is None:
-                break
-            requestId, nextTopic, size = match.groups()
-            if nextTopic != wireTopic:
-                break
-        if not payloads:
-            return position
+        frames = self._plainPublishes(buffer, position, match, wireTopic)
         receivers = broker.runReceivers(self, topic)
         if receivers is not None:
-            self.framesReceived += 2 * len(payloads)
-            broker.publishRun(topic, wireTopic, payloads, receivers)
-            self.sendFrame(wire.encodePubAcks(requestIds))
-            self._carriedOut(0)
+            requestIds = []
+            payloads = []
+            for requestId, payload, end in frames:
+                requestIds.append(requestId)
+                payloads.append(payload)
+                position = end
+            if payloads:
+                self.framesReceived += 2 * len(payloads)
+                broker.publishRun(topic, wireTopic, payloads, receivers)
+                self.sendFrame(wire.encodePubAcks(requestIds))
+                self._carriedOut(0)
             return position
-        for requestId, payload, end in zip(requestIds, payloads, ends):
+        # Each parsed as it is published: reading may pause after any.
+        for requestId, payload, end in frames:
+            position = end
             self.framesReceived += 2
             broker.publishAccepted(self, topic, payload)
             self.sendFrame(b"PUBACK %s\r\n" % (requestId,))
             self._carriedOut(0)
             if self.paused or self.transport.disconnecting or not self._attached:
-                return end
+                break
         return position
+
+    def _plainPublishes(self, buffer, position, match, wireTopic):
+        """
+        The plain PUBs on C{wireTopic} from C{position} of C{buffer}, the
+        first matched as C{match}, as long as each is complete and within
+        the broker's limits, up to L{RUN_BYTES} of them.
+
+        @return: an iterator of their request ids (as bytes), payloads and
+            where each ends.
+        """
+        # A line longer than this is refused by the frame-by-frame reading.
+        longestLine = self.MAX_LENGTH + 1
+        maxPayload = self.broker.config.maxPayload
+        runEnd = position + RUN_BYTES
+        while True:
+            requestId, topic, size = match.groups()
+            lineEnd = match.end()
+            size = int(size)
+            payloadEnd = lineEnd + size
+            if (
+                topic != wireTopic
+                or lineEnd - position > longestLine
+                or size > maxPayload
+                or not buffer.startswith(b"\r\n", payloadEnd)
+            ):
+                return
+            position = payloadEnd + 2
+            yield requestId, buffer[lineEnd:payloadEnd], position
+            if position >= runEnd:
+                return
+            match = wire.PLAIN_PUB.match(buffer, position)
+            if match is None:
+                return
 
     # Incoming frames
 
