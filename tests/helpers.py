@@ -151,7 +151,7 @@ class BrokerHarness:
             PING_INTERVAL,
             sysInterval=0,
             gatekeeper=self.gatekeeper,
-            events=EventLog(self.clock, logger=logger),
+            events=EventLog(self.clock, logger=logger, messageEvents=config.messageEvents),
             **grace,
         )
         self.service.startService()

@@ -4,7 +4,7 @@ clock: packets in, packets out, and what the broker core makes of them.
 """
 
 import pytest
-from helpers import BrokerHarness, countersAddUp, harnessWithRetained, messages
+from helpers import BrokerHarness, MemoryRetained, countersAddUp, harnessWithRetained, messages
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_auth import PendingChecks
@@ -1032,3 +1032,112 @@ def test_mqttConnectionsCountInTheBrokersConnectionLimit():
     assert harness.broker.counters["refused_connections"] == 1
     (event,) = harness.fields("limit_reached")
     assert event["transport"] == "mqtt"
+
+
+# Runs of QoS 0 PUBLISHes (dallal.server.mqtt._PublishRun): published
+# together when per-message events are off, with what one by one gives.
+
+
+def mixedPublishes(messageEvents, runs=True):
+    """
+    An MQTT 3.1.1 subscriber and a Dallal one in C{fire} mode to C{news},
+    an MQTT 5 subscriber to C{mixed}, and an MQTT 3.1.1 publisher sending
+    in one read QoS 0 PUBLISHes on C{news} broken by what does not go in a
+    run (QoS 1, RETAIN, another topic, PINGREQ), then in another read two
+    more and a malformed packet.
+
+    @param runs: whether the broker takes runs of PUBLISHes (else each is
+        published on its own).
+    @return: what each client read, and the broker's counters.
+    """
+    harness = BrokerHarness(BrokerConfig(messageEvents=messageEvents))
+    harness.broker.retained = MemoryRetained()
+    if not runs:
+        harness.broker.acceptsRun = lambda subscriber, topic: False
+    old = connected(harness, "old")
+    old.subscribe(("news", 0))
+    dallal = harness.connect()
+    dallal.send(b"SUB s news mode=fire\r\n")
+    new = connected(harness, "new", MQTT_5)
+    new.subscribe(("mixed", 0))
+    publisher = connected(harness, "publisher")
+    publisher.send(
+        Publish("news", b"first", 0, False),
+        *(Publish("news", b"%d" % n, 0, False) for n in range(1, 4)),
+        Publish("news", b"qos1", 1, False, packetId=1),
+        Publish("news", b"4", 0, False),
+        Publish("mixed", b"m1", 0, False),
+        Publish("mixed", b"m2", 0, False),
+        PingReq(),
+        Publish("news", b"retained", 0, True),
+        Publish("news", b"long" * 10, 0, False),
+    )
+    publisher.connection.send(
+        Publish("news", b"6", 0, False).encode(MQTT_3_1_1)
+        + Publish("news", b"7", 0, False).encode(MQTT_3_1_1)
+        + b"\x36\x00"
+    )
+    return (
+        publisher.connection.received(),
+        old.connection.received(),
+        dallal.received(),
+        new.connection.received(),
+        dict(harness.broker.counters),
+    )
+
+
+def test_runsAsOneByOne():
+    """
+    Pipelined QoS 0 PUBLISHes published as runs give every client and the
+    counters exactly what publishing each on its own gives.
+    """
+    oneByOne = mixedPublishes(messageEvents=False, runs=False)
+    assert mixedPublishes(messageEvents=False) == oneByOne
+    assert mixedPublishes(messageEvents=True) == oneByOne
+    _, old, dallal, new, counters = oneByOne
+    assert [packet.payload for packet in MQTTDecoder(MQTT_3_1_1).feed(old)] == [
+        b"first",
+        *(b"%d" % n for n in range(1, 4)),
+        b"qos1",
+        b"4",
+        b"retained",
+        b"long" * 10,
+        b"6",
+        b"7",
+    ]
+    assert dallal.count(b"MSG news") == 10
+    assert [packet.payload for packet in MQTTDecoder(MQTT_5).feed(new)] == [b"m1", b"m2"]
+    assert (counters["published"], counters["fired"]) == (12, 22)
+
+
+@pytest.mark.parametrize("mqttFirst", [True, False])
+def test_queuedMessagesEncodedOnceForEachProtocol(mqttFirst):
+    """
+    Messages queued for two MQTT 3.1.1 subscribers and a Dallal one (their
+    connections full) are each written the same bytes as messages sent at
+    once, whichever protocol's subscriber is written first.
+    """
+
+    def written(paused):
+        harness = BrokerHarness(BrokerConfig(messageEvents=False))
+        olds = [connected(harness, f"old{n}") for n in range(2)]
+        for old in olds:
+            old.subscribe(("news", 0))
+        dallal = harness.connect()
+        dallal.send(b"SUB s news mode=fire\r\n")
+        dallal.received()
+        connections = [old.connection for old in olds] + [dallal]
+        order = connections if mqttFirst else connections[::-1]
+        if paused:
+            for connection in order:
+                connection.transport.producer.pauseProducing()
+        publisher = connected(harness, "publisher")
+        publisher.send(*(Publish("news", b"m%d" % n, 0, False) for n in range(3)))
+        if paused:
+            for connection in order:
+                connection.transport.producer.resumeProducing()
+        return [connection.received() for connection in connections]
+
+    atOnce = written(paused=False)
+    assert all(atOnce)
+    assert written(paused=True) == atOnce

@@ -627,3 +627,115 @@ def test_framesOfTheReadGoOutBeforeAClose(harness):
     client.send(b"PUB 1 news 2\r\nhi\r\nBYE\r\nPUB 2 news 2\r\nhi\r\n")
     assert client.received() == b"PUBACK 1\r\nBYE\r\n"
     assert client.closing
+
+
+# Runs of plain PUBs (BrokerProtocol.runReceived): published together when
+# per-message events are off, with what one by one would give.
+
+# A read of pipelined frames: runs of plain PUBs on one topic, broken by
+# what is not one (another topic, a topic with '%', options, a lower-case
+# verb, a refused topic, a blank line, an oversized payload), and a PUB cut
+# between two reads.
+MIXED_READS = (
+    b"PUB 1 news 2\r\nm1\r\nPUB 2 news 3\r\nm-2\r\nPUB 3 news 0\r\n\r\n"
+    b"PUB 4 news%d 2\r\nm4\r\nPUB 5 news%d 2\r\nm5\r\nPUB 6 news 2\r\nm6\r\n"
+    b"PUB 7 news 2 to-matching=1\r\nm7\r\npub 8 news 2\r\nm8\r\nPUB 9 +bad 2\r\nm9\r\n"
+    b"\r\nPUB 10 news 17\r\n0123456789abcdefg\r\nPUB 11 news 3\r\nm11\r\nPUB 12 ne",
+    b"ws 3\r\nm12\r\nPUB 13 news 3\r\nm13\r\n",
+)
+
+
+def mixedPublishes(messageEvents, runs=True):
+    """
+    A subscriber in C{fire} mode to C{news} and C{news%d}, another in C{all}
+    mode to C{other}, and a publisher sending L{MIXED_READS}.
+
+    @param runs: whether the broker takes runs of PUBs (else each is read
+        as a frame).
+    @return: what the publisher and the C{fire} subscriber read, and the
+        broker's counters.
+    """
+    harness = BrokerHarness(BrokerConfig(maxPayload=16, messageEvents=messageEvents))
+    if not runs:
+        harness.broker.acceptsRun = lambda subscriber, topic: False
+    subscriber = harness.connect()
+    subscriber.send(b"SUB s1 news mode=fire\r\nSUB s%2 news%d mode=fire\r\n")
+    other = harness.connect()
+    other.send(b"SUB o other mode=all\r\n")
+    subscriber.received()
+    publisher = harness.connect()
+    publisher.send(*MIXED_READS)
+    return publisher.received(), subscriber.received(), dict(harness.broker.counters)
+
+
+def test_runsAsOneByOne():
+    """
+    Pipelined PUBs published as runs, together (per-message events off)
+    or one by one (on), give the publisher, the subscriber and the counters
+    exactly what reading each frame on its own gives.
+    """
+    byFrame = mixedPublishes(messageEvents=False, runs=False)
+    assert mixedPublishes(messageEvents=False) == byFrame
+    assert mixedPublishes(messageEvents=True) == byFrame
+    acks, delivered, counters = mixedPublishes(messageEvents=False)
+    assert acks.split(b"\r\n") == [
+        *(b"PUBACK %d" % n for n in range(1, 7)),
+        b"PUBACK 7 topics=1",
+        b"PUBACK 8",
+        b"ERR 9 BAD_TOPIC '+' and '#' are reserved for subscription wildcards",
+        b"ERR 10 PAYLOAD_TOO_LARGE payload of 17 bytes is larger than the maximum of 16",
+        *(b"PUBACK %d" % n for n in range(11, 14)),
+        b"",
+    ]
+    assert delivered.startswith(
+        b"MSG news 2 sub=s1 seq=1\r\nm1\r\nMSG news 3 sub=s1 seq=2\r\nm-2\r\n"
+        b"MSG news 0 sub=s1 seq=3\r\n\r\nMSG news%d 2 sub=s%2 seq=1\r\nm4\r\n"
+    )
+    assert (counters["published"], counters["delivered"], counters["fired"]) == (11, 11, 11)
+    assert delivered.endswith(b"MSG news 3 sub=s1 seq=9\r\nm13\r\n")
+
+
+def test_runsPublishedTogether(monkeypatch):
+    """
+    With per-message events off, a read of plain PUBs on one topic to
+    C{fire} subscribers is published as one run: the first PUB on a topic
+    on its own (its topic is checked), the others together.
+    """
+    harness = BrokerHarness(BrokerConfig(messageEvents=False))
+    publishes = []
+    original = harness.broker.router.publish
+    monkeypatch.setattr(
+        harness.broker.router,
+        "publish",
+        lambda *arguments, **options: (
+            publishes.append(arguments) or original(*arguments, **options)
+        ),
+    )
+    subscriber = harness.connect()
+    subscriber.send(b"SUB s news mode=fire\r\n")
+    subscriber.received()
+    publisher = harness.connect()
+    publisher.send(b"".join(b"PUB %d news 3\r\n%03d\r\n" % (n, n) for n in range(1, 101)))
+    assert publisher.received() == b"".join(b"PUBACK %d\r\n" % n for n in range(1, 101))
+    assert subscriber.received() == b"".join(
+        b"MSG news 3 sub=s seq=%d\r\n%03d\r\n" % (n, n) for n in range(1, 101)
+    )
+    assert len(publishes) == 1
+    counters = harness.broker.counters
+    assert (counters["published"], counters["fired"], counters["bytes_out"]) == (100, 100, 300)
+
+
+def test_ownMessagesOneByOne():
+    """
+    A publisher subscribed to its own topic reads each of its messages
+    before the PUBACK of its PUB, pipelined or not: a run to it is
+    published one by one.
+    """
+    harness = BrokerHarness(BrokerConfig(messageEvents=False))
+    client = harness.connect()
+    client.send(b"SUB s news mode=fire\r\n")
+    client.received()
+    client.send(b"".join(b"PUB %d news 2\r\nm%d\r\n" % (n, n) for n in range(1, 4)))
+    assert client.received() == b"".join(
+        b"MSG news 2 sub=s seq=%d\r\nm%d\r\nPUBACK %d\r\n" % (n, n, n) for n in range(1, 4)
+    )

@@ -640,6 +640,40 @@ class Broker:
         self._checkPublish(subscriber, topic, payload, requestId)
         return self.router.publish(topic, payload, subscriber, properties=properties)
 
+    def acceptsRun(self, subscriber, topic):
+        """
+        Whether messages from C{subscriber} on C{topic}, each within
+        C{maxPayload}, are accepted without a check each: nothing about
+        the broker (shutting down), the topic (checked before) or an ACL
+        can refuse one.  They are then published by L{publishRun} or
+        L{publishAccepted}.
+        """
+        return not (self.shuttingDown or self.sessions.restricted or topic not in self._validTopics)
+
+    def runReceivers(self, subscriber, topic):
+        """
+        The subscriptions a run of accepted messages from C{subscriber} on
+        C{topic} goes to, if they can be published together
+        (L{dallal.broker.router.Router.runReceivers}); else C{None}.
+        """
+        return self.router.runReceivers(topic, subscriber)
+
+    def publishRun(self, topic, wireTopic, payloads, receivers):
+        """
+        Publish a run of accepted messages on one topic together, as many
+        L{publish} would, to the C{receivers} L{runReceivers} gave just
+        before.
+
+        @param wireTopic: C{topic} encoded as UTF-8.
+        """
+        self.router.publishRun(topic, wireTopic, payloads, receivers)
+
+    def publishAccepted(self, subscriber, topic, payload):
+        """
+        Publish a message L{acceptsRun} accepted, as L{publish} would.
+        """
+        self.router.publish(topic, payload, subscriber)
+
     def _checkPublish(self, subscriber, topic, payload, requestId):
         """
         Refuse a message its topic, its size or the ACL refuses.

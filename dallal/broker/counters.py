@@ -138,13 +138,14 @@ class Counters(Mapping):
         values["connections"] -= 1
         values["subscriptions"] -= subscriptions
 
-    def published(self, size):
+    def published(self, size, messages=1):
         """
         A message of C{size} payload bytes was published, by a client, a
-        bridge or the broker itself.
+        bridge or the broker itself; or C{messages} of them, C{size} bytes
+        in all.
         """
         values = self._values
-        values["published"] += 1
+        values["published"] += messages
         values["bytes_in"] += size
 
     def refused(self, limit):

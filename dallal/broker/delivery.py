@@ -685,6 +685,30 @@ class Outbox:
         self._awaitAck(delivery, again=True)
 
 
+def firesAtOnce(subscription, publisher):
+    """
+    Whether a message offered to C{subscription} now would be written at
+    once, in C{fire} mode, by L{offerToEach}'s first case, and by a
+    subscriber that takes runs of messages now
+    (L{dallal.broker.interfaces.IRunSubscriber}): a live
+    subscription of another session than C{publisher}'s, whose outbox is
+    neither paused nor queueing nor bound by a transport's payload limit,
+    with no retained messages still to offer.
+    """
+    outbox = subscription.outbox
+    return (
+        subscription.__class__ is Subscription
+        and subscription.mode == FIRE
+        and subscription.retainedFeed is None
+        and outbox.subscriber is not publisher
+        and not outbox._disconnecting
+        and not outbox.paused
+        and not outbox._queue
+        and outbox.config.maxPayload is None
+        and getattr(outbox.subscriber, "takesRuns", False)
+    )
+
+
 def offerToEach(receivers, message, publisher, ledger):
     """
     Offer a new message to each of the subscriptions it goes to, as

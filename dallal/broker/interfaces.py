@@ -59,3 +59,27 @@ class ISubscriber(Interface):
         """
         Take messages from this client again.
         """
+
+
+class IRunSubscriber(ISubscriber):
+    """
+    A subscriber that may be written a run of live messages on one topic
+    at once, to a C{fire} subscription, without a
+    L{dallal.broker.message.Message} for each
+    (L{dallal.broker.router.Router.publishRun}).
+    """
+
+    takesRuns = Attribute(
+        "Whether it takes runs now: a subscriber whose messages each carry "
+        "something of their own (a bridge's origin) does not."
+    )
+
+    def sendMessageRun(topic, wireTopic, payloads, subscriptionId, firstSeq):
+        """
+        Send messages on C{topic} (C{wireTopic} as UTF-8), live and not
+        retained, as L{ISubscriber.sendMessage} would each in C{fire} mode.
+
+        @param payloads: their payloads, in order.
+        @param firstSeq: the subscription's sequence number for the first;
+            the others follow it.
+        """

@@ -12,7 +12,7 @@ filter matches.
 
 from itertools import count
 
-from dallal.broker.delivery import offerToEach
+from dallal.broker.delivery import firesAtOnce, offerToEach
 from dallal.broker.feed import RetainedFeed
 from dallal.broker.message import Message
 from dallal.broker.sharing import ShareGroup
@@ -204,6 +204,55 @@ class Router:
             )
         offerToEach(receivers, message, source, self.sessions.ledger)
         return message
+
+    def runReceivers(self, topic, source):
+        """
+        The subscriptions a run of messages from C{source} on C{topic}
+        goes to, if L{publishRun} can take it: every one would be written
+        each message at once, in C{fire} mode (L{firesAtOnce}), and no
+        per-message event is logged.  (The broker has checked that no ACL
+        restricts any session: L{dallal.broker.core.Broker.acceptsRun}.)
+
+        @return: the subscriptions, or C{None}: the messages are published
+            one by one.
+        """
+        if self.events.messageEvents:
+            return None
+        receivers = self.routeOf(topic)
+        for subscription in receivers:
+            if not firesAtOnce(subscription, source):
+                return None
+        return receivers
+
+    def publishRun(self, topic, wireTopic, payloads, receivers):
+        """
+        Publish messages on one topic together, as many L{publish} would,
+        to C{receivers} found by L{runReceivers} just before: each
+        subscriber is written the whole run at once (C{sendMessageRun}),
+        and the run is counted, as published and as fired, in one step.
+        No L{Message} is made: nothing keeps one, or logs its id.
+
+        @param wireTopic: C{topic} encoded as UTF-8.
+        """
+        messages = len(payloads)
+        size = sum(map(len, payloads))
+        self.counters.published(size, messages)
+        self.topicTraffic.received(topic, size, messages)
+        if not receivers:
+            return
+        for subscription in receivers:
+            firstSeq = subscription.lastSeq + 1
+            subscription.lastSeq += messages
+            subscription.outbox.subscriber.sendMessageRun(
+                topic, wireTopic, payloads, subscription.id, firstSeq
+            )
+        self.sessions.ledger.firedTogether(
+            topic,
+            messages * len(receivers),
+            size * len(receivers),
+            messages * sum(subscription.bridge for subscription in receivers),
+            offered=True,
+        )
 
     def routeOf(self, topic):
         """

@@ -134,13 +134,14 @@ class TopicTraffic:
             counts = self.topics[topic] = [0, 0, 0, 0]
         return counts
 
-    def received(self, topic, size):
+    def received(self, topic, size, messages=1):
         """
-        A message of C{size} bytes was published on C{topic}.
+        A message of C{size} bytes was published on C{topic}; or
+        C{messages} of them, C{size} bytes in all.
         """
         # Once per message: a topic already counted costs no call.
         counts = self.topics.get(topic) or self._counts(topic)
-        counts[0] += 1
+        counts[0] += messages
         counts[1] += size
         published = self.published
         count = published.get(topic)
@@ -148,7 +149,7 @@ class TopicTraffic:
             if len(published) >= TOPICS_PUBLISHED:
                 published.clear()
             count = 0
-        published[topic] = count + 1
+        published[topic] = count + messages
 
     def sent(self, topic, size, first):
         """

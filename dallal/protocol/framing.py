@@ -44,6 +44,9 @@ class FrameReceiver(LineReceiver):
     _awaitingTerminator = False
     # Frames (lines and payloads) received so far.
     framesReceived = 0
+    # What a run of frames that L{runReceived} may take together begins
+    # with, or C{None}.
+    runStart = None
 
     def expectPayload(self, size, discard=False):
         """
@@ -65,6 +68,17 @@ class FrameReceiver(LineReceiver):
         Override this to handle a payload announced with L{expectPayload}.
         """
         raise NotImplementedError
+
+    def runReceived(self, buffer, position):
+        """
+        Override this to take together the frames at C{position} of
+        C{buffer}, which begins there with L{runStart}, as many as it
+        handles (counting them in C{framesReceived}).
+
+        @return: where the frames it took end; C{position} if it took
+            none: the frame there is then read as any other.
+        """
+        return position
 
     def payloadDiscarded(self, size):
         """
@@ -128,6 +142,7 @@ class FrameReceiver(LineReceiver):
         # The transport stays the same for the whole call: whether it is
         # closing is read from it after each frame, without a call.
         transport = self.transport
+        runStart = self.runStart
         while position < end and not self.paused:
             if self._awaitingTerminator:
                 wanted = self._payloadWanted
@@ -178,6 +193,13 @@ class FrameReceiver(LineReceiver):
                 if why or (transport is not None and transport.disconnecting):
                     return None, why
             elif self.line_mode:
+                if runStart is not None and buffer.startswith(runStart, position):
+                    taken = self.runReceived(buffer, position)
+                    if taken != position:
+                        position = taken
+                        if transport is not None and transport.disconnecting:
+                            return None, None
+                        continue
                 lineEnd = buffer.find(b"\n", position)
                 if lineEnd < 0:
                     # Allow for the CR of a CRLF still to come.

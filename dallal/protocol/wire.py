@@ -10,6 +10,7 @@ about sockets: the TCP and UDP transports both call it.
 
 import base64
 import binascii
+import re
 from dataclasses import dataclass, field
 
 from dallal.errors import (
@@ -322,6 +323,14 @@ _PARSERS = {
 }
 
 
+# The control line of a PUB without options, as most are, and its line end:
+# its request id, topic and payload size, as the grammar allows them, found
+# in one step where a transport reads a run of pipelined PUBs together
+# (L{dallal.server.tcp.BrokerProtocol.runReceived}).  A line it does not
+# match is parsed by L{parseRequest}, which says what is wrong with it.
+PLAIN_PUB = re.compile(rb"PUB ([!-~]{1,%d}) (\S+) (\d{1,%d})\r?\n" % (MAX_ID_LENGTH, _SIZE_DIGITS))
+
+
 def parseRequest(line):
     """
     Parse one control line from a client.
@@ -418,6 +427,30 @@ def encodeMessage(message, subscriptionId, seq, deliveryId, redelivered):
     return (line, uncopiedPayload, CRLF)
 
 
+def encodeMessageRun(wireTopic, payloads, subscriptionId, firstSeq):
+    """
+    The C{MSG} frames, in one byte string, of a run of messages on one
+    topic to one C{fire} subscription: what L{encodeMessage} makes of each
+    (live, not retained; no delivery id), without a L{Message} for any.
+
+    @param wireTopic: their topic, encoded as UTF-8.
+    @param payloads: their payloads, in order.
+    @param firstSeq: the C{seq} of the first; the others follow it.
+    """
+    # The topic and the subscription id go into the format as they are:
+    # a '%' of theirs is not a conversion.
+    frame = b"MSG %s %%d sub=%s seq=%%d\r\n%%s\r\n" % (
+        wireTopic.replace(b"%", b"%%"),
+        subscriptionId.encode("ascii").replace(b"%", b"%%"),
+    )
+    return b"".join(
+        [
+            frame % (len(payload), seq, payload)
+            for seq, payload in zip(range(firstSeq, firstSeq + len(payloads)), payloads)
+        ]
+    )
+
+
 def _sharedMessageParts(message):
     """
     The parts of a message's C{MSG} frame that are the same for every
@@ -473,6 +506,16 @@ def encodePubAck(requestId, options=None):
         # does.
         return f"PUBACK {requestId}\r\n".encode("ascii")
     return b"PUBACK %s%s\r\n" % (requestId.encode("ascii"), _encodeOptions(options))
+
+
+def encodePubAcks(requestIds):
+    """
+    The C{PUBACK}s, without options, of a run of publishes, in one byte
+    string.
+
+    @param requestIds: their request ids, as bytes.
+    """
+    return b"PUBACK " + b"\r\nPUBACK ".join(requestIds) + CRLF
 
 
 def encodeSubAck(requestId):

@@ -125,6 +125,7 @@ from dallal.server.streams import (
     CONGESTION,
     LOGIN_CHECK,
     OUTPUT_FULL,
+    RUN_BYTES,
     BoundedOutput,
     ReadPause,
     WriteBatch,
@@ -347,20 +348,28 @@ class MQTTProtocol(Protocol, BoundedOutput):
         self.refuseStream(ReasonCode.KEEP_ALIVE_TIMEOUT, why)
 
     def _readPackets(self):
+        run = _PublishRun(self)
         try:
             for packet in self._decoder:
                 if type(packet) is tuple:
                     # A PUBLISH's fields.
+                    if run.takes(packet):
+                        continue
+                    run.publish()
                     self._publishReceived(*packet)
                 else:
+                    run.publish()
                     self._packetReceived(packet)
                 if self.readPause or self._closing:
                     # The rest stays in the decoder.
                     return
         except MalformedPacket as error:
+            run.publish()
             self.refuseStream(error.reasonCode, str(error))
         except ProtocolViolation as error:
             self.refuseStream(error.reasonCode, str(error))
+        finally:
+            run.publish()
 
     def _packetReceived(self, packet):
         """
@@ -921,6 +930,36 @@ class MQTTProtocol(Protocol, BoundedOutput):
             and len(session.outgoing) - len(session.unresent) < self._receiveMaximum
         )
 
+    @property
+    def takesRuns(self):
+        """
+        Whether runs of C{fire} messages may be written at once
+        (L{deliverRun}): to an MQTT 3.1.1 client, whose QoS 0 PUBLISH of a
+        live message carries nothing but its topic and payload.
+        """
+        return self.version == MQTT_3_1_1 and not (self._closing or self.transport.disconnecting)
+
+    def deliverRun(self, wireTopic, payloads):
+        """
+        Write a run of live messages on one topic (C{wireTopic}, as UTF-8)
+        that the core delivered to a QoS 0 subscription of this MQTT 3.1.1
+        client together (L{dallal.broker.router.Router.publishRun}): what
+        L{deliver} would write for each.
+        """
+        if self._closing or self.transport.disconnecting:
+            return
+        # Messages of one size have one header.
+        headers = {}
+        packets = []
+        for payload in payloads:
+            size = len(payload)
+            header = headers.get(size)
+            if header is None:
+                header = headers[size] = encodePublishHeader(wireTopic, size)
+            packets.append(header)
+            packets.append(payload)
+        self._write((b"".join(packets),))
+
     def deliver(self, message, subscriptionId, deliveryId):
         """
         Send a message the core delivered to the session (see
@@ -1012,12 +1051,23 @@ class MQTTProtocol(Protocol, BoundedOutput):
             # Its own Subscription Identifiers, or expiry count-down.
             return self._writePublish(message, attributes, granted, 0, None, False)
         retain = self._retainFlag(message, attributes, granted)
-        packets = self.factory.lastPublish.packetsOf(message)
-        key = (self.version, retain)
-        packet = packets.get(key)
-        if packet is None:
-            header = self._publishHeader(message, attributes, granted, 0, None, retain, False)
-            packet = packets[key] = header + message.payload
+        encoding = message.encoding
+        if (
+            self.version == MQTT_3_1_1
+            and not retain
+            and encoding is not None
+            and encoding[0] is _PLAIN_PUBLISH
+        ):
+            packet = encoding[1]
+        else:
+            packets = self.factory.lastPublish.packetsOf(message)
+            key = (self.version, retain)
+            packet = packets.get(key)
+            if packet is None:
+                header = self._publishHeader(message, attributes, granted, 0, None, retain, False)
+                packet = packets[key] = header + message.payload
+                if key == _PLAIN_PUBLISH_KEY and encoding is None:
+                    message.encoding = (_PLAIN_PUBLISH, packet)
         if self._clientMaxPacket is not None and len(packet) > self._clientMaxPacket:
             return False
         self._write((packet,))
@@ -1069,6 +1119,74 @@ class MQTTProtocol(Protocol, BoundedOutput):
         if self.version == MQTT_5:
             self._send(Disconnect(ReasonCode.ADMINISTRATIVE_ACTION, self._reasonString(reason)))
         self._close()
+
+
+class _PublishRun:
+    """
+    The QoS 0 PUBLISHes without properties or RETAIN on one topic that one
+    read of a client brings in a row, taken together: when the broker
+    accepts them without a check each and its router publishes them
+    together (L{dallal.broker.core.Broker.runReceivers}), they are
+    published as one run, up to L{RUN_BYTES} of payload.  Any other packet
+    ends the run, and is handled once the run is published.
+    """
+
+    __slots__ = ("protocol", "topic", "wireTopic", "payloads", "receivers", "size")
+
+    def __init__(self, protocol):
+        self.protocol = protocol
+        self.topic = None
+        self.payloads = []
+
+    def takes(self, fields):
+        """
+        Take a PUBLISH's fields into the run, if it belongs to it or starts
+        one.
+
+        @return: whether it was taken.
+        """
+        topic, payload, qos, retain, _, _, properties = fields
+        if qos or retain or properties is not NO_PROPERTIES:
+            return False
+        if self.topic is not None:
+            if topic != self.topic or self.size >= RUN_BYTES:
+                return False
+            self.payloads.append(payload)
+            self.size += len(payload)
+            return True
+        protocol = self.protocol
+        broker = protocol.broker
+        if len(payload) > broker.config.maxPayload or not broker.acceptsRun(
+            protocol.session, topic
+        ):
+            return False
+        receivers = broker.runReceivers(protocol.session, topic)
+        if receivers is None:
+            return False
+        self.topic = topic
+        self.wireTopic = topic.encode("utf-8")
+        self.receivers = receivers
+        self.payloads = [payload]
+        self.size = len(payload)
+        return True
+
+    def publish(self):
+        """
+        Publish the run taken so far, if any, and start afresh.
+        """
+        if self.topic is None:
+            return
+        payloads, self.payloads = self.payloads, []
+        topic, self.topic = self.topic, None
+        self.protocol.broker.publishRun(topic, self.wireTopic, payloads, self.receivers)
+
+
+# Tags an MQTT 3.1.1 QoS 0 PUBLISH without RETAIN kept as a message's
+# encoding (L{dallal.broker.message.Message.encoding}): when the message
+# waits in several subscribers' queues, each is written the packet encoded
+# for the first, as L{LastPublish} does for a message sent to all at once.
+_PLAIN_PUBLISH = "dallal.mqtt.publish"
+_PLAIN_PUBLISH_KEY = (MQTT_3_1_1, False)
 
 
 class LastPublish:

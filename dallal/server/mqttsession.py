@@ -35,7 +35,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from dallal.broker.counters import DISCONNECTED, QUEUE_FULL
-from dallal.broker.interfaces import ISubscriber
+from dallal.broker.interfaces import IRunSubscriber
 from dallal.broker.message import Message
 from dallal.errors import BAD_TOPIC, NO_ID, RequestError
 from dallal.limits import OFFLINE_BYTES, OFFLINE_SESSIONS, QUEUED_BYTES, QUEUED_MESSAGES
@@ -311,7 +311,7 @@ def sessionExpiry(connect):
     return None if interval == NEVER_EXPIRES else interval
 
 
-@implementer(ISubscriber)
+@implementer(IRunSubscriber)
 class MQTTSession:
     """
     One MQTT client's session, as the broker core sees it.
@@ -353,7 +353,8 @@ class MQTTSession:
         self.expiry = 0
         self.granted = {}
         # The same subscriptions by filter, and what a message gets from
-        # those that match its topic, when they overlap, by topic shape.
+        # those that match its topic, when they overlap, by topic and by
+        # topic shape.
         self.filters = SubscriptionTree()
         self.combined = {}
         self.outgoing = {}
@@ -411,8 +412,12 @@ class MQTTSession:
         granted = self.granted
         if len(granted) < 2 or subscriptionId.startswith(SHARED_SUBSCRIPTION_PREFIX):
             return granted.get(subscriptionId)
-        # Topics of one shape match the same filters (SubscriptionTree.shape):
-        # a new topic of a known shape costs no match.
+        # Remembered by topic, and by shape: topics of one shape match the
+        # same filters (SubscriptionTree.shape), so a new topic of a known
+        # shape costs no match.
+        combined = self.combined.get(topic)
+        if combined is not None:
+            return combined
         shape = self.filters.shape(topic)
         combined = self.combined.get(shape)
         if combined is None:
@@ -421,9 +426,9 @@ class MQTTSession:
                 # A message still queued for a subscription since ended.
                 return granted.get(subscriptionId)
             combined = matching[0] if len(matching) == 1 else Granted.combined(matching)
-            if len(self.combined) >= TOPICS_REMEMBERED:
-                self.combined.clear()
-            self.combined[shape] = combined
+        if len(self.combined) >= TOPICS_REMEMBERED:
+            self.combined.clear()
+        self.combined[shape] = self.combined[topic] = combined
         return combined
 
     def allocatePacketId(self):
@@ -438,6 +443,21 @@ class MQTTSession:
         return packetId
 
     # ISubscriber
+
+    @property
+    def takesRuns(self):
+        """
+        Whether runs of C{fire} messages may be written with
+        L{sendMessageRun}: to a connection that takes them
+        (L{dallal.server.mqtt.MQTTProtocol.takesRuns}).
+        """
+        protocol = None if self.saving else self.protocol
+        return protocol is not None and protocol.takesRuns
+
+    def sendMessageRun(self, topic, wireTopic, payloads, subscriptionId, firstSeq):
+        protocol = None if self.saving else self.protocol
+        if protocol is not None:
+            protocol.deliverRun(wireTopic, payloads)
 
     def sendMessage(self, message, subscriptionId, seq, deliveryId, redelivered):
         protocol = None if self.saving else self.protocol

@@ -23,6 +23,12 @@ TURN_OVER = "turn_over"
 # until its client has read the answers.
 OUTPUT_SOFT_MARK = 65536
 
+# Bytes of pipelined publishes published together as one run at most
+# (L{dallal.broker.router.Router.publishRun}): a subscriber whose connection
+# fills during a run is written about this much more than it would be one
+# by one.
+RUN_BYTES = 65536
+
 
 class ReadPause(set):
     """

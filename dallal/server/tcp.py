@@ -17,7 +17,7 @@ from twisted.internet.protocol import Protocol, ServerFactory
 from zope.interface import implementer
 
 from dallal import __version__
-from dallal.broker.interfaces import ISubscriber
+from dallal.broker.interfaces import IRunSubscriber
 from dallal.errors import (
     BAD_ARGUMENTS,
     BAD_FRAMING,
@@ -47,6 +47,7 @@ from dallal.server.requests import RequestHandler, helloLimits
 from dallal.server.streams import (
     CONGESTION,
     LOGIN_CHECK,
+    RUN_BYTES,
     TURN_OVER,
     BoundedOutput,
     ReadPause,
@@ -69,7 +70,7 @@ _BEFORE_LOGIN = frozenset({wire.Hello, wire.Bye, wire.Ping, wire.Pong})
 LOGIN_USAGE = "HELLO <id> <client-id> user=<name> password=<the password in base64>"
 
 
-@implementer(ISubscriber, IPingable)
+@implementer(IRunSubscriber, IPingable)
 class BrokerProtocol(FrameReceiver, RequestHandler, BoundedOutput):
     """
     One TCP client of the broker.
@@ -192,6 +193,98 @@ class BrokerProtocol(FrameReceiver, RequestHandler, BoundedOutput):
 
     def pongReceived(self):
         self.sweep.pongReceived(self)
+
+    # Runs of PUBs (FrameReceiver.runReceived)
+
+    runStart = b"PUB "
+
+    def runReceived(self, buffer, position):
+        """
+        Publish the plain PUBs (L{wire.PLAIN_PUB}: no options) on one
+        topic that begin at C{position} of C{buffer}, each complete with
+        its payload, up to L{RUN_BYTES} of them, without reading each as a
+        frame, when nothing can refuse them (L{Broker.acceptsRun}) and
+        nothing of this connection (a login to come, a run of errors)
+        wants each read on its own.  They are published together, and
+        acked in one write, when the broker's router takes them as a run
+        (L{Broker.runReceivers}); else one by one, as their frames would
+        be, until reading pauses.  A frame that is not one of them
+        (options, another topic, a payload too large or not all read)
+        ends the run, and is read as any other.
+
+        @return: where the frames published end; C{position} if none was.
+        """
+        if not self._loggedIn or self.errorStreak or not self._attached:
+            return position
+        match = wire.PLAIN_PUB.match(buffer, position)
+        if match is None:
+            return position
+        requestId, wireTopic, size = match.groups()
+        try:
+            topic = wireTopic.decode("utf-8")
+        except UnicodeDecodeError:
+            return position
+        broker = self.broker
+        if not broker.acceptsRun(self, topic):
+            return position
+        frames = self._plainPublishes(buffer, position, match, wireTopic)
+        receivers = broker.runReceivers(self, topic)
+        if receivers is not None:
+            requestIds = []
+            payloads = []
+            for requestId, payload, end in frames:
+                requestIds.append(requestId)
+                payloads.append(payload)
+                position = end
+            if payloads:
+                self.framesReceived += 2 * len(payloads)
+                broker.publishRun(topic, wireTopic, payloads, receivers)
+                self.sendFrame(wire.encodePubAcks(requestIds))
+                self._carriedOut(0)
+            return position
+        # Each parsed as it is published: reading may pause after any.
+        for requestId, payload, end in frames:
+            position = end
+            self.framesReceived += 2
+            broker.publishAccepted(self, topic, payload)
+            self.sendFrame(b"PUBACK %s\r\n" % (requestId,))
+            self._carriedOut(0)
+            if self.paused or self.transport.disconnecting or not self._attached:
+                break
+        return position
+
+    def _plainPublishes(self, buffer, position, match, wireTopic):
+        """
+        The plain PUBs on C{wireTopic} from C{position} of C{buffer}, the
+        first matched as C{match}, as long as each is complete and within
+        the broker's limits, up to L{RUN_BYTES} of them.
+
+        @return: an iterator of their request ids (as bytes), payloads and
+            where each ends.
+        """
+        # A line longer than this is refused by the frame-by-frame reading.
+        longestLine = self.MAX_LENGTH + 1
+        maxPayload = self.broker.config.maxPayload
+        runEnd = position + RUN_BYTES
+        while True:
+            requestId, topic, size = match.groups()
+            lineEnd = match.end()
+            size = int(size)
+            payloadEnd = lineEnd + size
+            if (
+                topic != wireTopic
+                or lineEnd - position > longestLine
+                or size > maxPayload
+                or not buffer.startswith(b"\r\n", payloadEnd)
+            ):
+                return
+            position = payloadEnd + 2
+            yield requestId, buffer[lineEnd:payloadEnd], position
+            if position >= runEnd:
+                return
+            match = wire.PLAIN_PUB.match(buffer, position)
+            if match is None:
+                return
 
     # Incoming frames
 
@@ -477,6 +570,22 @@ class BrokerProtocol(FrameReceiver, RequestHandler, BoundedOutput):
             else:
                 frame = wire.encodeMessage(message, subscriptionId, seq, deliveryId, redelivered)
             self._write(frame)
+
+    @property
+    def takesRuns(self):
+        """
+        Whether runs of messages may be written with L{sendMessageRun}: not
+        to a bridge, whose every message carries its origin.
+        """
+        return not self.bridging
+
+    def sendMessageRun(self, topic, wireTopic, payloads, subscriptionId, firstSeq):
+        """
+        Write a run of messages on one topic to a C{fire} subscription at
+        once (L{dallal.broker.router.Router.publishRun}).
+        """
+        if self._attached and not self.transport.disconnecting:
+            self._write((wire.encodeMessageRun(wireTopic, payloads, subscriptionId, firstSeq),))
 
     def pausePublishing(self):
         self.pauseReading(CONGESTION)
