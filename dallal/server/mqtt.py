@@ -946,7 +946,7 @@ class MQTTProtocol(Protocol, BoundedOutput):
                 session.settleLater(deliveryId, None)
             return
         packetId = session.allocatePacketId()
-        if self._writePublish(message, attributes, granted, qos, packetId, False):
+        if self._writeAcked(message, attributes, granted, qos, packetId):
             session.outgoing[packetId] = Outgoing(deliveryId, qos, message, subscriptionId)
         else:
             # [MQTT-3.1.2-25]: never sent, as if it had been.
@@ -999,10 +999,7 @@ class MQTTProtocol(Protocol, BoundedOutput):
 
         @return: whether it was written (see L{_writePublish}).
         """
-        if self.version == MQTT_5 and (
-            (granted is not None and granted.identifiers)
-            or (attributes is not None and attributes.expiry is not None)
-        ):
+        if self._carriesItsOwn(attributes, granted):
             # Its own Subscription Identifiers, or expiry count-down.
             return self._writePublish(message, attributes, granted, 0, None, False)
         retain = self._retainFlag(message, attributes, granted)
@@ -1016,6 +1013,48 @@ class MQTTProtocol(Protocol, BoundedOutput):
             return False
         self._write((packet,))
         return True
+
+    def _writeAcked(self, message, attributes, granted, qos, packetId):
+        """
+        Write the QoS 1 or 2 PUBLISH of a message, first sent: the bytes
+        encoded for its first subscriber of the same protocol version,
+        RETAIN flag and QoS, around this one's packet identifier, when this
+        client's copy carries nothing else of its own (L{LastPublish}).
+
+        @return: whether it was written (see L{_writePublish}).
+        """
+        if self._carriesItsOwn(attributes, granted):
+            return self._writePublish(message, attributes, granted, qos, packetId, False)
+        retain = self._retainFlag(message, attributes, granted)
+        packets = self.factory.lastPublish.packetsOf(message)
+        key = (self.version, retain, qos)
+        around = packets.get(key)
+        if around is None:
+            header = self._publishHeader(message, attributes, granted, qos, packetId, retain, False)
+            # The packet identifier follows the fixed header (its Remaining
+            # Length one to four bytes) and the topic.
+            end = 2
+            while header[end - 1] & 0x80:
+                end += 1
+            end += 2 + len(message.wireTopic)
+            around = packets[key] = (header[:end], header[end + 2 :] + message.payload)
+        before, after = around
+        if self._clientMaxPacket is not None and len(before) + 2 + len(after) > (
+            self._clientMaxPacket
+        ):
+            return False
+        self._write((before, packetId.to_bytes(2, "big"), after))
+        return True
+
+    def _carriesItsOwn(self, attributes, granted):
+        """
+        Whether a PUBLISH to this client carries properties of its own: its
+        Subscription Identifiers, or the expiry count-down (MQTT 5).
+        """
+        return self.version == MQTT_5 and (
+            (granted is not None and granted.identifiers)
+            or (attributes is not None and attributes.expiry is not None)
+        )
 
     def _retainFlag(self, message, attributes, granted):
         """
@@ -1067,12 +1106,14 @@ class MQTTProtocol(Protocol, BoundedOutput):
 
 class LastPublish:
     """
-    The QoS 0 PUBLISH packets, payload included, of the message the broker
-    delivered last, by protocol version and RETAIN flag: the core hands a
-    message to all of its subscribers in one go, so those whose copy
-    carries nothing of their own (no packet identifier, Subscription
-    Identifier or expiry count-down) are all written the bytes encoded for
-    the first.  Only the last message is kept, and with it its packets.
+    The PUBLISH packets, payload included, of the message the broker
+    delivered last: the core hands a message to all of its subscribers in
+    one go, so those whose copy carries nothing of their own (no
+    Subscription Identifier or expiry count-down) are all written the bytes
+    encoded for the first.  A QoS 0 packet is kept whole, by protocol
+    version and RETAIN flag; a QoS 1 or 2 packet as its bytes before and
+    after its packet identifier, by version, RETAIN flag and QoS.  Only the
+    last message is kept, and with it its packets.
     """
 
     __slots__ = ("_message", "_packets")
@@ -1084,7 +1125,8 @@ class LastPublish:
     def packetsOf(self, message):
         """
         The packets of C{message} encoded so far, C{(version, retain)} ->
-        bytes, to look up and add to.
+        bytes and C{(version, retain, qos)} -> C{(before, after)}, to look
+        up and add to.
         """
         if message is not self._message:
             self._message = message
