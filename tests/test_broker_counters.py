@@ -81,6 +81,21 @@ def test_sentCountsFirstAttemptsRedeliveriesAndBridges():
     } == {"bytes_out": 60, "delivered": 2, "bridged_delivered": 1, "redelivered": 1}
 
 
+def test_sendsTogetherCountAsEachOnItsOwn():
+    """
+    Deliveries to be acked, sent together as they were offered, count as
+    the same number matched, sent and in flight as sent one by one would.
+    """
+    together = Counters()
+    together.sentTogether(3, 30, 1)
+    oneByOne = Counters()
+    for bridge in (True, False, False):
+        oneByOne.matched()
+        oneByOne.sent(10, True, bridge)
+    assert dict(together) == dict(oneByOne)
+    assert (together["matched"], together["delivered"], together["inflight"]) == (3, 3, 3)
+
+
 def test_firesTogetherCountAsEachOnItsOwn():
     """
     Deliveries fired together, as they were offered or after they waited

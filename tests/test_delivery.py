@@ -596,6 +596,50 @@ def test_fireFanOutIsCountedAsEachDeliveryIs():
     assert traffic == {"f": [3, 7, 6, 12]}
 
 
+def ackedFanOutWithMessageEvents(messageEvents):
+    """
+    Publish three messages on C{a}, the second larger than the transport
+    carries, to two C{all} subscribers with a window of one: one acks what
+    it gets, the other nothing (its second message waits in its queue).
+
+    @return: what each subscriber received, the delivery counters, and the
+        topic's traffic counts.
+    """
+    harness = harnessWith(maxPayload=2, maxInflight=1)
+    harness.broker.events.messageEvents = messageEvents
+    acking = connectSubscribed(harness, b"SUB 1 a mode=all")
+    silent = connectSubscribed(harness, b"SUB 2 a mode=all")
+    publisher = harness.connect()
+    received = [[], []]
+    for payload in (b"a1", b"a22", b"a3"):
+        publishOver(publisher, b"a", payload)
+        for client, got in zip((acking, silent), received):
+            got += deliveries(client)
+        for _, _, options in received[0][-1:]:
+            acking.send(b"ACK %s\r\n" % options[b"id"])
+    return received, deliveryCounters(harness), harness.broker.topicTraffic.topics
+
+
+def test_ackedFanOutIsCountedAsEachDeliveryIs():
+    """
+    Without per-message events, the messages C{all} subscriptions are sent
+    at once are counted together per message: the counters, the sequence
+    numbers and what every subscriber gets are those of the
+    delivery-by-delivery path the events need.
+    """
+    counted = ackedFanOutWithMessageEvents(messageEvents=False)
+    assert counted == ackedFanOutWithMessageEvents(messageEvents=True)
+    (acking, silent), counters, traffic = counted
+    assert [(payload, options[b"seq"]) for _, payload, options in acking] == [
+        (b"a1", b"1"),
+        (b"a3", b"3"),
+    ]
+    assert [payload for _, payload, _ in silent] == [b"a1"]
+    assert (counters["matched"], counters["delivered"], counters["acked"]) == (6, 3, 2)
+    assert (counters["dropped_too_large"], counters["inflight"]) == (2, 2)
+    assert traffic == {"a": [3, 7, 3, 6]}
+
+
 def queuedTopicsWithMessageEvents(messageEvents):
     """
     Queue messages on two topics, in turn, for a C{fire} subscriber whose

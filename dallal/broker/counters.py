@@ -195,6 +195,21 @@ class Counters(Mapping):
         if bridged:
             values["bridged_delivered"] += bridged
 
+    def sentTogether(self, deliveries, size, bridged):
+        """
+        C{deliveries} first deliveries to be acked, C{size} payload bytes
+        in all, C{bridged} of them to bridges, were matched and written
+        together, as many L{matched} and L{sent} would count them: they
+        are in flight until acked or dropped.
+        """
+        values = self._values
+        values["matched"] += deliveries
+        values["inflight"] += deliveries
+        values["delivered"] += deliveries
+        values["bytes_out"] += size
+        if bridged:
+            values["bridged_delivered"] += bridged
+
     def settled(self, outcome):
         """
         A delivery left C{inflight} as C{acked}, C{fired} or C{replaced}.
