@@ -290,6 +290,26 @@ def test_qos1IsAckedByPuback(harness):
     assert countersAddUp(harness.broker.counters)
 
 
+@pytest.mark.parametrize("messageEvents", [True, False])
+def test_pubAcksReadTogetherAckEachAndRefillTheWindow(messageEvents):
+    harness = BrokerHarness(BrokerConfig(delivery=DeliveryConfig(maxInflight=2)))
+    harness.broker.events.messageEvents = messageEvents
+    subscriber = connected(harness, "s")
+    subscriber.subscribe(("t", 1))
+    publisher = connected(harness, "p")
+    publisher.send(
+        *[Publish("t", b"%d" % number, qos=1, packetId=number) for number in range(1, 6)]
+    )
+    first, second = subscriber.received()
+    # A duplicate and an unknown packet identifier ack nothing.
+    subscriber.send(PubAck(first.packetId), PubAck(first.packetId), PubAck(second.packetId))
+    subscriber.send(PubAck(99))
+    assert harness.broker.counters["acked"] == 2
+    assert [message.payload for message in subscriber.received()] == [b"3", b"4"]
+    assert len(harness.fields("ack")) == (2 if messageEvents else 0)
+    assert countersAddUp(harness.broker.counters)
+
+
 def test_qos2FromTheClientIsPublishedOnceAndReleased(harness):
     subscriber = connected(harness, "s")
     subscriber.subscribe(("t", 0))

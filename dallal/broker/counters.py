@@ -210,13 +210,13 @@ class Counters(Mapping):
         if bridged:
             values["bridged_delivered"] += bridged
 
-    def settled(self, outcome):
+    def settled(self, outcome, deliveries=1):
         """
-        A delivery left C{inflight} as C{acked}, C{fired} or C{replaced}.
+        C{deliveries} left C{inflight} as C{acked}, C{fired} or C{replaced}.
         """
         values = self._values
-        values[outcome] += 1
-        values["inflight"] -= 1
+        values[outcome] += deliveries
+        values["inflight"] -= deliveries
 
     def dropped(self, reason, bridge):
         """

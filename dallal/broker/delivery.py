@@ -318,6 +318,26 @@ class Outbox:
         self.ledger.acked(self.sid, subscription, message)
         self._settled(deliveryId, subscription, message, windowed)
 
+    def acknowledgeAll(self, deliveryIds):
+        """
+        The subscriber acked deliveries one after the other: as many
+        L{acknowledge}s, what they held back sent once.
+        """
+        inflight = self._inflight
+        acked = []
+        for deliveryId in deliveryIds:
+            delivery = inflight.pop(deliveryId, None)
+            if delivery is not None:
+                acked.append((deliveryId, delivery))
+        if not acked:
+            return
+        if self.holding or self.stalled:
+            self._progressed()
+        self.ledger.ackedTogether(self.sid, acked)
+        for deliveryId, (subscription, message, _, _, _, windowed) in acked:
+            self._freeSlot(deliveryId, subscription, message, windowed)
+        self._flush()
+
     def reject(self, deliveryId, reason):
         """
         The subscriber cannot take a delivery, for good: drop it for
@@ -570,6 +590,14 @@ class Outbox:
         A delivery left the in-flight table: free its slot and send what it
         was holding back.
         """
+        self._freeSlot(deliveryId, subscription, message, windowed)
+        self._flush()
+
+    def _freeSlot(self, deliveryId, subscription, message, windowed):
+        """
+        A delivery left the in-flight table: free its place in the window,
+        or its C{latest}-mode slot.
+        """
         if windowed:
             self._windowUsed -= 1
         else:
@@ -581,7 +609,6 @@ class Outbox:
                 del subscription.latest[topic]
             else:
                 self._latestReady.append((subscription, topic))
-        self._flush()
 
     def _flush(self):
         """
@@ -898,15 +925,27 @@ class Ledger:
 
     def acked(self, sid, subscription, message):
         self.counters.settled("acked")
-        events = self.events
-        if events.messageEvents:
-            events.emit(
-                "ack",
-                mid=message.mid,
-                topic=message.topic,
-                session=sid,
-                latency=round(subscription.outbox.clock.seconds() - message.published, 6),
-            )
+        if self.events.messageEvents:
+            self._ackEvent(sid, subscription, message)
+
+    def _ackEvent(self, sid, subscription, message):
+        self.events.emit(
+            "ack",
+            mid=message.mid,
+            topic=message.topic,
+            session=sid,
+            latency=round(subscription.outbox.clock.seconds() - message.published, 6),
+        )
+
+    def ackedTogether(self, sid, acked):
+        """
+        Deliveries were acked together: C{acked} holds each as C{(delivery
+        id, delivery)} (L{Outbox._inflight}).
+        """
+        self.counters.settled("acked", len(acked))
+        if self.events.messageEvents:
+            for _, (subscription, message, _, _, _, _) in acked:
+                self._ackEvent(sid, subscription, message)
 
     def replaced(self, sid, message, newer):
         self.counters.settled("replaced")

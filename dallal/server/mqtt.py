@@ -348,9 +348,13 @@ class MQTTProtocol(Protocol, BoundedOutput):
     def _readPackets(self):
         try:
             for packet in self._decoder:
-                if type(packet) is tuple:
+                kind = type(packet)
+                if kind is tuple:
                     # A PUBLISH's fields.
                     self._publishReceived(*packet)
+                elif kind is list:
+                    # The packet identifiers of a run of PUBACKs.
+                    self._pubAcksReceived(packet)
                 else:
                     self._packetReceived(packet)
                 if self.readPause or self._closing:
@@ -797,9 +801,23 @@ class MQTTProtocol(Protocol, BoundedOutput):
     # Acknowledgements of what the broker sent
 
     def _pubAckReceived(self, packet):
-        outgoing = self.session.outgoing.get(packet.packetId)
-        if outgoing is not None and outgoing.qos == 1:
-            self._acknowledged(packet.packetId, outgoing)
+        self._pubAcksReceived((packet.packetId,))
+
+    def _pubAcksReceived(self, packetIds):
+        """
+        PUBACKs came, one after the other: their QoS 1 messages are acked
+        together, and what they held back is sent once.
+        """
+        session = self.session
+        outgoing = session.outgoing
+        deliveryIds = []
+        for packetId in packetIds:
+            sent = outgoing.get(packetId)
+            if sent is not None and sent.qos == 1:
+                self._forgetOutgoing(packetId)
+                deliveryIds.append(sent.deliveryId)
+        session.acknowledgeAll(deliveryIds)
+        session.sendPending()
 
     def _pubRecReceived(self, packet):
         outgoing = self.session.outgoing.get(packet.packetId)
@@ -824,13 +842,20 @@ class MQTTProtocol(Protocol, BoundedOutput):
         The last acknowledgement of an outgoing message came: its packet
         identifier, and its place in the window, are free.
         """
+        self._forgetOutgoing(packetId)
+        self.session.acknowledge(outgoing.deliveryId)
+        self.session.sendPending()
+
+    def _forgetOutgoing(self, packetId):
+        """
+        The last acknowledgement of an outgoing message came: free its
+        packet identifier.
+        """
         session = self.session
         del session.outgoing[packetId]
         if session.unresent and packetId in session.unresent:
             # Acked before it was sent again: it held no place in the window.
             session.unresent.remove(packetId)
-        session.acknowledge(outgoing.deliveryId)
-        session.sendPending()
 
     # SUBSCRIBE and UNSUBSCRIBE
 

@@ -548,6 +548,14 @@ class MQTTSession:
         if deliveryId is not None and not self.ended:
             self.broker.acknowledge(self, deliveryId)
 
+    def acknowledgeAll(self, deliveryIds):
+        """
+        Ack deliveries together.  C{None}, the delivery id of a message
+        taken up from the store, acks nothing.
+        """
+        if deliveryIds and not self.ended:
+            self.broker.acknowledgeAll(self, deliveryIds)
+
     def settleLater(self, deliveryId, dropReason):
         """
         Ack (or, with C{dropReason}, drop) a delivery the client will not
