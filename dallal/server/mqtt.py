@@ -141,6 +141,11 @@ CLIENT_ID_TAKEN = "CLIENT_ID_TAKEN"
 # A client's Receive Maximum when it gives none (3.1.2.11.3).
 DEFAULT_RECEIVE_MAXIMUM = 65535
 
+# The tag of a message's encoding (L{dallal.broker.message.Message}) that
+# holds the bytes of its QoS 1 or 2 PUBLISH before and after the packet
+# identifier: (tag, (version, retain, qos), before, after).
+_ACKED_HEADER = object()
+
 # A refused request's Dallal error code -> the MQTT 5 reason code of a
 # PUBACK/PUBREC, and of a SUBACK.
 _PUBLISH_REASONS = {
@@ -1041,20 +1046,24 @@ class MQTTProtocol(Protocol, BoundedOutput):
 
     def _writeAcked(self, message, attributes, granted, qos, packetId):
         """
-        Write the QoS 1 or 2 PUBLISH of a message, first sent: the bytes
-        encoded for its first subscriber of the same protocol version,
-        RETAIN flag and QoS, around this one's packet identifier, when this
-        client's copy carries nothing else of its own (L{LastPublish}).
+        Write the QoS 1 or 2 PUBLISH of a message, first sent.  When this
+        client's copy carries nothing of its own but its packet identifier,
+        the bytes before and after the identifier are encoded once per
+        message, for every subscriber of the same protocol version, RETAIN
+        flag and QoS, and kept as the message's C{encoding}: the queues of
+        its subscribers are sent from at different times, as each acks, so
+        the message's own slot keeps them, not L{LastPublish}.
 
         @return: whether it was written (see L{_writePublish}).
         """
         if self._carriesItsOwn(attributes, granted):
             return self._writePublish(message, attributes, granted, qos, packetId, False)
         retain = self._retainFlag(message, attributes, granted)
-        packets = self.factory.lastPublish.packetsOf(message)
-        key = (self.version, retain, qos)
-        around = packets.get(key)
-        if around is None:
+        form = (self.version, retain, qos)
+        encoding = message.encoding
+        if encoding is not None and encoding[0] is _ACKED_HEADER and encoding[1] == form:
+            _, _, before, after = encoding
+        else:
             header = self._publishHeader(message, attributes, granted, qos, packetId, retain, False)
             # The packet identifier follows the fixed header (its Remaining
             # Length one to four bytes) and the topic.
@@ -1062,13 +1071,16 @@ class MQTTProtocol(Protocol, BoundedOutput):
             while header[end - 1] & 0x80:
                 end += 1
             end += 2 + len(message.wireTopic)
-            around = packets[key] = (header[:end], header[end + 2 :] + message.payload)
-        before, after = around
-        if self._clientMaxPacket is not None and len(before) + 2 + len(after) > (
+            before, after = header[:end], header[end + 2 :]
+            if encoding is None:
+                # The first transport to encode the message keeps its slot.
+                message.encoding = (_ACKED_HEADER, form, before, after)
+        payload = message.payload
+        if self._clientMaxPacket is not None and len(before) + 2 + len(after) + len(payload) > (
             self._clientMaxPacket
         ):
             return False
-        self._write((before, packetId.to_bytes(2, "big"), after))
+        self._write((before, packetId.to_bytes(2, "big"), after, payload))
         return True
 
     def _carriesItsOwn(self, attributes, granted):
@@ -1131,14 +1143,12 @@ class MQTTProtocol(Protocol, BoundedOutput):
 
 class LastPublish:
     """
-    The PUBLISH packets, payload included, of the message the broker
-    delivered last: the core hands a message to all of its subscribers in
-    one go, so those whose copy carries nothing of their own (no
-    Subscription Identifier or expiry count-down) are all written the bytes
-    encoded for the first.  A QoS 0 packet is kept whole, by protocol
-    version and RETAIN flag; a QoS 1 or 2 packet as its bytes before and
-    after its packet identifier, by version, RETAIN flag and QoS.  Only the
-    last message is kept, and with it its packets.
+    The QoS 0 PUBLISH packets, payload included, of the message the broker
+    delivered last, by protocol version and RETAIN flag: the core hands a
+    message to all of its subscribers in one go, so those whose copy
+    carries nothing of their own (no packet identifier, Subscription
+    Identifier or expiry count-down) are all written the bytes encoded for
+    the first.  Only the last message is kept, and with it its packets.
     """
 
     __slots__ = ("_message", "_packets")
@@ -1150,8 +1160,7 @@ class LastPublish:
     def packetsOf(self, message):
         """
         The packets of C{message} encoded so far, C{(version, retain)} ->
-        bytes and C{(version, retain, qos)} -> C{(before, after)}, to look
-        up and add to.
+        bytes, to look up and add to.
         """
         if message is not self._message:
             self._message = message

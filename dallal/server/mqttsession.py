@@ -53,9 +53,9 @@ from dallal.server.mqttstore import StoredMessage, StoredSession, storedPublish
 from dallal.topictree import SubscriptionTree
 
 SHARED_SUBSCRIPTION_PREFIX = "$share/"
-# Topic shapes whose matching filters a session remembers, past which it
-# starts again: a message is matched against the session's own filters
-# only when they overlap.
+# Topic shapes, and topics, whose matching filters a session remembers,
+# past which it starts again: a message is matched against the session's
+# own filters only when they overlap.
 TOPICS_REMEMBERED = 1000
 # MQTT 5's Session Expiry Interval that means never (3.1.2.11.2).
 NEVER_EXPIRES = 0xFFFFFFFF
@@ -341,9 +341,11 @@ class MQTTSession:
         self.expiry = 0
         self.granted = {}
         # The same subscriptions by filter, and what a message gets from
-        # those that match its topic, when they overlap, by topic shape.
+        # those that match its topic, when they overlap, by topic shape and
+        # by topic (a topic seen before costs no shape).
         self.filters = SubscriptionTree()
         self.combined = {}
+        self.combinedByTopic = {}
         self.outgoing = {}
         self.nextPacketId = 1
         self.pending = deque()
@@ -381,14 +383,18 @@ class MQTTSession:
         if not topicFilter.startswith(SHARED_SUBSCRIPTION_PREFIX):
             # A shared subscription stands apart from the client's own.
             self.filters.add(topicFilter, self, granted)
-            self.combined.clear()
+            self._forgetCombined()
 
     def forget(self, topicFilter):
         if self.granted.pop(topicFilter, None) is not None and not topicFilter.startswith(
             SHARED_SUBSCRIPTION_PREFIX
         ):
             self.filters.remove(topicFilter, self)
-            self.combined.clear()
+            self._forgetCombined()
+
+    def _forgetCombined(self):
+        self.combined.clear()
+        self.combinedByTopic.clear()
 
     def grantedFor(self, topic, subscriptionId):
         """
@@ -399,6 +405,9 @@ class MQTTSession:
         granted = self.granted
         if len(granted) < 2 or subscriptionId.startswith(SHARED_SUBSCRIPTION_PREFIX):
             return granted.get(subscriptionId)
+        combined = self.combinedByTopic.get(topic)
+        if combined is not None:
+            return combined
         # Topics of one shape match the same filters (SubscriptionTree.shape):
         # a new topic of a known shape costs no match.
         shape = self.filters.shape(topic)
@@ -412,6 +421,9 @@ class MQTTSession:
             if len(self.combined) >= TOPICS_REMEMBERED:
                 self.combined.clear()
             self.combined[shape] = combined
+        if len(self.combinedByTopic) >= TOPICS_REMEMBERED:
+            self.combinedByTopic.clear()
+        self.combinedByTopic[topic] = combined
         return combined
 
     def allocatePacketId(self):
