@@ -34,11 +34,15 @@ ACK_TIMEOUT = 2.0
 ENDING_EVENTS = ("ack", "replace", "drop")
 
 
-def harnessWith(**limits):
+def harnessWith(messageEvents=True, **limits):
     """
     A L{BrokerHarness} whose broker has these L{DeliveryConfig} limits.
+
+    @param messageEvents: whether it logs per-message events.
     """
-    return BrokerHarness(BrokerConfig(delivery=DeliveryConfig(**limits)))
+    harness = BrokerHarness(BrokerConfig(delivery=DeliveryConfig(**limits)))
+    harness.broker.events.messageEvents = messageEvents
+    return harness
 
 
 def deliveryCounters(harness):
@@ -452,6 +456,27 @@ def deliveries(client):
     ]
 
 
+def test_acksReadTogetherAreEachCountedBeforeTheNextRequest():
+    """
+    The ACKs of one read ack each of their messages, and refill the
+    window, before the request that follows them is carried out.
+    """
+    harness = harnessWith(maxInflight=2)
+    subscriber = connectSubscribed(harness, b"SUB 1 t mode=all")
+    publisher = harness.connect()
+    publishOver(publisher, b"t", b"m1", b"m2", b"m3", b"m4", b"m5")
+    assert [options[b"id"] for _, _, options in deliveries(subscriber)] == [b"1", b"2"]
+    subscriber.send(b"ACK 1\r\nACK 1\r\nACK 2\r\nPING\r\nACK 3\r\n")
+    assert [(frame.verb, frame.payload) for frame in decodeFrames(subscriber.received())] == [
+        (b"MSG", b"m3"),
+        (b"MSG", b"m4"),
+        (b"PONG", None),
+        (b"MSG", b"m5"),
+    ]
+    assert deliveryCounters(harness)["acked"] == 3
+    assertAccountsAgree(harness)
+
+
 def test_lateDuplicateAndUnknownAcksAreIgnored():
     """
     An ack for a superseded message, a second ack, and acks for ids never
@@ -554,8 +579,7 @@ def fanOutWithMessageEvents(messageEvents):
     @return: what each subscriber received, the delivery counters, and the
         topic's traffic counts.
     """
-    harness = harnessWith(maxPayload=2, maxQueued=1)
-    harness.broker.events.messageEvents = messageEvents
+    harness = harnessWith(messageEvents, maxPayload=2, maxQueued=1)
     reading = connectSubscribed(harness, b"SUB 1 f mode=fire")
     full = connectSubscribed(harness, b"SUB 2 f mode=fire")
     acking = connectSubscribed(harness, b"SUB 3 f mode=all")
@@ -600,23 +624,22 @@ def ackedFanOutWithMessageEvents(messageEvents):
     """
     Publish three messages on C{a}, the second larger than the transport
     carries, to two C{all} subscribers with a window of one: one acks what
-    it gets, the other nothing (its second message waits in its queue).
+    it gets (its ack sends the third message, which waited in its queue),
+    the other nothing (its third message waits on).
 
     @return: what each subscriber received, the delivery counters, and the
         topic's traffic counts.
     """
-    harness = harnessWith(maxPayload=2, maxInflight=1)
-    harness.broker.events.messageEvents = messageEvents
+    harness = harnessWith(messageEvents, maxPayload=2, maxInflight=1)
     acking = connectSubscribed(harness, b"SUB 1 a mode=all")
     silent = connectSubscribed(harness, b"SUB 2 a mode=all")
     publisher = harness.connect()
-    received = [[], []]
-    for payload in (b"a1", b"a22", b"a3"):
-        publishOver(publisher, b"a", payload)
-        for client, got in zip((acking, silent), received):
-            got += deliveries(client)
+    publishOver(publisher, b"a", b"a1", b"a22", b"a3")
+    received = [deliveries(acking), deliveries(silent)]
+    for _ in range(2):
         for _, _, options in received[0][-1:]:
             acking.send(b"ACK %s\r\n" % options[b"id"])
+        received[0] += deliveries(acking)
     return received, deliveryCounters(harness), harness.broker.topicTraffic.topics
 
 
@@ -648,8 +671,7 @@ def queuedTopicsWithMessageEvents(messageEvents):
     @return: what it received, the delivery counters and the topics'
         traffic counts.
     """
-    harness = harnessWith()
-    harness.broker.events.messageEvents = messageEvents
+    harness = harnessWith(messageEvents)
     subscriber = connectSubscribed(harness, b"SUB 1 a mode=fire", b"SUB 2 b mode=fire")
     publisher = harness.connect()
     subscriber.transport.producer.pauseProducing()

@@ -195,16 +195,21 @@ class Counters(Mapping):
         if bridged:
             values["bridged_delivered"] += bridged
 
-    def sentTogether(self, deliveries, size, bridged):
+    def sentTogether(self, deliveries, size, bridged, offered):
         """
         C{deliveries} first deliveries to be acked, C{size} payload bytes
-        in all, C{bridged} of them to bridges, were matched and written
-        together, as many L{matched} and L{sent} would count them: they
-        are in flight until acked or dropped.
+        in all, C{bridged} of them to bridges, were written together, as
+        many L{sent} would count them: they are in flight until acked or
+        dropped.
+
+        @param offered: whether they were written as they were offered,
+            and are counted as matched and in flight now; else they were
+            L{matched} while they waited.
         """
         values = self._values
-        values["matched"] += deliveries
-        values["inflight"] += deliveries
+        if offered:
+            values["matched"] += deliveries
+            values["inflight"] += deliveries
         values["delivered"] += deliveries
         values["bytes_out"] += size
         if bridged:

@@ -620,8 +620,9 @@ class Outbox:
             self._flushLatest()
         queue = self._queue
         eachOnItsOwn = self.ledger.events.messageEvents
-        # A run of fire-mode messages on one topic is counted together.
-        runTopic = None
+        # A run of messages on one topic in one mode, fire or all, is
+        # counted together.
+        runTopic = runMode = None
         runLength = runBytes = runBridged = 0
         while queue and not self.paused:
             subscription, message, seq = queue[0]
@@ -631,24 +632,38 @@ class Outbox:
             queue.popleft()
             size = len(message.payload)
             self._queuedBytes -= size
-            if mode != FIRE or eachOnItsOwn:
+            if mode == LATEST or eachOnItsOwn:
                 self._send(subscription, message, seq)
                 continue
-            if message.topic != runTopic:
+            if message.topic != runTopic or mode != runMode:
                 if runLength:
-                    self.ledger.firedTogether(runTopic, runLength, runBytes, runBridged, False)
+                    self._countRun(runMode, runTopic, runLength, runBytes, runBridged)
                 runTopic = message.topic
+                runMode = mode
                 runLength = runBytes = runBridged = 0
             runLength += 1
             runBytes += size
             runBridged += subscription.bridge
-            self.subscriber.sendMessage(message, subscription.id, seq, None, False)
+            if mode == FIRE:
+                self.subscriber.sendMessage(message, subscription.id, seq, None, False)
+            else:
+                self._sendAcked(subscription, message, seq)
         if runLength:
-            self.ledger.firedTogether(runTopic, runLength, runBytes, runBridged, False)
+            self._countRun(runMode, runTopic, runLength, runBytes, runBridged)
         if self.holding and self._belowLowWater():
             self._releasePublishers()
         if self._roomWaiters and self.hasRoom():
             self._callRoomWaiters()
+
+    def _countRun(self, mode, topic, deliveries, size, bridged):
+        """
+        Count a run of queued messages on C{topic} sent in C{mode}: fired,
+        or delivered and in flight until acked.
+        """
+        if mode == FIRE:
+            self.ledger.firedTogether(topic, deliveries, size, bridged, offered=False)
+        else:
+            self.ledger.sentTogether(topic, deliveries, size, bridged, offered=False)
 
     def _flushLatest(self):
         """
@@ -767,7 +782,7 @@ def offerToEach(receivers, message, publisher, ledger):
     if queued:
         ledger.queuedTogether(queued)
     if sent:
-        ledger.sentTogether(topic, sent, size * sent, sentBridged)
+        ledger.sentTogether(topic, sent, size * sent, sentBridged, offered=True)
 
 
 class FlowControl:
@@ -904,15 +919,18 @@ class Ledger:
         self.counters.firedTogether(deliveries, size, bridged, offered)
         self.topicTraffic.sent(topic, size, deliveries)
 
-    def sentTogether(self, topic, deliveries, size, bridged):
+    def sentTogether(self, topic, deliveries, size, bridged, offered):
         """
-        A message on C{topic} was sent to C{deliveries} subscriptions at
-        once (L{offerToEach}), to be acked, C{size} payload bytes in all,
-        C{bridged} of them to bridges: counted together, matched, delivered
-        and in flight, as many L{matched} and L{sent} would.  Only with
-        per-message events off.
+        C{deliveries} messages on C{topic}, C{size} payload bytes in all,
+        were sent to be acked, C{bridged} of them to bridges: counted
+        together, delivered and in flight, as many L{sent} would.  Only
+        with per-message events off.
+
+        @param offered: whether they were sent as they were offered
+            (L{offerToEach}), and are counted as matched now; else they
+            waited in a queue, matched and in flight already.
         """
-        self.counters.sentTogether(deliveries, size, bridged)
+        self.counters.sentTogether(deliveries, size, bridged, offered)
         self.topicTraffic.sent(topic, size, deliveries)
 
     def queuedTogether(self, deliveries):
