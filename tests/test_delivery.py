@@ -34,11 +34,15 @@ ACK_TIMEOUT = 2.0
 ENDING_EVENTS = ("ack", "replace", "drop")
 
 
-def harnessWith(**limits):
+def harnessWith(messageEvents=True, **limits):
     """
     A L{BrokerHarness} whose broker has these L{DeliveryConfig} limits.
+
+    @param messageEvents: whether it logs per-message events.
     """
-    return BrokerHarness(BrokerConfig(delivery=DeliveryConfig(**limits)))
+    harness = BrokerHarness(BrokerConfig(delivery=DeliveryConfig(**limits)))
+    harness.broker.events.messageEvents = messageEvents
+    return harness
 
 
 def deliveryCounters(harness):
@@ -472,6 +476,27 @@ def deliveries(client):
     ]
 
 
+def test_acksReadTogetherAreEachCountedBeforeTheNextRequest():
+    """
+    The ACKs of one read ack each of their messages, and refill the
+    window, before the request that follows them is carried out.
+    """
+    harness = harnessWith(maxInflight=2)
+    subscriber = connectSubscribed(harness, b"SUB 1 t mode=all")
+    publisher = harness.connect()
+    publishOver(publisher, b"t", b"m1", b"m2", b"m3", b"m4", b"m5")
+    assert [options[b"id"] for _, _, options in deliveries(subscriber)] == [b"1", b"2"]
+    subscriber.send(b"ACK 1\r\nACK 1\r\nACK 2\r\nPING\r\nACK 3\r\n")
+    assert [(frame.verb, frame.payload) for frame in decodeFrames(subscriber.received())] == [
+        (b"MSG", b"m3"),
+        (b"MSG", b"m4"),
+        (b"PONG", None),
+        (b"MSG", b"m5"),
+    ]
+    assert deliveryCounters(harness)["acked"] == 3
+    assertAccountsAgree(harness)
+
+
 def test_lateDuplicateAndUnknownAcksAreIgnored():
     """
     An ack for a superseded message, a second ack, and acks for ids never
@@ -574,8 +599,7 @@ def fanOutWithMessageEvents(messageEvents):
     @return: what each subscriber received, the delivery counters, and the
         topic's traffic counts.
     """
-    harness = harnessWith(maxPayload=2, maxQueued=1)
-    harness.broker.events.messageEvents = messageEvents
+    harness = harnessWith(messageEvents, maxPayload=2, maxQueued=1)
     reading = connectSubscribed(harness, b"SUB 1 f mode=fire")
     full = connectSubscribed(harness, b"SUB 2 f mode=fire")
     acking = connectSubscribed(harness, b"SUB 3 f mode=all")
@@ -616,6 +640,49 @@ def test_fireFanOutIsCountedAsEachDeliveryIs():
     assert traffic == {"f": [3, 7, 6, 12]}
 
 
+def ackedFanOutWithMessageEvents(messageEvents):
+    """
+    Publish three messages on C{a}, the second larger than the transport
+    carries, to two C{all} subscribers with a window of one: one acks what
+    it gets (its ack sends the third message, which waited in its queue),
+    the other nothing (its third message waits on).
+
+    @return: what each subscriber received, the delivery counters, and the
+        topic's traffic counts.
+    """
+    harness = harnessWith(messageEvents, maxPayload=2, maxInflight=1)
+    acking = connectSubscribed(harness, b"SUB 1 a mode=all")
+    silent = connectSubscribed(harness, b"SUB 2 a mode=all")
+    publisher = harness.connect()
+    publishOver(publisher, b"a", b"a1", b"a22", b"a3")
+    received = [deliveries(acking), deliveries(silent)]
+    for _ in range(2):
+        for _, _, options in received[0][-1:]:
+            acking.send(b"ACK %s\r\n" % options[b"id"])
+        received[0] += deliveries(acking)
+    return received, deliveryCounters(harness), harness.broker.topicTraffic.topics
+
+
+def test_ackedFanOutIsCountedAsEachDeliveryIs():
+    """
+    Without per-message events, the messages C{all} subscriptions are sent
+    at once are counted together per message: the counters, the sequence
+    numbers and what every subscriber gets are those of the
+    delivery-by-delivery path the events need.
+    """
+    counted = ackedFanOutWithMessageEvents(messageEvents=False)
+    assert counted == ackedFanOutWithMessageEvents(messageEvents=True)
+    (acking, silent), counters, traffic = counted
+    assert [(payload, options[b"seq"]) for _, payload, options in acking] == [
+        (b"a1", b"1"),
+        (b"a3", b"3"),
+    ]
+    assert [payload for _, payload, _ in silent] == [b"a1"]
+    assert (counters["matched"], counters["delivered"], counters["acked"]) == (6, 3, 2)
+    assert (counters["dropped_too_large"], counters["inflight"]) == (2, 2)
+    assert traffic == {"a": [3, 7, 3, 6]}
+
+
 def queuedTopicsWithMessageEvents(messageEvents):
     """
     Queue messages on two topics, in turn, for a C{fire} subscriber whose
@@ -624,8 +691,7 @@ def queuedTopicsWithMessageEvents(messageEvents):
     @return: what it received, the delivery counters and the topics'
         traffic counts.
     """
-    harness = harnessWith()
-    harness.broker.events.messageEvents = messageEvents
+    harness = harnessWith(messageEvents)
     subscriber = connectSubscribed(harness, b"SUB 1 a mode=fire", b"SUB 2 b mode=fire")
     publisher = harness.connect()
     subscriber.transport.producer.pauseProducing()

@@ -325,6 +325,23 @@ def test_aBrokersDecoderGivesAPublishAsItsFields(version, packet, encoded):
     assert Publish(*fields) == packet
 
 
+def test_aBrokersDecoderGivesARunOfBarePubAcksAsTheirPacketIds():
+    """
+    PUBACKs that are only their packet identifiers come together, up to
+    the next other packet or one not complete yet; one with a reason code
+    comes as a L{PubAck}, and a packet identifier 0 is refused.
+    """
+    decoder = MQTTDecoder(MQTT_5, publishFields=True)
+    withReason = PubAck(4, 0x97).encode(MQTT_5)
+    bare = [encodeBareAcknowledgement(PubAck, packetId) for packetId in (1, 2, 3, 5, 6)]
+    ping = PingReq().encode(MQTT_5)
+    stream = ping + b"".join(bare[:3]) + withReason + bare[3] + bare[4][:3]
+    assert list(decoder.feed(stream)) == [PingReq(), [1, 2, 3], PubAck(4, 0x97), [5]]
+    assert list(decoder.feed(bare[4][3:] + ping)) == [[6], PingReq()]
+    with pytest.raises(MalformedPacket):
+        list(decoder.feed(bare[0] + b"\x40\x02\x00\x00"))
+
+
 def test_shortFormsDecode():
     # A reason code without the property length, and the reason code
     # omitted, in PUBACK and DISCONNECT (3.4.2.2, 3.14.2.2.1).

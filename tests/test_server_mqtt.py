@@ -301,6 +301,26 @@ def test_qos1IsAckedByPuback(harness):
     assert countersAddUp(harness.broker.counters)
 
 
+@pytest.mark.parametrize("messageEvents", [True, False])
+def test_pubAcksReadTogetherAckEachAndRefillTheWindow(messageEvents):
+    harness = BrokerHarness(BrokerConfig(delivery=DeliveryConfig(maxInflight=2)))
+    harness.broker.events.messageEvents = messageEvents
+    subscriber = connected(harness, "s")
+    subscriber.subscribe(("t", 1))
+    publisher = connected(harness, "p")
+    publisher.send(
+        *[Publish("t", b"%d" % number, qos=1, packetId=number) for number in range(1, 6)]
+    )
+    first, second = subscriber.received()
+    # A duplicate and an unknown packet identifier ack nothing.
+    subscriber.send(PubAck(first.packetId), PubAck(first.packetId), PubAck(second.packetId))
+    subscriber.send(PubAck(99))
+    assert harness.broker.counters["acked"] == 2
+    assert [message.payload for message in subscriber.received()] == [b"3", b"4"]
+    assert len(harness.fields("ack")) == (2 if messageEvents else 0)
+    assert countersAddUp(harness.broker.counters)
+
+
 def test_qos2FromTheClientIsPublishedOnceAndReleased(harness):
     subscriber = connected(harness, "s")
     subscriber.subscribe(("t", 0))
@@ -530,6 +550,60 @@ def test_aQos0MessageIsEncodedForEachSubscribersVersionAndOptions(harness):
     assert asPublished.received() == [Publish("t", b"x", retain=True, properties=tagged)]
     assert identified.received() == [
         Publish("t", b"x", properties={**tagged, Property.SUBSCRIPTION_IDENTIFIER: [4]})
+    ]
+
+
+def test_aQos1Or2MessageIsEncodedForEachSubscriberWithItsOwnPacketId(harness):
+    old = connected(harness, "old")
+    new = connected(harness, "new", MQTT_5)
+    exactlyOnce = connected(harness, "exactlyOnce", MQTT_5)
+    asPublished = connected(harness, "asPublished", MQTT_5)
+    identified = connected(harness, "identified", MQTT_5)
+    for client in (old, new):
+        client.subscribe(("t", 1))
+    exactlyOnce.subscribe(("t", 2))
+    asPublished.subscribe(Subscription("t", 1, retainAsPublished=True))
+    identified.send(Subscribe(1, [Subscription("t", 1)], {Property.SUBSCRIPTION_IDENTIFIER: [4]}))
+    identified.received()
+    # Each subscriber is at another packet identifier.
+    new.subscribe(("u", 1), packetId=2)
+    publisher = connected(harness, "p", MQTT_5)
+    publisher.send(Publish("u", b"u", qos=1, packetId=1))
+    new.received()
+    tagged = {Property.USER_PROPERTY: [("k", "v")]}
+    # Over 127 bytes: a Remaining Length of two bytes.
+    payload = b"x" * 200
+    for packetId in (2, 3):
+        publisher.send(
+            Publish("t", payload, qos=2, packetId=packetId, retain=True, properties=tagged)
+        )
+        publisher.received()
+        publisher.send(PubRel(packetId))
+    assert old.received() == [
+        Publish("t", payload, qos=1, packetId=1),
+        Publish("t", payload, qos=1, packetId=2),
+    ]
+    assert new.received() == [
+        Publish("t", payload, qos=1, packetId=2, properties=tagged),
+        Publish("t", payload, qos=1, packetId=3, properties=tagged),
+    ]
+    assert exactlyOnce.received() == [
+        Publish("t", payload, qos=2, packetId=1, properties=tagged),
+        Publish("t", payload, qos=2, packetId=2, properties=tagged),
+    ]
+    assert asPublished.received() == [
+        Publish("t", payload, qos=1, packetId=1, retain=True, properties=tagged),
+        Publish("t", payload, qos=1, packetId=2, retain=True, properties=tagged),
+    ]
+    assert identified.received() == [
+        Publish(
+            "t",
+            payload,
+            qos=1,
+            packetId=packetId,
+            properties={**tagged, Property.SUBSCRIPTION_IDENTIFIER: [4]},
+        )
+        for packetId in (1, 2)
     ]
 
 

@@ -305,6 +305,13 @@ class Broker:
         """
         self.sessions[subscriber].outbox.acknowledge(deliveryId)
 
+    def acknowledgeAll(self, subscriber, deliveryIds):
+        """
+        The client acked deliveries one after the other: as many
+        L{acknowledge}s, what they held back sent once.
+        """
+        self.sessions[subscriber].outbox.acknowledgeAll(deliveryIds)
+
     def reject(self, subscriber, deliveryId, reason):
         """
         The client can never take a delivery (a bridge's remote refused

@@ -196,13 +196,33 @@ class Counters(Mapping):
         if bridged:
             values["bridged_delivered"] += bridged
 
-    def settled(self, outcome):
+    def sentTogether(self, deliveries, size, bridged, offered):
         """
-        A delivery left C{inflight} as C{acked}, C{fired} or C{replaced}.
+        C{deliveries} first deliveries to be acked, C{size} payload bytes
+        in all, C{bridged} of them to bridges, were written together, as
+        many L{sent} would count them: they are in flight until acked or
+        dropped.
+
+        @param offered: whether they were written as they were offered,
+            and are counted as matched and in flight now; else they were
+            L{matched} while they waited.
         """
         values = self._values
-        values[outcome] += 1
-        values["inflight"] -= 1
+        if offered:
+            values["matched"] += deliveries
+            values["inflight"] += deliveries
+        values["delivered"] += deliveries
+        values["bytes_out"] += size
+        if bridged:
+            values["bridged_delivered"] += bridged
+
+    def settled(self, outcome, deliveries=1):
+        """
+        C{deliveries} left C{inflight} as C{acked}, C{fired} or C{replaced}.
+        """
+        values = self._values
+        values[outcome] += deliveries
+        values["inflight"] -= deliveries
 
     def dropped(self, reason, bridge):
         """

@@ -82,8 +82,8 @@ class Subscription:
 
 class _LatestSlot:
     """
-    C{latest} mode's state for one topic of one subscription: the delivery
-    in flight, and the message waiting for it to be acked, as
+    C{latest} mode's state for one topic of one subscription: the id of the
+    delivery in flight, and the message waiting for it to be acked, as
     C{(message, seq)}; either may be C{None}.
     """
 
@@ -92,34 +92,6 @@ class _LatestSlot:
     def __init__(self):
         self.inflight = None
         self.waiting = None
-
-
-class _Delivery:
-    """
-    A message sent to a subscriber and not yet acked.
-    """
-
-    __slots__ = (
-        "deliveryId",
-        "subscription",
-        "message",
-        "seq",
-        "attempt",
-        "deadline",
-        "windowed",
-    )
-
-    def __init__(self, deliveryId, subscription, message, seq):
-        self.deliveryId = deliveryId
-        self.subscription = subscription
-        self.message = message
-        self.seq = seq
-        self.attempt = 1
-        # When its ack is due, on the outbox's clock.
-        self.deadline = None
-        # Whether it holds one of the session's `all`-mode window slots (the
-        # subscription's mode may change while it is in flight).
-        self.windowed = subscription.mode == ALL
 
 
 class DeliveryConfig:
@@ -210,8 +182,14 @@ class Outbox:
         self.closed = False
         self._disconnecting = False
         self._nextDeliveryId = 1
-        # Delivery id -> the delivery, in the order their acks are due: each
-        # is (re)inserted when it is sent, due ackTimeout later.
+        # Delivery id -> the delivery sent and not yet acked, in the order
+        # their acks are due: each is (re)inserted when it is sent, due
+        # ackTimeout later.  A delivery is a tuple (a message in flight
+        # costs no object of its own): (subscription, message, seq,
+        # attempt, deadline -- when its ack is due on the outbox's clock,
+        # or None --, windowed -- whether it holds one of the session's
+        # `all`-mode window slots: the subscription's mode may change while
+        # it is in flight).
         self._inflight = {}
         # One timer for the whole table, due when its oldest ack is: a timer
         # per delivery would arm and cancel a DelayedCall for every message,
@@ -336,8 +314,29 @@ class Outbox:
             self._progressed()
         # The ack timer stays armed: when it fires it finds this delivery
         # gone and waits for the next one due.
-        self.ledger.acked(self.sid, delivery.subscription, delivery.message)
-        self._settled(delivery)
+        subscription, message, _, _, _, windowed = delivery
+        self.ledger.acked(self.sid, subscription, message)
+        self._settled(deliveryId, subscription, message, windowed)
+
+    def acknowledgeAll(self, deliveryIds):
+        """
+        The subscriber acked deliveries one after the other: as many
+        L{acknowledge}s, what they held back sent once.
+        """
+        inflight = self._inflight
+        acked = []
+        for deliveryId in deliveryIds:
+            delivery = inflight.pop(deliveryId, None)
+            if delivery is not None:
+                acked.append((deliveryId, delivery))
+        if not acked:
+            return
+        if self.holding or self.stalled:
+            self._progressed()
+        self.ledger.ackedTogether(self.sid, acked)
+        for deliveryId, (subscription, message, _, _, _, windowed) in acked:
+            self._freeSlot(deliveryId, subscription, message, windowed)
+        self._flush()
 
     def reject(self, deliveryId, reason):
         """
@@ -350,8 +349,9 @@ class Outbox:
         if self.holding or self.stalled:
             self._progressed()
         # As for an ack, the timer finds it gone.
-        self.ledger.dropped(self.sid, delivery.subscription, delivery.message, reason)
-        self._settled(delivery)
+        subscription, message, _, _, _, windowed = delivery
+        self.ledger.dropped(self.sid, subscription, message, reason)
+        self._settled(deliveryId, subscription, message, windowed)
 
     def pause(self):
         """
@@ -494,8 +494,8 @@ class Outbox:
         if self._ackTimer is not None and self._ackTimer.active():
             self._ackTimer.cancel()
         self._ackTimer = None
-        for delivery in self._inflight.values():
-            self.ledger.dropped(self.sid, delivery.subscription, delivery.message, DISCONNECTED)
+        for subscription, message, _, _, _, _ in self._inflight.values():
+            self.ledger.dropped(self.sid, subscription, message, DISCONNECTED)
         self._inflight.clear()
         for subscription, message, _ in self._queue:
             self.ledger.dropped(self.sid, subscription, message, DISCONNECTED)
@@ -524,40 +524,50 @@ class Outbox:
             self.ledger.fired(self.sid, subscription, message, seq)
             self.subscriber.sendMessage(message, subscription.id, seq, None, False)
             return
+        self.ledger.sent(self.sid, subscription, message, seq, 1)
+        self._sendAcked(subscription, message, seq)
+
+    def _sendAcked(self, subscription, message, seq):
+        """
+        Send a message to be acked, as its first attempt, counted already
+        (L{Ledger.sent}).
+        """
         deliveryId = str(self._nextDeliveryId)
         self._nextDeliveryId += 1
-        delivery = _Delivery(deliveryId, subscription, message, seq)
-        self._awaitAck(delivery)
-        if delivery.windowed:
+        windowed = subscription.mode == ALL
+        self._awaitAck(deliveryId, (subscription, message, seq, 1, windowed))
+        if windowed:
             self._windowUsed += 1
         else:
             # setdefault: a message queued in `all` mode may be sent after
             # the subscription switched to `latest`.
-            subscription.latest.setdefault(message.topic, _LatestSlot()).inflight = delivery
-        self.ledger.sent(self.sid, subscription, message, seq, 1)
+            subscription.latest.setdefault(message.topic, _LatestSlot()).inflight = deliveryId
         self.subscriber.sendMessage(message, subscription.id, seq, deliveryId, False)
 
-    def _awaitAck(self, delivery, again=False):
+    def _awaitAck(self, deliveryId, sent, again=False):
         """
-        Put C{delivery} at the end of the in-flight table, its ack due one
+        Put a delivery at the end of the in-flight table, its ack due one
         ack timeout from now, and make sure the ack timer is armed.
 
+        @param sent: the delivery without its deadline: C{(subscription,
+            message, seq, attempt, windowed)}.
         @param again: whether it is in the table already (its ack timed out).
         """
+        subscription, message, seq, attempt, windowed = sent
         ackTimeout = self.config.ackTimeout
         if ackTimeout is None:
             # The transport resends nothing within a session (MQTT): the
             # delivery waits for its ack for as long as the session lasts.
-            self._inflight[delivery.deliveryId] = delivery
+            self._inflight[deliveryId] = (subscription, message, seq, attempt, None, windowed)
             return
-        delivery.deadline = self.clock.seconds() + ackTimeout
+        deadline = self.clock.seconds() + ackTimeout
         if again:
             # Re-inserting moves it to the end of the table, which keeps
             # the table in the order of the deadlines.
-            self._inflight.pop(delivery.deliveryId, None)
-        self._inflight[delivery.deliveryId] = delivery
+            self._inflight.pop(deliveryId, None)
+        self._inflight[deliveryId] = (subscription, message, seq, attempt, deadline, windowed)
         if self._ackTimer is None:
-            self._ackTimer = self.clock.callLater(self.config.ackTimeout, self._checkAckDeadlines)
+            self._ackTimer = self.clock.callLater(ackTimeout, self._checkAckDeadlines)
 
     def _checkAckDeadlines(self):
         """
@@ -568,39 +578,45 @@ class Outbox:
         # their resends do not arm another one.
         now = self.clock.seconds()
         overdue = []
-        for delivery in self._inflight.values():
-            if delivery.deadline > now:
+        for deliveryId, delivery in self._inflight.items():
+            if delivery[4] > now:
                 break
-            overdue.append(delivery)
-        for delivery in overdue:
+            overdue.append((deliveryId, delivery))
+        for deliveryId, delivery in overdue:
             # Dealing with one may have closed the outbox (its connection lost).
-            if self._inflight.get(delivery.deliveryId) is delivery:
-                self._ackTimedOut(delivery)
+            if self._inflight.get(deliveryId) is delivery:
+                self._ackTimedOut(deliveryId, delivery)
         self._ackTimer = None
         if self._inflight and not self.closed:
-            oldest = next(iter(self._inflight.values()))
+            oldestDeadline = next(iter(self._inflight.values()))[4]
             self._ackTimer = self.clock.callLater(
-                max(0.0, oldest.deadline - now), self._checkAckDeadlines
+                max(0.0, oldestDeadline - now), self._checkAckDeadlines
             )
 
-    def _settled(self, delivery):
+    def _settled(self, deliveryId, subscription, message, windowed):
         """
         A delivery left the in-flight table: free its slot and send what it
         was holding back.
         """
-        if delivery.windowed:
+        self._freeSlot(deliveryId, subscription, message, windowed)
+        self._flush()
+
+    def _freeSlot(self, deliveryId, subscription, message, windowed):
+        """
+        A delivery left the in-flight table: free its place in the window,
+        or its C{latest}-mode slot.
+        """
+        if windowed:
             self._windowUsed -= 1
         else:
-            subscription = delivery.subscription
-            topic = delivery.message.topic
+            topic = message.topic
             slot = subscription.latest[topic]
-            if slot.inflight is delivery:
+            if slot.inflight == deliveryId:
                 slot.inflight = None
             if slot.inflight is None and slot.waiting is None:
                 del subscription.latest[topic]
             else:
                 self._latestReady.append((subscription, topic))
-        self._flush()
 
     def _flush(self):
         """
@@ -612,8 +628,9 @@ class Outbox:
             self._flushLatest()
         queue = self._queue
         eachOnItsOwn = self.ledger.events.messageEvents
-        # A run of fire-mode messages on one topic is counted together.
-        runTopic = None
+        # A run of messages on one topic in one mode, fire or all, is
+        # counted together.
+        runTopic = runMode = None
         runLength = runBytes = runBridged = 0
         while queue and not self.paused:
             subscription, message, seq = queue[0]
@@ -623,24 +640,38 @@ class Outbox:
             queue.popleft()
             size = len(message.payload)
             self._queuedBytes -= size
-            if mode != FIRE or eachOnItsOwn:
+            if mode == LATEST or eachOnItsOwn:
                 self._send(subscription, message, seq)
                 continue
-            if message.topic != runTopic:
+            if message.topic != runTopic or mode != runMode:
                 if runLength:
-                    self.ledger.firedTogether(runTopic, runLength, runBytes, runBridged, False)
+                    self._countRun(runMode, runTopic, runLength, runBytes, runBridged)
                 runTopic = message.topic
+                runMode = mode
                 runLength = runBytes = runBridged = 0
             runLength += 1
             runBytes += size
             runBridged += subscription.bridge
-            self.subscriber.sendMessage(message, subscription.id, seq, None, False)
+            if mode == FIRE:
+                self.subscriber.sendMessage(message, subscription.id, seq, None, False)
+            else:
+                self._sendAcked(subscription, message, seq)
         if runLength:
-            self.ledger.firedTogether(runTopic, runLength, runBytes, runBridged, False)
+            self._countRun(runMode, runTopic, runLength, runBytes, runBridged)
         if self.holding and self._belowLowWater():
             self._releasePublishers()
         if self._roomWaiters and self.hasRoom():
             self._callRoomWaiters()
+
+    def _countRun(self, mode, topic, deliveries, size, bridged):
+        """
+        Count a run of queued messages on C{topic} sent in C{mode}: fired,
+        or delivered and in flight until acked.
+        """
+        if mode == FIRE:
+            self.ledger.firedTogether(topic, deliveries, size, bridged, offered=False)
+        else:
+            self.ledger.sentTogether(topic, deliveries, size, bridged, offered=False)
 
     def _flushLatest(self):
         """
@@ -658,31 +689,29 @@ class Outbox:
                 slot.waiting = None
                 self._send(subscription, message, seq)
 
-    def _ackTimedOut(self, delivery):
-        subscription = delivery.subscription
-        slot = None if delivery.windowed else subscription.latest.get(delivery.message.topic)
+    def _ackTimedOut(self, deliveryId, delivery):
+        subscription, message, seq, attempt, _, windowed = delivery
+        slot = None if windowed else subscription.latest.get(message.topic)
         if slot is not None and slot.waiting is not None:
             # A newer message supersedes the unacked one instead of a resend.
-            del self._inflight[delivery.deliveryId]
-            self.ledger.dropped(self.sid, subscription, delivery.message, SUPERSEDED)
-            self._settled(delivery)
+            del self._inflight[deliveryId]
+            self.ledger.dropped(self.sid, subscription, message, SUPERSEDED)
+            self._settled(deliveryId, subscription, message, windowed)
             return
         if self.paused:
             # The peer is not reading: resending would only pile bytes onto
             # the same stalled connection.  Try again later, same attempt.
-            self._awaitAck(delivery, again=True)
+            self._awaitAck(deliveryId, (subscription, message, seq, attempt, windowed), True)
             return
-        if delivery.attempt >= self.config.maxAttempts:
-            del self._inflight[delivery.deliveryId]
-            self.ledger.dropped(self.sid, subscription, delivery.message, REDELIVERY_LIMIT)
-            self._settled(delivery)
+        if attempt >= self.config.maxAttempts:
+            del self._inflight[deliveryId]
+            self.ledger.dropped(self.sid, subscription, message, REDELIVERY_LIMIT)
+            self._settled(deliveryId, subscription, message, windowed)
             return
-        delivery.attempt += 1
-        self.ledger.sent(self.sid, subscription, delivery.message, delivery.seq, delivery.attempt)
-        self.subscriber.sendMessage(
-            delivery.message, subscription.id, delivery.seq, delivery.deliveryId, True
-        )
-        self._awaitAck(delivery, again=True)
+        attempt += 1
+        self.ledger.sent(self.sid, subscription, message, seq, attempt)
+        self.subscriber.sendMessage(message, subscription.id, seq, deliveryId, True)
+        self._awaitAck(deliveryId, (subscription, message, seq, attempt, windowed), True)
 
 
 def firesAtOnce(subscription, publisher):
@@ -718,8 +747,11 @@ def offerToEach(receivers, message, publisher, ledger):
     calls: a C{fire} subscription whose outbox sends at once (not paused,
     nothing queued, the payload within the transport's limit) is sent the
     message, and one whose outbox is paused or queueing has it queued if
-    the queue is within its bounds.  Those deliveries of the message are
-    counted together (L{Ledger.firedTogether}, L{Ledger.queuedTogether}).
+    the queue is within its bounds.  So is an C{all} subscription whose
+    outbox sends at once, with room in its window: the message is sent,
+    in flight until acked.  Those deliveries of the message are counted
+    together (L{Ledger.firedTogether}, L{Ledger.queuedTogether},
+    L{Ledger.sentTogether}).
     With per-message events on, every delivery goes through
     L{Outbox.offer}, which logs each.
 
@@ -732,7 +764,7 @@ def offerToEach(receivers, message, publisher, ledger):
     topic = message.topic
     size = len(message.payload)
     eachOnItsOwn = ledger.events.messageEvents
-    fired = queued = bridged = 0
+    fired = queued = bridged = sent = sentBridged = 0
     for subscription in receivers:
         if subscription.retainedFeed is not None:
             subscription.retainedFeed.before(topic)
@@ -763,11 +795,26 @@ def offerToEach(receivers, message, publisher, ledger):
                 queue.append((subscription, message, subscription.lastSeq))
                 outbox._queuedBytes += size
                 continue
+        elif (
+            not eachOnItsOwn
+            and subscription.__class__ is Subscription
+            and subscription.mode == ALL
+            and not (outbox._disconnecting or outbox.paused or outbox._queue)
+            and outbox._windowUsed < outbox.config.maxInflight
+            and (outbox.config.maxPayload is None or size <= outbox.config.maxPayload)
+        ):
+            subscription.lastSeq += 1
+            sent += 1
+            sentBridged += subscription.bridge
+            outbox._sendAcked(subscription, message, subscription.lastSeq)
+            continue
         outbox.offer(subscription, message, None if outbox.subscriber is publisher else publisher)
     if fired:
         ledger.firedTogether(topic, fired, size * fired, bridged, offered=True)
     if queued:
         ledger.queuedTogether(queued)
+    if sent:
+        ledger.sentTogether(topic, sent, size * sent, sentBridged, offered=True)
 
 
 class FlowControl:
@@ -904,6 +951,20 @@ class Ledger:
         self.counters.firedTogether(deliveries, size, bridged, offered)
         self.topicTraffic.sent(topic, size, deliveries)
 
+    def sentTogether(self, topic, deliveries, size, bridged, offered):
+        """
+        C{deliveries} messages on C{topic}, C{size} payload bytes in all,
+        were sent to be acked, C{bridged} of them to bridges: counted
+        together, delivered and in flight, as many L{sent} would.  Only
+        with per-message events off.
+
+        @param offered: whether they were sent as they were offered
+            (L{offerToEach}), and are counted as matched now; else they
+            waited in a queue, matched and in flight already.
+        """
+        self.counters.sentTogether(deliveries, size, bridged, offered)
+        self.topicTraffic.sent(topic, size, deliveries)
+
     def queuedTogether(self, deliveries):
         """
         A message was queued for C{deliveries} subscriptions at once
@@ -914,15 +975,27 @@ class Ledger:
 
     def acked(self, sid, subscription, message):
         self.counters.settled("acked")
-        events = self.events
-        if events.messageEvents:
-            events.emit(
-                "ack",
-                mid=message.mid,
-                topic=message.topic,
-                session=sid,
-                latency=round(subscription.outbox.clock.seconds() - message.published, 6),
-            )
+        if self.events.messageEvents:
+            self._ackEvent(sid, subscription, message)
+
+    def _ackEvent(self, sid, subscription, message):
+        self.events.emit(
+            "ack",
+            mid=message.mid,
+            topic=message.topic,
+            session=sid,
+            latency=round(subscription.outbox.clock.seconds() - message.published, 6),
+        )
+
+    def ackedTogether(self, sid, acked):
+        """
+        Deliveries were acked together: C{acked} holds each as C{(delivery
+        id, delivery)} (L{Outbox._inflight}).
+        """
+        self.counters.settled("acked", len(acked))
+        if self.events.messageEvents:
+            for _, (subscription, message, _, _, _, _) in acked:
+                self._ackEvent(sid, subscription, message)
 
     def replaced(self, sid, message, newer):
         self.counters.settled("replaced")

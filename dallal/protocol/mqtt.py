@@ -1178,8 +1178,10 @@ class MQTTDecoder:
         refused with L{ReasonCode.PACKET_TOO_LARGE} as soon as its fixed
         header is read, before its body is buffered.
     @ivar publishFields: whether a PUBLISH comes as the tuple of its
-        L{Publish}'s fields, in their order, rather than a L{Publish}: for
-        a broker, which reads one for every message and keeps no packet.
+        L{Publish}'s fields, in their order, rather than a L{Publish}, and a
+        run of PUBACKs that are only their packet identifiers as the list
+        of those identifiers: for a broker, which reads one for every
+        message and keeps no packet.
     """
 
     def __init__(self, version=None, maxPacketSize=MAXIMUM_PACKET_SIZE, publishFields=False):
@@ -1276,6 +1278,10 @@ class MQTTDecoder:
             self._pendingSize = 0
 
         firstByte = buffer[position]
+        if firstByte == _PUBACK_FIRST_BYTE and self.publishFields and not self._connectAllowed:
+            packetIds = self._barePubAcks(buffer, position)
+            if packetIds:
+                return packetIds
         packetType = firstByte >> 4
         flags = firstByte & 0x0F
         if self._connectAllowed:
@@ -1347,6 +1353,30 @@ class MQTTDecoder:
         if flags != expected:
             # [MQTT-2.2.2-1] and [MQTT-2.2.2-2] (3.1.1), [MQTT-2.1.3-1] (5)
             raise _malformed(f"reserved flags 0x{flags:x} of packet type {packetType}")
+
+    def _barePubAcks(self, buffer, position):
+        """
+        Read the run of PUBACKs that are only their packet identifiers from
+        C{position} on, as a client acks most messages: four bytes each.
+
+        @return: their packet identifiers; none if the packet at
+            C{position} is another (or not complete, or of identifier 0:
+            L{_nextPacket} reads it, or refuses it).
+        """
+        packetIds = []
+        end = len(buffer) - 3
+        while (
+            position < end and buffer[position] == _PUBACK_FIRST_BYTE and buffer[position + 1] == 2
+        ):
+            packetId = buffer[position + 2] << 8 | buffer[position + 3]
+            if not packetId:
+                break
+            packetIds.append(packetId)
+            position += 4
+        if packetIds:
+            self._position = position
+            self._needed = 1
+        return packetIds
 
     def _checkFixedLength(self, packetType, remaining):
         fixedLengths = (
@@ -1646,6 +1676,7 @@ _DECODERS = {
 
 # The packets that may be only a packet identifier (and are, for Success
 # without properties), by type.
+_PUBACK_FIRST_BYTE = PubAck._FIRST_BYTE
 _ACKNOWLEDGEMENTS = {
     packetClass._TYPE: packetClass for packetClass in (PubAck, PubRec, PubRel, PubComp)
 }

@@ -143,6 +143,11 @@ CLIENT_ID_TAKEN = "CLIENT_ID_TAKEN"
 # A client's Receive Maximum when it gives none (3.1.2.11.3).
 DEFAULT_RECEIVE_MAXIMUM = 65535
 
+# The tag of a message's encoding (L{dallal.broker.message.Message}) that
+# holds the bytes of its QoS 1 or 2 PUBLISH before and after the packet
+# identifier: (tag, (version, retain, qos), before, after).
+_ACKED_HEADER = object()
+
 # A refused request's Dallal error code -> the MQTT 5 reason code of a
 # PUBACK/PUBREC, and of a SUBACK.
 _PUBLISH_REASONS = {
@@ -351,12 +356,16 @@ class MQTTProtocol(Protocol, BoundedOutput):
         run = _PublishRun(self)
         try:
             for packet in self._decoder:
-                if type(packet) is tuple:
+                kind = type(packet)
+                if kind is tuple:
                     # A PUBLISH's fields.
                     if run.takes(packet):
                         continue
                     run.publish()
                     self._publishReceived(*packet)
+                elif kind is list:
+                    # The packet identifiers of a run of PUBACKs.
+                    self._pubAcksReceived(packet)
                 else:
                     run.publish()
                     self._packetReceived(packet)
@@ -812,9 +821,23 @@ class MQTTProtocol(Protocol, BoundedOutput):
     # Acknowledgements of what the broker sent
 
     def _pubAckReceived(self, packet):
-        outgoing = self.session.outgoing.get(packet.packetId)
-        if outgoing is not None and outgoing.qos == 1:
-            self._acknowledged(packet.packetId, outgoing)
+        self._pubAcksReceived((packet.packetId,))
+
+    def _pubAcksReceived(self, packetIds):
+        """
+        PUBACKs came, one after the other: their QoS 1 messages are acked
+        together, and what they held back is sent once.
+        """
+        session = self.session
+        outgoing = session.outgoing
+        deliveryIds = []
+        for packetId in packetIds:
+            sent = outgoing.get(packetId)
+            if sent is not None and sent.qos == 1:
+                self._forgetOutgoing(packetId)
+                deliveryIds.append(sent.deliveryId)
+        session.acknowledgeAll(deliveryIds)
+        session.sendPending()
 
     def _pubRecReceived(self, packet):
         outgoing = self.session.outgoing.get(packet.packetId)
@@ -839,13 +862,20 @@ class MQTTProtocol(Protocol, BoundedOutput):
         The last acknowledgement of an outgoing message came: its packet
         identifier, and its place in the window, are free.
         """
+        self._forgetOutgoing(packetId)
+        self.session.acknowledge(outgoing.deliveryId)
+        self.session.sendPending()
+
+    def _forgetOutgoing(self, packetId):
+        """
+        The last acknowledgement of an outgoing message came: free its
+        packet identifier.
+        """
         session = self.session
         del session.outgoing[packetId]
         if session.unresent and packetId in session.unresent:
             # Acked before it was sent again: it held no place in the window.
             session.unresent.remove(packetId)
-        session.acknowledge(outgoing.deliveryId)
-        session.sendPending()
 
     # SUBSCRIBE and UNSUBSCRIBE
 
@@ -991,7 +1021,7 @@ class MQTTProtocol(Protocol, BoundedOutput):
                 session.settleLater(deliveryId, None)
             return
         packetId = session.allocatePacketId()
-        if self._writePublish(message, attributes, granted, qos, packetId, False):
+        if self._writeAcked(message, attributes, granted, qos, packetId):
             session.outgoing[packetId] = Outgoing(deliveryId, qos, message, subscriptionId)
         else:
             # [MQTT-3.1.2-25]: never sent, as if it had been.
@@ -1044,10 +1074,7 @@ class MQTTProtocol(Protocol, BoundedOutput):
 
         @return: whether it was written (see L{_writePublish}).
         """
-        if self.version == MQTT_5 and (
-            (granted is not None and granted.identifiers)
-            or (attributes is not None and attributes.expiry is not None)
-        ):
+        if self._carriesItsOwn(attributes, granted):
             # Its own Subscription Identifiers, or expiry count-down.
             return self._writePublish(message, attributes, granted, 0, None, False)
         retain = self._retainFlag(message, attributes, granted)
@@ -1072,6 +1099,55 @@ class MQTTProtocol(Protocol, BoundedOutput):
             return False
         self._write((packet,))
         return True
+
+    def _writeAcked(self, message, attributes, granted, qos, packetId):
+        """
+        Write the QoS 1 or 2 PUBLISH of a message, first sent.  When this
+        client's copy carries nothing of its own but its packet identifier,
+        the bytes before and after the identifier are encoded once per
+        message, for every subscriber of the same protocol version, RETAIN
+        flag and QoS, and kept as the message's C{encoding}: the queues of
+        its subscribers are sent from at different times, as each acks, so
+        the message's own slot keeps them, not L{LastPublish}.
+
+        @return: whether it was written (see L{_writePublish}).
+        """
+        if self._carriesItsOwn(attributes, granted):
+            return self._writePublish(message, attributes, granted, qos, packetId, False)
+        retain = self._retainFlag(message, attributes, granted)
+        form = (self.version, retain, qos)
+        encoding = message.encoding
+        if encoding is not None and encoding[0] is _ACKED_HEADER and encoding[1] == form:
+            _, _, before, after = encoding
+        else:
+            header = self._publishHeader(message, attributes, granted, qos, packetId, retain, False)
+            # The packet identifier follows the fixed header (its Remaining
+            # Length one to four bytes) and the topic.
+            end = 2
+            while header[end - 1] & 0x80:
+                end += 1
+            end += 2 + len(message.wireTopic)
+            before, after = header[:end], header[end + 2 :]
+            if encoding is None:
+                # The first transport to encode the message keeps its slot.
+                message.encoding = (_ACKED_HEADER, form, before, after)
+        payload = message.payload
+        if self._clientMaxPacket is not None and len(before) + 2 + len(after) + len(payload) > (
+            self._clientMaxPacket
+        ):
+            return False
+        self._write((before, packetId.to_bytes(2, "big"), after, payload))
+        return True
+
+    def _carriesItsOwn(self, attributes, granted):
+        """
+        Whether a PUBLISH to this client carries properties of its own: its
+        Subscription Identifiers, or the expiry count-down (MQTT 5).
+        """
+        return self.version == MQTT_5 and (
+            (granted is not None and granted.identifiers)
+            or (attributes is not None and attributes.expiry is not None)
+        )
 
     def _retainFlag(self, message, attributes, granted):
         """

@@ -53,9 +53,9 @@ from dallal.server.mqttstore import StoredMessage, StoredSession, storedPublish
 from dallal.topictree import SubscriptionTree
 
 SHARED_SUBSCRIPTION_PREFIX = "$share/"
-# Topic shapes whose matching filters a session remembers, past which it
-# starts again: a message is matched against the session's own filters
-# only when they overlap.
+# Topic shapes, and topics, whose matching filters a session remembers,
+# past which it starts again: a message is matched against the session's
+# own filters only when they overlap.
 TOPICS_REMEMBERED = 1000
 # MQTT 5's Session Expiry Interval that means never (3.1.2.11.2).
 NEVER_EXPIRES = 0xFFFFFFFF
@@ -353,10 +353,11 @@ class MQTTSession:
         self.expiry = 0
         self.granted = {}
         # The same subscriptions by filter, and what a message gets from
-        # those that match its topic, when they overlap, by topic and by
-        # topic shape.
+        # those that match its topic, when they overlap, by topic shape and
+        # by topic (a topic seen before costs no shape).
         self.filters = SubscriptionTree()
         self.combined = {}
+        self.combinedByTopic = {}
         self.outgoing = {}
         self.nextPacketId = 1
         self.pending = deque()
@@ -394,14 +395,18 @@ class MQTTSession:
         if not topicFilter.startswith(SHARED_SUBSCRIPTION_PREFIX):
             # A shared subscription stands apart from the client's own.
             self.filters.add(topicFilter, self, granted)
-            self.combined.clear()
+            self._forgetCombined()
 
     def forget(self, topicFilter):
         if self.granted.pop(topicFilter, None) is not None and not topicFilter.startswith(
             SHARED_SUBSCRIPTION_PREFIX
         ):
             self.filters.remove(topicFilter, self)
-            self.combined.clear()
+            self._forgetCombined()
+
+    def _forgetCombined(self):
+        self.combined.clear()
+        self.combinedByTopic.clear()
 
     def grantedFor(self, topic, subscriptionId):
         """
@@ -412,12 +417,11 @@ class MQTTSession:
         granted = self.granted
         if len(granted) < 2 or subscriptionId.startswith(SHARED_SUBSCRIPTION_PREFIX):
             return granted.get(subscriptionId)
-        # Remembered by topic, and by shape: topics of one shape match the
-        # same filters (SubscriptionTree.shape), so a new topic of a known
-        # shape costs no match.
-        combined = self.combined.get(topic)
+        combined = self.combinedByTopic.get(topic)
         if combined is not None:
             return combined
+        # Topics of one shape match the same filters (SubscriptionTree.shape):
+        # a new topic of a known shape costs no match.
         shape = self.filters.shape(topic)
         combined = self.combined.get(shape)
         if combined is None:
@@ -426,9 +430,12 @@ class MQTTSession:
                 # A message still queued for a subscription since ended.
                 return granted.get(subscriptionId)
             combined = matching[0] if len(matching) == 1 else Granted.combined(matching)
-        if len(self.combined) >= TOPICS_REMEMBERED:
-            self.combined.clear()
-        self.combined[shape] = self.combined[topic] = combined
+            if len(self.combined) >= TOPICS_REMEMBERED:
+                self.combined.clear()
+            self.combined[shape] = combined
+        if len(self.combinedByTopic) >= TOPICS_REMEMBERED:
+            self.combinedByTopic.clear()
+        self.combinedByTopic[topic] = combined
         return combined
 
     def allocatePacketId(self):
@@ -578,6 +585,14 @@ class MQTTSession:
     def acknowledge(self, deliveryId):
         if deliveryId is not None and not self.ended:
             self.broker.acknowledge(self, deliveryId)
+
+    def acknowledgeAll(self, deliveryIds):
+        """
+        Ack deliveries together.  C{None}, the delivery id of a message
+        taken up from the store, acks nothing.
+        """
+        if deliveryIds and not self.ended:
+            self.broker.acknowledgeAll(self, deliveryIds)
 
     def settleLater(self, deliveryId, dropReason):
         """

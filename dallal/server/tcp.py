@@ -118,6 +118,9 @@ class BrokerProtocol(FrameReceiver, RequestHandler, BoundedOutput):
         self._framesBeforeDeadline = 0
         # When this connection's turn began (see TURN_SECONDS).
         self._turnStarted = 0.0
+        # The delivery ids of the ACKs read since the last request of
+        # another kind: a read's acks go to the broker together.
+        self._acked = []
 
     def outputSubscriber(self):
         """
@@ -313,9 +316,24 @@ class BrokerProtocol(FrameReceiver, RequestHandler, BoundedOutput):
         if data:
             self.sweep.heardFrom(self)
         self._turnStarted = self.broker.clock.seconds()
-        why = self.batch.run(FrameReceiver.dataReceived, self, data)
+        why = self.batch.run(self._receive, data)
         self._watchPartialFrame()
         return why
+
+    def _receive(self, data):
+        why = FrameReceiver.dataReceived(self, data)
+        if self._acked:
+            self._acknowledgeRead()
+        return why
+
+    def _acknowledgeRead(self):
+        """
+        Hand the broker the ACKs read since the last request of another
+        kind, together: what they held back is sent once.
+        """
+        acked, self._acked = self._acked, []
+        if self._attached:
+            self.broker.acknowledgeAll(self, acked)
 
     def _watchPartialFrame(self):
         """
@@ -360,6 +378,16 @@ class BrokerProtocol(FrameReceiver, RequestHandler, BoundedOutput):
             # Detached by the broker's shutdown while the connection drains:
             # there is no session left to act for.
             return
+        if line.startswith(b"ACK ") and self._loggedIn:
+            deliveryId = line[4:]
+            if deliveryId.isdigit() and len(deliveryId) <= wire.MAX_ID_LENGTH:
+                # An ACK of an id as the broker gives them: taken with the
+                # others of this read, before any other request.
+                self._acked.append(deliveryId.decode("ascii"))
+                self._carriedOut(self.errorStreak)
+                return
+        if self._acked:
+            self._acknowledgeRead()
         try:
             request = wire.parseRequest(line)
         except RequestError as error:
