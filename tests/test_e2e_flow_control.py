@@ -20,9 +20,10 @@ from dallal.broker.delivery import DeliveryConfig
 pytestmark = pytest.mark.e2e
 
 BURST = 2000
-# Seconds the fire subscriber stops reading: less than the stall timeout,
-# more than the burst takes to fill its queue.
-PAUSE = 1.5
+# The stall timeout of the broker whose fire subscriber stops reading until
+# its full queue holds the publisher back: far longer than that takes, even
+# on a busy machine.
+STALL_TIMEOUT = 60
 
 
 def publishBurst(port, topic, message, count=BURST, transport=()):
@@ -41,6 +42,19 @@ def stats(port):
     assert result.returncode == 0, result.stderr
     counters = json.loads(result.stdout)
     assert countersAddUp(counters), counters
+    return counters
+
+
+def statsWhen(port, predicate, timeout):
+    """
+    Poll the broker's counters until C{predicate} holds for them.
+
+    @return: the counters then.
+    """
+    deadline = time.monotonic() + timeout
+    while not predicate(counters := stats(port)):
+        assert time.monotonic() < deadline, counters
+        time.sleep(0.1)
     return counters
 
 
@@ -111,7 +125,7 @@ def test_aFireSubscriberThatPausesIsSlowedDownNotDropped(startBroker, subscriber
     stall timeout while a burst comes gets the whole burst once it reads
     again: its full queue held the publisher back instead of dropping.
     """
-    broker = startBroker()
+    broker = startBroker("--stall-timeout", STALL_TIMEOUT)
     reader = subscribers(broker.port, "f", "fire")
     reader.signal(signal.SIGSTOP)
     # 2000 messages of 4 KiB: more than the kernel buffers on the way
@@ -122,7 +136,9 @@ def test_aFireSubscriberThatPausesIsSlowedDownNotDropped(startBroker, subscriber
         None,
     )
     try:
-        time.sleep(PAUSE)
+        # It reads again once the publisher is held back, well within the
+        # stall timeout.
+        statsWhen(broker.port, lambda counters: counters["publishers_paused"] >= 1, TIMEOUT)
         reader.signal(signal.SIGCONT)
         publisher.waitFor(re.escape(PUBLISHED), TIMEOUT)
         assert publisher.process.wait(TIMEOUT) == 0
