@@ -226,26 +226,42 @@ def isStart():
     return isEvent(*START_EVENTS)
 
 
-def _starts(lines, broker, listening):
+def _starts(lines, listening):
     """
-    The times C{broker} started: the first L{START_EVENTS} event of each
+    The times each broker started: the first L{START_EVENTS} event of each
     group of them (one start logs one per listener) that no other event of
-    the broker separates.
+    the broker separates.  One query finds the groups of every broker.
+
+    @param listening: broker name -> the times of its start events, sorted.
+    @return: broker name -> the times it started.
     """
-    if len(listening) <= 1:
-        return list(listening)
-    gap = _timesAtOrBefore(listening, col("t"))
-    occupied = {
-        row.gap
-        for row in lines.where((col("kind") == EVENT) & ~isStart() & (brokerName() == broker))
-        .select(gap.alias("gap"))
-        .distinct()
-        .collect()
+    several = {broker: times for broker, times in listening.items() if len(times) > 1}
+    occupied = set()
+    if several:
+        # The gap between start events each other event falls in, by
+        # broker: gap i holds the events after the i-th start event.
+        gap = None
+        for broker, times in several.items():
+            held = brokerName() == broker
+            inGap = _timesAtOrBefore(times, col("t"))
+            gap = F.when(held, inGap) if gap is None else gap.when(held, inGap)
+        occupied = {
+            (row[BROKER], row.gap)
+            for row in lines.where(
+                (col("kind") == EVENT) & ~isStart() & brokerName().isin(*several)
+            )
+            .select(brokerName().alias(BROKER), gap.alias("gap"))
+            .distinct()
+            .collect()
+        }
+    return {
+        broker: [
+            t
+            for position, t in enumerate(times, 1)
+            if position == 1 or (broker, position - 1) in occupied
+        ]
+        for broker, times in listening.items()
     }
-    # Gap i holds the events after the i-th start event.
-    return [
-        t for position, t in enumerate(listening, 1) if position == 1 or (position - 1) in occupied
-    ]
 
 
 class Runs:
@@ -278,10 +294,7 @@ class Runs:
         for event in starting:
             times.setdefault(event["broker"], []).append(event["t"])
         return cls(
-            {
-                broker: _starts(lines, broker, sorted(brokerTimes))
-                for broker, brokerTimes in times.items()
-            }
+            _starts(lines, {broker: sorted(brokerTimes) for broker, brokerTimes in times.items()})
         )
 
     @classmethod

@@ -314,6 +314,15 @@ def _writeLatency(tables, events, sessionTransports, progress):
     return latencyTable, histogramTable, perBucket
 
 
+def _writeHealth(tables, summary, starts, progress):
+    """
+    The C{errors} and C{health} tables, written and returned read back.
+    """
+    with progress.stage("health"):
+        errorTable = tables.write("errors", starts.withBroker(questions.errors(summary)))
+        return errorTable, tables.write("health", questions.health(summary))
+
+
 def runReport(
     spark,
     paths,
@@ -385,7 +394,10 @@ def runReport(
         )
         events = questions.assignRuns(lines, starts)
 
-    background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="background")
+    # Two threads beside this one write the tables that do not depend on
+    # each other: each query's planning (on the driver) and its few tasks
+    # (on the cores) overlap with the others'.
+    background = ThreadPoolExecutor(max_workers=2, thread_name_prefix="background")
     try:
         with progress.stage("event summary and sessions"):
             # The loss account reads the events, not the summary: it is
@@ -409,6 +421,8 @@ def runReport(
             summary = questions.eventSummary(
                 events, questions.messageSizes(events, messages), window
             ).localCheckpoint()
+            # The errors and the health read only the summary.
+            health = background.submit(_writeHealth, tables, summary, starts, progress)
             activity = cache(questions.sessionActivity(summary))
             sessionTable = tables.write(
                 "sessions", questions.sessions(activity, questions.sessionNames(summary), starts)
@@ -417,11 +431,12 @@ def runReport(
                 "run", "session", col("transport").alias("session_transport")
             )
             # The latency reads the events and the sessions' transports: it
-            # is computed in the same thread, after the loss account, while
-            # this one goes on with the connections and the traffic (at ten
-            # million lines, the report was faster in four of four pairs of
-            # alternated runs: after the parse, 32.2-34.6 s instead of
-            # 34.8-36.9).
+            # is computed in a background thread, once the loss account or
+            # the health is written, while this one goes on with the
+            # connections and the traffic (at ten million lines, computed
+            # in the background rather than here, the report was faster in
+            # four of four pairs of alternated runs: after the parse,
+            # 32.2-34.6 s instead of 34.8-36.9).
             latency = background.submit(_writeLatency, tables, events, sessionTransports, progress)
             connectionTable = tables.write("connections", questions.connections(sessionTable))
             tables.write(
@@ -442,15 +457,14 @@ def runReport(
 
         messageTable, lossTable = lossAccount.result()
         latencyTable, histogramTable, latencyPerBucket = latency.result()
+        errorTable, healthTable = health.result()
     finally:
         # When a query fails (or the user interrupts the report), the
         # thread's query is not waited for: stopping the SparkContext ends
         # it, and what was still queued for the thread is cancelled.
         background.shutdown(wait=False, cancel_futures=True)
 
-    with progress.stage("health"):
-        errorTable = tables.write("errors", starts.withBroker(questions.errors(summary)))
-        healthTable = tables.write("health", questions.health(summary))
+    with progress.stage("runs"):
         runTable = tables.write(
             "runs",
             questions.runs(summary, activity, sessionTable, messageTable, connectionTable, starts),
