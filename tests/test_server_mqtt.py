@@ -3,6 +3,9 @@ The MQTT protocol (L{dallal.server.mqtt}) on in-memory connections and a
 clock: packets in, packets out, and what the broker core makes of them.
 """
 
+import gc
+import weakref
+
 import pytest
 from helpers import BrokerHarness, MemoryRetained, countersAddUp, harnessWithRetained, messages
 from hypothesis import HealthCheck, given, settings
@@ -755,6 +758,27 @@ def test_theWillIsPublishedWhenTheConnectionIsLost(harness):
     dying.lose()
     (will,) = watcher.received()
     assert (will.topic, will.payload, will.qos) == ("status/d", b"gone", 1)
+
+
+def test_aQueuedMessageDoesNotKeepItsPublishersSessionAlive(harness):
+    """
+    The wills of a client id taken over and back in a loop, queued for a
+    session whose client is away, keep nothing of the closed connections'
+    sessions: each would hold their subscriptions and caches for as long
+    as the message waits.
+    """
+    away = connected(harness, "away", cleanStart=False)
+    away.subscribe(("status/#", 1))
+    away.lose()
+    dying = connected(harness, "d", will=Will("status/d", b"gone", qos=1))
+    dying.subscribe(("other/#", 1))
+    session = weakref.ref(dying.connection.protocol.session)
+    connected(harness, "d")
+    dying.lose()
+    del dying
+    gc.collect()
+    assert len(harness.service.mqttFactory.sessions["away"].pending) == 1
+    assert session() is None
 
 
 def test_theWillIsNotPublishedAfterDisconnect(harness):

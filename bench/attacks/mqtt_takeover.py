@@ -16,12 +16,19 @@ it over is sent them again (and the wills keep coming). A normal client
 from 127.0.0.2 times a QoS 1 publish every 50 ms, for 45 s.
 
 PASS if the probe's median round trip stays under 100 ms, the broker's
-resident memory grows by less than 4 MiB from 30 s to 45 s (thousands of
-takeovers later: the first 30 s are the allocator's to settle into the
-churn of sessions and messages), and once the attackers are gone the broker holds one
-session for the two client ids (the Clean Session 0 one, whose client is
-away) besides the probe's: nothing of the others is left. With --broker
-mosquitto, the same against Mosquitto (its sessions not counted).
+resident memory grows by less than 4 MiB from 5 s (the kept session holds
+its messages) to 45 s (tens of thousands of takeovers later), and once the
+attackers are gone the broker holds one session for the two client ids
+(the Clean Session 0 one, whose client is away) besides the probe's:
+nothing of the others is left. With --broker mosquitto, the same against
+Mosquitto (its sessions not counted).
+
+Each takeover publishes a will, queued for the kept session behind its
+unacked messages: a message that kept a strong reference to its publisher
+kept each closed connection's whole session alive while it waited, and
+the broker grew by 5 to 12 MiB in the first 30 s until the queue was full
+of them, then levelled off.  The figure also gives the growth from 25 s
+to 45 s, the later half alone.
 """
 
 import threading
@@ -32,9 +39,8 @@ import attacklib as lib
 NAME = "mqtt-takeover"
 SECONDS = 45.0
 PUBLISHING = 5.0
-# Python's allocator takes some 30 s of churn to settle: growth from then
-# on is what the takeovers cost.
-FIRST_LOOK = 30.0
+# Where the later half of the run begins, for the figure.
+HALFWAY = 25.0
 GROWTH_LIMIT = 4 * lib.MiB
 LATENCY_LIMIT = 0.1
 PAIRS = (("pingpong-kept", False), ("pingpong-clean", True))
@@ -125,8 +131,8 @@ def attack(options):
                 publisher.start()
                 time.sleep(PUBLISHING)
                 looks["start"] = server.residentMemory()
-                time.sleep(max(0.0, start + FIRST_LOOK - time.monotonic()))
-                looks["first"] = server.residentMemory()
+                time.sleep(max(0.0, start + HALFWAY - time.monotonic()))
+                looks["halfway"] = server.residentMemory()
                 time.sleep(max(0.0, start + SECONDS - time.monotonic()))
                 looks["last"] = server.residentMemory()
                 stop.set()
@@ -143,7 +149,7 @@ def attack(options):
                 logged = lib.logSize(server)
     connections = sum(side.accepted for side in sides)
     refused = sum(side.refused for side in sides)
-    growth = looks["last"] - looks["first"]
+    growth = looks["last"] - looks["start"]
     latency = lib.median(samples)
     passed = (
         latency < LATENCY_LIMIT
@@ -162,8 +168,8 @@ def attack(options):
         f"{kind}: {connections} CONNECTs accepted ({refused} refused) in {SECONDS:g} s, "
         f"each taking a client id over; probe median {lib.ms(latency)} "
         f"(p95 {lib.ms(lib.percentile(samples, 0.95))}); RSS +{lib.mib(growth)} from "
-        f"{FIRST_LOOK:g} s to {SECONDS:g} s (+{lib.mib(looks['first'] - looks['start'])} from "
-        f"{PUBLISHING:g} s to {FIRST_LOOK:g} s){left} "
+        f"{PUBLISHING:g} s to {SECONDS:g} s (+{lib.mib(looks['last'] - looks['halfway'])} from "
+        f"{HALFWAY:g} s to {SECONDS:g} s){left} "
         f"(limits: median < {lib.ms(LATENCY_LIMIT)}, growth < {lib.mib(GROWTH_LIMIT)}, "
         f"one session left)"
     )

@@ -4,6 +4,8 @@ router (L{dallal.broker.router.Router.publish}), queued by the outboxes,
 written by the transports.
 """
 
+from weakref import ref
+
 
 class Message:
     """
@@ -27,9 +29,13 @@ class Message:
     @ivar properties: what the publisher's transport attached to it, opaque
         to the core and passed through to every subscriber's transport (an
         MQTT message's QoS, retain flag and properties), or C{None}.
-    @ivar source: the L{ISubscriber} that published it, or C{None} (the
-        broker's own, a retained message), for the subscriptions that do
-        not want their own messages back.
+    @ivar source: a weak reference to the L{ISubscriber} that published
+        it, or C{None} (the broker's own, a retained message), for the
+        subscriptions that do not want their own messages back (see
+        L{publishedBy}).  Weak, as a message waits in queues long after its
+        publisher is gone: the wills of a client id taken over and back in
+        a loop, queued for a session that does not ack, would each keep a
+        whole closed session alive (its subscriptions, its caches).
     """
 
     __slots__ = (
@@ -68,4 +74,13 @@ class Message:
         self.encoding = None
         self.origin = origin
         self.properties = properties
-        self.source = source
+        # ref() of an object gives the same weak reference while one
+        # lives: no allocation per message of a publisher.
+        self.source = None if source is None else ref(source)
+
+    def publishedBy(self, subscriber):
+        """
+        Whether C{subscriber} published this message (and still exists).
+        """
+        source = self.source
+        return source is not None and source() is subscriber

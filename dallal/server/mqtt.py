@@ -999,7 +999,7 @@ class MQTTProtocol(Protocol, BoundedOutput):
             return
         session = self.session
         granted = session.grantedFor(message.topic, subscriptionId)
-        if granted is not None and granted.noLocal and message.source is session:
+        if granted is not None and granted.noLocal and message.publishedBy(session):
             # No Local [MQTT-3.8.3-3]: not for this client, and never sent.
             session.settleLater(deliveryId, None)
             return
