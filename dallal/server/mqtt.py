@@ -95,6 +95,7 @@ from dallal.protocol.mqtt import (
     UnsubAck,
     Unsubscribe,
     encodeBareAcknowledgement,
+    encodeBareAcknowledgements,
     encodePublishHeader,
 )
 from dallal.security.auth import LOGIN_TIMEOUT as CONNECT_TIMEOUT
@@ -220,6 +221,10 @@ class MQTTProtocol(Protocol, BoundedOutput):
         self._keepAliveTimer = None
         self._connectDeadline = None
         self._frameDeadline = None
+        # While a read's packets are handled, the packet identifiers of
+        # the QoS 1 PUBLISHes acked with a bare PUBACK, written together
+        # (L{_writePubAcks}); otherwise C{None}.
+        self._pubAcks = None
 
     # Connection
 
@@ -354,6 +359,11 @@ class MQTTProtocol(Protocol, BoundedOutput):
 
     def _readPackets(self):
         run = _PublishRun(self)
+        # A read resumed while one is handled (reading paused and resumed
+        # by what it did) gathers into the same list.
+        gathering = self._pubAcks is None
+        if gathering:
+            self._pubAcks = []
         try:
             for packet in self._decoder:
                 kind = type(packet)
@@ -368,17 +378,34 @@ class MQTTProtocol(Protocol, BoundedOutput):
                     self._pubAcksReceived(packet)
                 else:
                     run.publish()
+                    self._writePubAcks()
                     self._packetReceived(packet)
                 if self.readPause or self._closing:
                     # The rest stays in the decoder.
                     return
         except MalformedPacket as error:
             run.publish()
+            self._writePubAcks()
             self.refuseStream(error.reasonCode, str(error))
         except ProtocolViolation as error:
+            self._writePubAcks()
             self.refuseStream(error.reasonCode, str(error))
         finally:
             run.publish()
+            self._writePubAcks()
+            if gathering:
+                self._pubAcks = None
+
+    def _writePubAcks(self):
+        """
+        Write the bare PUBACKs gathered in this read so far, in the order
+        of their PUBLISHes [MQTT-4.6.0-2], before any other packet that
+        answers the client.
+        """
+        acks = self._pubAcks
+        if acks:
+            self._writePacket(encodeBareAcknowledgements(PubAck, acks))
+            acks.clear()
 
     def _packetReceived(self, packet):
         """
@@ -778,11 +805,17 @@ class MQTTProtocol(Protocol, BoundedOutput):
             self._acknowledgePublish(qos, packetId)
 
     def _acknowledgePublish(self, qos, packetId, reasonCode=0, properties=NO_PROPERTIES):
-        if qos == 1:
-            if reasonCode or properties:
-                self._send(PubAck(packetId, reasonCode, properties))
-            else:
+        if qos == 1 and not (reasonCode or properties):
+            acks = self._pubAcks
+            if acks is None:
+                # Acked later than its read (its retained copy stored).
                 self._writePacket(encodeBareAcknowledgement(PubAck, packetId))
+            else:
+                acks.append(packetId)
+            return
+        self._writePubAcks()
+        if qos == 1:
+            self._send(PubAck(packetId, reasonCode, properties))
         else:
             if reasonCode < 0x80:
                 self.session.unreleased.add(packetId)
