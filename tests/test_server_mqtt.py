@@ -324,6 +324,27 @@ def test_pubAcksReadTogetherAckEachAndRefillTheWindow(messageEvents):
     assert countersAddUp(harness.broker.counters)
 
 
+def test_everyQos1PublishOfAReadGoesOutAtQos1(harness):
+    """
+    A read's QoS 1 PUBLISHes on a topic the broker has checked before are
+    published without a check each, yet as any other: at the lower of
+    their QoS and the subscription's, acked once each.
+    """
+    subscriber = connected(harness, "s", MQTT_5)
+    subscriber.subscribe(("t", 2))
+    publisher = connected(harness, "p")
+    publisher.send(*[Publish("t", b"%d" % i, qos=1, packetId=i) for i in (1, 2, 3)])
+    assert publisher.received() == [PubAck(1), PubAck(2), PubAck(3)]
+    delivered = subscriber.received()
+    assert [(p.payload, p.qos, p.retain) for p in delivered] == [
+        (b"1", 1, False),
+        (b"2", 1, False),
+        (b"3", 1, False),
+    ]
+    assert harness.broker.counters["published"] == 3
+    assert countersAddUp(harness.broker.counters)
+
+
 def test_theAcksOfOneReadComeInTheOrderOfItsPackets(harness):
     """
     The bare PUBACKs of a read's QoS 1 PUBLISHes are written together, yet
