@@ -1166,10 +1166,17 @@ class MQTTProtocol(Protocol, BoundedOutput):
 
         @return: whether it was written (see L{_writePublish}).
         """
-        if self._carriesItsOwn(attributes, granted):
+        version = self.version
+        if version == MQTT_5 and self._carriesItsOwn(attributes, granted):
             return self._writePublish(message, attributes, granted, qos, packetId, False)
-        retain = self._retainFlag(message, attributes, granted)
-        form = (self.version, retain, qos)
+        # Without Retain As Published, only a retained message's PUBLISH
+        # carries RETAIN.
+        retain = message.retained or (
+            granted is not None
+            and granted.retainAsPublished
+            and self._retainFlag(message, attributes, granted)
+        )
+        form = (version, retain, qos)
         encoding = message.encoding
         if encoding is not None and encoding[0] is _ACKED_HEADER and encoding[1] == form:
             _, _, before, after = encoding
