@@ -49,6 +49,7 @@ from dallal.protocol.mqtt import (
     Unsubscribe,
     Will,
     encodeBareAcknowledgement,
+    encodeBareAcknowledgements,
     encodeProperties,
     encodePublishHeader,
     encodeVariableByteInteger,
@@ -312,6 +313,15 @@ def test_aBareAcknowledgementIsThePacketsSuccessForm(packetClass, packetId):
         encoded = encodeBareAcknowledgement(packetClass, packetId)
         assert encoded == packetClass(packetId).encode(version)
         assert decodeOne(encoded, version) == packetClass(packetId)
+
+
+@given(
+    st.sampled_from([PubAck, PubRec, PubRel, PubComp]),
+    st.lists(st.integers(1, 65535), max_size=20),
+)
+def test_bareAcknowledgementsAreEachOneInOrder(packetClass, packetIds):
+    encoded = encodeBareAcknowledgements(packetClass, packetIds)
+    assert encoded == b"".join(encodeBareAcknowledgement(packetClass, i) for i in packetIds)
 
 
 @pytest.mark.parametrize(

@@ -324,6 +324,49 @@ def test_pubAcksReadTogetherAckEachAndRefillTheWindow(messageEvents):
     assert countersAddUp(harness.broker.counters)
 
 
+def test_everyQos1PublishOfAReadGoesOutAtQos1(harness):
+    """
+    A read's QoS 1 PUBLISHes on a topic the broker has checked before are
+    published without a check each, yet as any other: at the lower of
+    their QoS and the subscription's, acked once each.
+    """
+    subscriber = connected(harness, "s", MQTT_5)
+    subscriber.subscribe(("t", 2))
+    publisher = connected(harness, "p")
+    publisher.send(*[Publish("t", b"%d" % i, qos=1, packetId=i) for i in (1, 2, 3)])
+    assert publisher.received() == [PubAck(1), PubAck(2), PubAck(3)]
+    delivered = subscriber.received()
+    assert [(p.payload, p.qos, p.retain) for p in delivered] == [
+        (b"1", 1, False),
+        (b"2", 1, False),
+        (b"3", 1, False),
+    ]
+    assert harness.broker.counters["published"] == 3
+    assert countersAddUp(harness.broker.counters)
+
+
+def test_theAcksOfOneReadComeInTheOrderOfItsPackets(harness):
+    """
+    The bare PUBACKs of a read's QoS 1 PUBLISHes are written together, yet
+    every answer comes in the order of the packets it answers, up to the
+    protocol error that closes the connection [MQTT-4.6.0-2].
+    """
+    publisher = connected(harness, "p", MQTT_5)
+    publisher.send(
+        Publish("t", b"1", qos=1, packetId=1),
+        Publish("t", b"2", qos=1, packetId=2),
+        Publish("t", b"3", qos=2, packetId=3),
+        Publish("t", b"4", qos=1, packetId=4),
+        PingReq(),
+        Publish("t", b"5", qos=1, packetId=5),
+        Publish("", b"6", qos=1, packetId=6, properties={Property.TOPIC_ALIAS: 9}),
+    )
+    *answers, refusal = publisher.received()
+    assert answers == [PubAck(1), PubAck(2), PubRec(3), PubAck(4), PingResp(), PubAck(5)]
+    assert refusal.reasonCode == ReasonCode.PROTOCOL_ERROR
+    assert publisher.closing
+
+
 def test_qos2FromTheClientIsPublishedOnceAndReleased(harness):
     subscriber = connected(harness, "s")
     subscriber.subscribe(("t", 0))

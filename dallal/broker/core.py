@@ -675,11 +675,11 @@ class Broker:
         """
         self.router.publishRun(topic, wireTopic, payloads, receivers)
 
-    def publishAccepted(self, subscriber, topic, payload):
+    def publishAccepted(self, subscriber, topic, payload, properties=None):
         """
         Publish a message L{acceptsRun} accepted, as L{publish} would.
         """
-        self.router.publish(topic, payload, subscriber)
+        self.router.publish(topic, payload, subscriber, properties=properties)
 
     def _checkPublish(self, subscriber, topic, payload, requestId):
         """

@@ -37,6 +37,7 @@ to be written before a payload it never copies.
 """
 
 import enum
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -936,6 +937,16 @@ def encodeBareAcknowledgement(packetClass, packetId):
     @param packetClass: L{PubAck}, L{PubRec}, L{PubRel} or L{PubComp}.
     """
     return bytes((packetClass._FIRST_BYTE, 2)) + _encodePacketId(packetId)
+
+
+def encodeBareAcknowledgements(packetClass, packetIds):
+    """
+    The bytes of bare acknowledgements (see L{encodeBareAcknowledgement})
+    of several packet identifiers, in their order: four bytes each, its
+    first byte, its Remaining Length 2 and its identifier.
+    """
+    tag = packetClass._FIRST_BYTE << 24 | 2 << 16
+    return struct.pack(f">{len(packetIds)}I", *[tag | packetId for packetId in packetIds])
 
 
 def encodePublishHeader(

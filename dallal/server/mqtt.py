@@ -95,6 +95,7 @@ from dallal.protocol.mqtt import (
     UnsubAck,
     Unsubscribe,
     encodeBareAcknowledgement,
+    encodeBareAcknowledgements,
     encodePublishHeader,
 )
 from dallal.security.auth import LOGIN_TIMEOUT as CONNECT_TIMEOUT
@@ -220,6 +221,10 @@ class MQTTProtocol(Protocol, BoundedOutput):
         self._keepAliveTimer = None
         self._connectDeadline = None
         self._frameDeadline = None
+        # While a read's packets are handled, the packet identifiers of
+        # the QoS 1 PUBLISHes acked with a bare PUBACK, written together
+        # (L{_writePubAcks}); otherwise C{None}.
+        self._pubAcks = None
 
     # Connection
 
@@ -354,6 +359,11 @@ class MQTTProtocol(Protocol, BoundedOutput):
 
     def _readPackets(self):
         run = _PublishRun(self)
+        # A read resumed while one is handled (reading paused and resumed
+        # by what it did) gathers into the same list.
+        gathering = self._pubAcks is None
+        if gathering:
+            self._pubAcks = []
         try:
             for packet in self._decoder:
                 kind = type(packet)
@@ -362,23 +372,41 @@ class MQTTProtocol(Protocol, BoundedOutput):
                     if run.takes(packet):
                         continue
                     run.publish()
-                    self._publishReceived(*packet)
+                    if not self._publishedPlainQos1(packet):
+                        self._publishReceived(*packet)
                 elif kind is list:
                     # The packet identifiers of a run of PUBACKs.
                     self._pubAcksReceived(packet)
                 else:
                     run.publish()
+                    self._writePubAcks()
                     self._packetReceived(packet)
                 if self.readPause or self._closing:
                     # The rest stays in the decoder.
                     return
         except MalformedPacket as error:
             run.publish()
+            self._writePubAcks()
             self.refuseStream(error.reasonCode, str(error))
         except ProtocolViolation as error:
+            self._writePubAcks()
             self.refuseStream(error.reasonCode, str(error))
         finally:
             run.publish()
+            self._writePubAcks()
+            if gathering:
+                self._pubAcks = None
+
+    def _writePubAcks(self):
+        """
+        Write the bare PUBACKs gathered in this read so far, in the order
+        of their PUBLISHes [MQTT-4.6.0-2], before any other packet that
+        answers the client.
+        """
+        acks = self._pubAcks
+        if acks:
+            self._writePacket(encodeBareAcknowledgements(PubAck, acks))
+            acks.clear()
 
     def _packetReceived(self, packet):
         """
@@ -735,6 +763,26 @@ class MQTTProtocol(Protocol, BoundedOutput):
             raise ProtocolViolation(f"topic alias {alias} was never set")
         return topic
 
+    def _publishedPlainQos1(self, fields):
+        """
+        Publish a QoS 1 PUBLISH without RETAIN or properties (its fields)
+        that the broker accepts without a check
+        (L{dallal.broker.core.Broker.acceptsRun}), and gather its PUBACK:
+        what L{_publishReceived} does, in fewer steps.
+
+        @return: whether it was published; if not, L{_publishReceived}
+            handles it.
+        """
+        topic, payload, qos, retain, _, packetId, properties = fields
+        if qos != 1 or retain or properties is not NO_PROPERTIES:
+            return False
+        broker = self.broker
+        if len(payload) > broker.config.maxPayload or not broker.acceptsRun(self.session, topic):
+            return False
+        broker.publishAccepted(self.session, topic, payload, _PLAIN_QOS_1)
+        self._pubAcks.append(packetId)
+        return True
+
     def _publishReceived(self, topic, payload, qos, retain, dup, packetId, properties):
         """
         Publish what a client's PUBLISH carries (the fields of a L{Publish}),
@@ -778,11 +826,17 @@ class MQTTProtocol(Protocol, BoundedOutput):
             self._acknowledgePublish(qos, packetId)
 
     def _acknowledgePublish(self, qos, packetId, reasonCode=0, properties=NO_PROPERTIES):
-        if qos == 1:
-            if reasonCode or properties:
-                self._send(PubAck(packetId, reasonCode, properties))
-            else:
+        if qos == 1 and not (reasonCode or properties):
+            acks = self._pubAcks
+            if acks is None:
+                # Acked later than its read (its retained copy stored).
                 self._writePacket(encodeBareAcknowledgement(PubAck, packetId))
+            else:
+                acks.append(packetId)
+            return
+        self._writePubAcks()
+        if qos == 1:
+            self._send(PubAck(packetId, reasonCode, properties))
         else:
             if reasonCode < 0x80:
                 self.session.unreleased.add(packetId)
@@ -1112,10 +1166,17 @@ class MQTTProtocol(Protocol, BoundedOutput):
 
         @return: whether it was written (see L{_writePublish}).
         """
-        if self._carriesItsOwn(attributes, granted):
+        version = self.version
+        if version == MQTT_5 and self._carriesItsOwn(attributes, granted):
             return self._writePublish(message, attributes, granted, qos, packetId, False)
-        retain = self._retainFlag(message, attributes, granted)
-        form = (self.version, retain, qos)
+        # Without Retain As Published, only a retained message's PUBLISH
+        # carries RETAIN.
+        retain = message.retained or (
+            granted is not None
+            and granted.retainAsPublished
+            and self._retainFlag(message, attributes, granted)
+        )
+        form = (version, retain, qos)
         encoding = message.encoding
         if encoding is not None and encoding[0] is _ACKED_HEADER and encoding[1] == form:
             _, _, before, after = encoding
@@ -1262,6 +1323,8 @@ class _PublishRun:
 # waits in several subscribers' queues, each is written the packet encoded
 # for the first, as L{LastPublish} does for a message sent to all at once.
 _PLAIN_PUBLISH = "dallal.mqtt.publish"
+# The attributes of a QoS 1 PUBLISH without RETAIN or properties.
+_PLAIN_QOS_1 = PLAIN[1, False]
 _PLAIN_PUBLISH_KEY = (MQTT_3_1_1, False)
 
 
