@@ -350,8 +350,8 @@ def main(argv=None):
     source.add_argument("--logs", help="a folder of logs to use instead")
     parser.add_argument(
         "--work",
-        help="where to put generated logs and the report "
-        "(default: a temporary folder, removed afterwards)",
+        help="an existing folder to hold the run's temporary folder (generated "
+        "logs and the report, removed afterwards; default: the system's)",
     )
     parser.add_argument("--master", help="the Spark master (default local[*])")
     parser.add_argument("--no-baseline", action="store_true")
@@ -367,6 +367,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error(f"--repeat must be 1 or more, got {args.repeat}")
+    if args.work is not None and not Path(args.work).is_dir():
+        parser.error(f"--work: {args.work} is not a folder")
 
     with tempfile.TemporaryDirectory(prefix="dallal-bench-", dir=args.work) as work:
         work = Path(work)
