@@ -1251,6 +1251,29 @@ def test_runsAsOneByOne():
     assert (counters["published"], counters["fired"]) == (12, 22)
 
 
+def test_aPayloadOverTheLimitInARunIsRefused():
+    """
+    A QoS 0 PUBLISH over C{--max-payload} in the middle of a run of them
+    on one topic is refused and counted, as on its own; the others of the
+    run are delivered.
+    """
+    harness = BrokerHarness(BrokerConfig(maxPayload=10, messageEvents=False))
+    subscriber = connected(harness, "subscriber")
+    subscriber.subscribe(("news", 0))
+    publisher = connected(harness, "publisher")
+    # A topic is checked once: the run comes after its first message.
+    publisher.send(Publish("news", b"first", 0, False))
+    publisher.send(
+        Publish("news", b"a", 0, False),
+        Publish("news", b"x" * 11, 0, False),
+        Publish("news", b"b", 0, False),
+    )
+    delivered = MQTTDecoder(MQTT_3_1_1).feed(subscriber.connection.received())
+    assert [packet.payload for packet in delivered] == [b"first", b"a", b"b"]
+    assert harness.broker.counters["refused_payload"] == 1
+    assert harness.broker.counters["published"] == 3
+
+
 @pytest.mark.parametrize("mqttFirst", [True, False])
 def test_queuedMessagesEncodedOnceForEachProtocol(mqttFirst):
     """

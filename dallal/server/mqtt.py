@@ -1268,7 +1268,7 @@ class _PublishRun:
     ends the run, and is handled once the run is published.
     """
 
-    __slots__ = ("protocol", "topic", "wireTopic", "payloads", "receivers", "size")
+    __slots__ = ("protocol", "topic", "wireTopic", "payloads", "receivers", "size", "maxPayload")
 
     def __init__(self, protocol):
         self.protocol = protocol
@@ -1286,20 +1286,22 @@ class _PublishRun:
         if qos or retain or properties is not NO_PROPERTIES:
             return False
         if self.topic is not None:
-            if topic != self.topic or self.size >= RUN_BYTES:
+            # Each within the broker's limit: one over it is refused, as on
+            # its own.
+            if topic != self.topic or self.size >= RUN_BYTES or len(payload) > self.maxPayload:
                 return False
             self.payloads.append(payload)
             self.size += len(payload)
             return True
         protocol = self.protocol
         broker = protocol.broker
-        if len(payload) > broker.config.maxPayload or not broker.acceptsRun(
-            protocol.session, topic
-        ):
+        maxPayload = broker.config.maxPayload
+        if len(payload) > maxPayload or not broker.acceptsRun(protocol.session, topic):
             return False
         receivers = broker.runReceivers(protocol.session, topic)
         if receivers is None:
             return False
+        self.maxPayload = maxPayload
         self.topic = topic
         self.wireTopic = topic.encode("utf-8")
         self.receivers = receivers
