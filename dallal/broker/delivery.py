@@ -772,42 +772,40 @@ def offerToEach(receivers, message, publisher, ledger):
         if (
             not eachOnItsOwn
             and subscription.__class__ is Subscription
-            and subscription.mode == FIRE
             and not outbox._disconnecting
         ):
+            mode = subscription.mode
             config = outbox.config
-            queue = outbox._queue
-            if config.maxPayload is not None and size > config.maxPayload:
-                pass
-            elif not outbox.paused and not queue:
-                subscription.lastSeq += 1
-                fired += 1
-                bridged += subscription.bridge
-                outbox.subscriber.sendMessage(
-                    message, subscription.id, subscription.lastSeq, None, False
-                )
-                continue
-            elif len(queue) < config.maxQueued and outbox._queuedBytes + size <= (
-                config.maxQueuedBytes
+            withinPayload = config.maxPayload is None or size <= config.maxPayload
+            if mode == FIRE and withinPayload:
+                queue = outbox._queue
+                if not outbox.paused and not queue:
+                    subscription.lastSeq += 1
+                    fired += 1
+                    bridged += subscription.bridge
+                    outbox.subscriber.sendMessage(
+                        message, subscription.id, subscription.lastSeq, None, False
+                    )
+                    continue
+                if len(queue) < config.maxQueued and outbox._queuedBytes + size <= (
+                    config.maxQueuedBytes
+                ):
+                    subscription.lastSeq += 1
+                    queued += 1
+                    queue.append((subscription, message, subscription.lastSeq))
+                    outbox._queuedBytes += size
+                    continue
+            elif (
+                mode == ALL
+                and withinPayload
+                and not (outbox.paused or outbox._queue)
+                and outbox._windowUsed < config.maxInflight
             ):
                 subscription.lastSeq += 1
-                queued += 1
-                queue.append((subscription, message, subscription.lastSeq))
-                outbox._queuedBytes += size
+                sent += 1
+                sentBridged += subscription.bridge
+                outbox._sendAcked(subscription, message, subscription.lastSeq)
                 continue
-        elif (
-            not eachOnItsOwn
-            and subscription.__class__ is Subscription
-            and subscription.mode == ALL
-            and not (outbox._disconnecting or outbox.paused or outbox._queue)
-            and outbox._windowUsed < outbox.config.maxInflight
-            and (outbox.config.maxPayload is None or size <= outbox.config.maxPayload)
-        ):
-            subscription.lastSeq += 1
-            sent += 1
-            sentBridged += subscription.bridge
-            outbox._sendAcked(subscription, message, subscription.lastSeq)
-            continue
         outbox.offer(subscription, message, None if outbox.subscriber is publisher else publisher)
     if fired:
         ledger.firedTogether(topic, fired, size * fired, bridged, offered=True)
